@@ -1,0 +1,1 @@
+"""Adapters: the only modules that touch NVML, the Proxmox API, /proc, cgroups and signals."""

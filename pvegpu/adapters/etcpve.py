@@ -1,0 +1,128 @@
+"""Read a PVE node's own view from ``/etc/pve`` (pmxcfs) without the API: fast, no credentials.
+
+Used by the start gate (which must never call the API while PVE holds the config lock) and by
+reset/audit on the node. Manual equivalent: ``cat /etc/pve/.vmlist``, ``cat /etc/pve/lxc/<vmid>.conf``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+from ..errors import NotFoundError, PveApiError
+from ..lxcconf import parse_config
+from ..model import CtStatus, Guest
+
+
+class EtcPve:
+    """The PveApi reads, from a pmxcfs tree (``root``) and ``/proc/net/unix``."""
+
+    def __init__(self, root: str = "/etc/pve", proc: str = "/proc", node: str = "") -> None:
+        self.root = root
+        self.proc = proc
+        self._node = node
+
+    @staticmethod
+    def present(root: str = "/etc/pve") -> bool:
+        return os.path.exists(os.path.join(root, ".vmlist"))
+
+    def local_node(self) -> str | None:
+        if self._node:
+            return self._node
+        try:
+            return os.path.basename(os.readlink(os.path.join(self.root, "local")))
+        except OSError:
+            return socket.gethostname().split(".")[0]
+
+    def _vmlist(self) -> dict[str, Any]:
+        try:
+            with open(os.path.join(self.root, ".vmlist"), encoding="utf-8") as f:
+                ids = json.load(f).get("ids", {})
+                return ids if isinstance(ids, dict) else {}
+        except (OSError, ValueError) as exc:
+            raise PveApiError(f"cannot read {self.root}/.vmlist: {exc}", "is pve-cluster (pmxcfs) running? `systemctl status pve-cluster`") from exc
+
+    def where(self, vmid: int) -> Guest | None:
+        entry = self._vmlist().get(str(vmid))
+        if not entry:
+            return None
+        return Guest(vmid, str(entry.get("node", "")), str(entry.get("type", "")))
+
+    def guests(self) -> list[Guest]:
+        return sorted((Guest(int(k), str(v.get("node", "")), str(v.get("type", ""))) for k, v in self._vmlist().items()),
+                      key=lambda g: g.vmid)
+
+    def conf_path(self, guest: Guest) -> str:
+        kind = "lxc" if guest.type == "lxc" else "qemu-server"
+        return os.path.join(self.root, "nodes", guest.node, kind, f"{guest.vmid}.conf")
+
+    def ct_config(self, guest: Guest) -> str:
+        try:
+            with open(self.conf_path(guest), encoding="utf-8") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise NotFoundError(f"no config for CT {guest.vmid} at {self.conf_path(guest)}", "`pct list` shows the containers of this node") from None
+        except OSError as exc:
+            raise PveApiError(f"cannot read {self.conf_path(guest)}: {exc}", "run pvegpu as root on the node") from exc
+
+    def running(self, vmid: int) -> bool | None:
+        """Is the container running? (PVE's own test: lxc's abstract command socket exists.)"""
+        try:
+            with open(os.path.join(self.proc, "net", "unix"), encoding="utf-8") as f:
+                return f"@/var/lib/lxc/{vmid}/command" in f.read()
+        except OSError:
+            return None
+
+    def ct_status(self, guest: Guest) -> CtStatus:
+        running = self.running(guest.vmid)
+        lock = parse_config(self.ct_config(guest)).lock
+        state = "unknown" if running is None else ("running" if running else "stopped")
+        return CtStatus(state, False, lock)
+
+
+class NodePve:
+    """Reads from ``/etc/pve`` when on the node; power actions and remote reads through the API."""
+
+    def __init__(self, local: EtcPve | None, api: Any | None) -> None:
+        self.local = local
+        self.api = api
+
+    def _need_api(self, what: str) -> Any:
+        if self.api is None:
+            raise PveApiError(f"{what} needs the Proxmox API, and none is configured",
+                              "on the node run as root (api.backend=local uses pvesh), or set api.host and an API token")
+        return self.api
+
+    def local_node(self) -> str | None:
+        return self.local.local_node() if self.local else self._need_api("finding the node").local_node()
+
+    def where(self, vmid: int) -> Guest | None:
+        return self.local.where(vmid) if self.local else self._need_api("finding a guest").where(vmid)
+
+    def guests(self) -> list[Guest]:
+        return self.local.guests() if self.local else self._need_api("listing guests").guests()
+
+    def ct_config(self, guest: Guest) -> Any:
+        if self.local:
+            return self.local.ct_config(guest)
+        return self._need_api("reading the config").ct_config(guest)
+
+    def ct_status(self, guest: Guest) -> CtStatus:
+        if self.api is not None:
+            return self.api.ct_status(guest)
+        assert self.local is not None
+        return self.local.ct_status(guest)
+
+    def ct_stop(self, guest: Guest) -> str:
+        return str(self._need_api("stopping a container").ct_stop(guest))
+
+    def ct_start(self, guest: Guest) -> str:
+        return str(self._need_api("starting a container").ct_start(guest))
+
+    def task_status(self, node: str, upid: str) -> Any:
+        return self._need_api("reading a task").task_status(node, upid)
+
+    def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
+        return list(self._need_api("reading a task log").task_log(node, upid, limit))

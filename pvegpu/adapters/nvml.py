@@ -1,0 +1,110 @@
+"""Host NVML through nvidia-ml-py: the only module that imports pynvml.
+
+Memory is read with ``nvmlDeviceGetMemoryInfo`` version 2 (``used`` = allocated, without the driver's
+reserved share), falling back to v1 only where the driver lacks v2. A failed reading is None plus a
+reason, never zero. Manual equivalent: ``nvidia-smi --query-gpu=index,minor_number,memory.used``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import GpuQueryError
+from ..model import GpuInfo, GpuSample, NvmlProcess
+
+_HINT = "is the NVIDIA driver loaded on the host? try `nvidia-smi`; pvegpu needs libnvidia-ml.so.1"
+
+
+class NvmlProbe:
+    """GpuProbe backed by the real driver. Use as a context manager, or call close()."""
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:  # pragma: no cover - dependency is declared
+            raise GpuQueryError(f"nvidia-ml-py is not installed: {exc}", "pip install nvidia-ml-py") from exc
+        self.N: Any = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise GpuQueryError(f"NVML could not start: {exc}", _HINT) from exc
+        self._handles: dict[int, Any] = {}
+        self._v2 = True
+
+    def close(self) -> None:
+        try:
+            self.N.nvmlShutdown()
+        except self.N.NVMLError:
+            pass
+
+    def __enter__(self) -> NvmlProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def gpus(self) -> list[GpuInfo]:
+        N = self.N
+        try:
+            out = []
+            for i in range(N.nvmlDeviceGetCount()):
+                h = N.nvmlDeviceGetHandleByIndex(i)
+                minor = N.nvmlDeviceGetMinorNumber(h)
+                self._handles[minor] = h
+                name = N.nvmlDeviceGetName(h)
+                uuid = N.nvmlDeviceGetUUID(h)
+                bus = N.nvmlDeviceGetPciInfo(h).busIdLegacy
+                total = N.nvmlDeviceGetMemoryInfo(h).total
+                out.append(GpuInfo(i, minor, _s(uuid), _s(bus).lower(), _s(name), int(total)))
+            return out
+        except N.NVMLError as exc:
+            raise GpuQueryError(f"NVML could not list the GPUs: {exc}", _HINT) from exc
+
+    def _memory_used(self, h: Any) -> int:
+        N = self.N
+        if self._v2:
+            try:
+                return int(N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used)
+            except N.NVMLError_FunctionNotFound:
+                self._v2 = False  # driver < 510: v1 'used' includes the reserved share
+        return int(N.nvmlDeviceGetMemoryInfo(h).used)
+
+    def _procs(self, name: str, h: Any, kind: str, optional: bool) -> list[NvmlProcess]:
+        N = self.N
+        try:
+            items = getattr(N, name)(h)
+        except N.NVMLLibraryMismatchError:
+            items = getattr(N, name + "_v2")(h)
+        except N.NVMLError_NotSupported:
+            if optional:  # the GPU has no such engine (graphics/MPS): nothing can run there
+                return []
+            raise
+        return [NvmlProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory), kind) for p in items]
+
+    def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
+        N = self.N
+        out: dict[int, GpuSample] = {}
+        for minor in minors:
+            try:
+                h = self._handles.get(minor)
+                if h is None:
+                    self.gpus()
+                    h = self._handles[minor]
+                used = self._memory_used(h)
+                procs = (
+                    self._procs("nvmlDeviceGetComputeRunningProcesses", h, "C", False)
+                    + self._procs("nvmlDeviceGetGraphicsRunningProcesses", h, "G", True)
+                    + self._procs("nvmlDeviceGetMPSComputeRunningProcesses", h, "M", True)
+                )
+                seen: dict[int, NvmlProcess] = {}
+                for p in procs:
+                    seen.setdefault(p.pid, p)
+                out[minor] = GpuSample(minor, used, tuple(seen.values()))
+            except (N.NVMLError, KeyError, GpuQueryError) as exc:
+                out[minor] = GpuSample(minor, None, None, f"NVML: {exc or type(exc).__name__}")
+        return out
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

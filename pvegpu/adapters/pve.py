@@ -1,0 +1,156 @@
+"""The Proxmox VE API through proxmoxer: the only module that imports proxmoxer or requests.
+
+Two transports, as proxmoxer offers them: ``https`` with an API token (TLS verified by default, or a
+pinned certificate fingerprint), and ``local`` (``pvesh`` as root on the node), whose child is killed
+when it outlives its timeout. Foreign errors become PveApiError with a hint, keeping the cause.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from ..errors import ConfigError, PveApiError
+from ..model import CtStatus, Guest
+from ..settings import ApiSettings
+
+T = TypeVar("T")
+
+
+def read_token(path: str) -> str:
+    """The token secret from a root-only file (refuses group/other-readable files)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"api.token_file {path}: {exc.strerror}", "create it with `install -m 600 /dev/stdin /etc/pvegpu/token`") from None
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(f"api.token_file {path} is readable by others (mode {stat.S_IMODE(st.st_mode):o})", f"chmod 600 {path}")
+    with open(path, encoding="utf-8") as f:
+        secret = f.read().strip()
+    if not secret:
+        raise ConfigError(f"api.token_file {path} is empty", "put the token's secret (a UUID) in it")
+    return secret
+
+
+def _killing_local_session(timeout: float) -> Any:
+    from proxmoxer.backends.local import LocalSession
+
+    class KillingLocalSession(LocalSession):  # type: ignore[misc]
+        """proxmoxer's pvesh session, but a pvesh that outlives the timeout is killed, not orphaned."""
+
+        def _exec(self, cmd: list[str]) -> tuple[str, str, int]:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            try:
+                out, err = proc.communicate(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                raise
+            return out.decode(), err.decode(), proc.returncode
+
+    return KillingLocalSession(timeout=timeout)
+
+
+def connect(cfg: ApiSettings, backend: str) -> Any:
+    """A proxmoxer ProxmoxAPI for the settings (backend already resolved to local or https)."""
+    from proxmoxer import ProxmoxAPI
+
+    if backend == "local":
+        api = ProxmoxAPI(backend="local", timeout=cfg.timeout)
+        api._store["session"] = _killing_local_session(cfg.timeout)
+        return api
+    if not cfg.host or not cfg.token_name or not cfg.token_file:
+        raise ConfigError("the https API needs api.host, api.token_name and api.token_file",
+                          "create a token: `pveum user token add root@pam pvegpu --privsep 0`; see README 'API token'")
+    verify: bool | str = cfg.verify
+    if str(cfg.verify).lower() in ("true", "1", "yes"):
+        verify = True
+    elif str(cfg.verify).lower() in ("false", "0", "no"):
+        verify = False
+    if cfg.fingerprint:
+        verify = False  # the pinned fingerprint replaces CA verification
+    api = ProxmoxAPI(cfg.host, port=cfg.port, user=cfg.user, token_name=cfg.token_name,
+                     token_value=read_token(cfg.token_file), verify_ssl=verify, timeout=cfg.timeout)
+    if cfg.fingerprint:
+        _pin(api, cfg.host, cfg.port, cfg.fingerprint)
+    return api
+
+
+def _pin(api: Any, host: str, port: int, fingerprint: str) -> None:
+    from requests.adapters import HTTPAdapter
+
+    fp = fingerprint.replace(":", "").lower()
+
+    class Pinned(HTTPAdapter):
+        def init_poolmanager(self, *a: Any, **kw: Any) -> Any:
+            kw["assert_fingerprint"] = fp
+            return super().init_poolmanager(*a, **kw)
+
+    api._store["session"].mount(f"https://{host}:{port}", Pinned())
+
+
+class ProxmoxerPve:
+    """PveApi over proxmoxer. ``api`` is a ProxmoxAPI (tests pass one pointing at fakepve)."""
+
+    def __init__(self, api: Any, node: str = "") -> None:
+        self.api = api
+        self._node = node
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        from proxmoxer import AuthenticationError, ResourceException
+
+        try:
+            return fn()
+        except ResourceException as exc:
+            content = str(exc.content).strip()
+            hint = {401: "check the API token (api.token_name / api.token_file)",
+                    403: "the token lacks a privilege: VM.Audit, VM.PowerMgmt, Sys.Audit (README 'API token')",
+                    595: "the node is offline or unreachable (`pvecm status`)"}.get(exc.status_code, "see the Proxmox task log or `journalctl -u pvedaemon`")
+            raise PveApiError(f"{what}: {exc.status_code} {content}", hint) from exc
+        except AuthenticationError as exc:
+            raise PveApiError(f"{what}: authentication failed ({exc})", "check api.user / api.token_name / api.token_file") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise PveApiError(f"{what}: pvesh did not answer within {exc.timeout} s (killed)", "raise api.timeout; is pvedaemon healthy?") from exc
+        except OSError as exc:  # requests' ConnectionError/SSLError derive from OSError via IOError
+            hint = "check api.host/api.port and the certificate (api.verify = CA file, or api.fingerprint)"
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "fingerprint" in str(exc).lower():
+                hint = "TLS verification failed: set api.verify to the node's CA file (/etc/pve/pve-root-ca.pem) or pin api.fingerprint"
+            raise PveApiError(f"{what}: cannot reach the API: {type(exc).__name__}", hint) from exc
+
+    def local_node(self) -> str | None:
+        return self._node or None
+
+    def guests(self) -> list[Guest]:
+        rows = self._call("list guests", lambda: self.api.cluster.resources.get(type="vm"))
+        return sorted((Guest(int(r["vmid"]), str(r.get("node", "")), str(r.get("type", "")), str(r.get("name", "")))
+                       for r in rows if "vmid" in r), key=lambda g: g.vmid)
+
+    def where(self, vmid: int) -> Guest | None:
+        return next((g for g in self.guests() if g.vmid == vmid), None)
+
+    def _ct(self, guest: Guest) -> Any:
+        return self.api.nodes(guest.node).lxc(guest.vmid)
+
+    def ct_config(self, guest: Guest) -> Mapping[str, Any]:
+        return dict(self._call(f"read CT {guest.vmid} config", lambda: self._ct(guest).config.get(current=1)))
+
+    def ct_status(self, guest: Guest) -> CtStatus:
+        st = self._call(f"read CT {guest.vmid} status", lambda: self._ct(guest).status.current.get())
+        ha = st.get("ha") or {}
+        return CtStatus(str(st.get("status", "unknown")), bool(int(ha.get("managed", 0) or 0)), st.get("lock") or None)
+
+    def ct_stop(self, guest: Guest) -> str:
+        return str(self._call(f"stop CT {guest.vmid}", lambda: self._ct(guest).status.stop.post()))
+
+    def ct_start(self, guest: Guest) -> str:
+        return str(self._call(f"start CT {guest.vmid}", lambda: self._ct(guest).status.start.post()))
+
+    def task_status(self, node: str, upid: str) -> Mapping[str, Any]:
+        return dict(self._call("read task status", lambda: self.api.nodes(node).tasks(upid).status.get()))
+
+    def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
+        rows = self._call("read task log", lambda: self.api.nodes(node).tasks(upid).log.get(start=0, limit=limit))
+        return [str(r.get("t", "")) for r in rows]

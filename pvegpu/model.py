@@ -1,0 +1,147 @@
+"""Plain values shared by the core, the adapters and the renderers (no I/O here)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Guest:
+    """Where a guest lives: ``pvesh get /cluster/resources --type vm`` (one row)."""
+
+    vmid: int
+    node: str
+    type: str  # "lxc" or "qemu"
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class CtStatus:
+    """``pvesh get /nodes/<node>/lxc/<vmid>/status/current`` reduced to what reset needs."""
+
+    status: str  # running | stopped | unknown
+    ha_managed: bool = False
+    lock: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One physical GPU as NVML names it (``nvidia-smi -L``); ``minor`` is N of /dev/nvidiaN."""
+
+    index: int
+    minor: int
+    uuid: str
+    bus_id: str
+    name: str = ""
+    total_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class NvmlProcess:
+    """A PID NVML lists on a GPU (host PID); ``used_bytes`` None = not available (MIG)."""
+
+    pid: int
+    used_bytes: int | None
+    kind: str = "C"  # C compute, G graphics, M MPS
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of one GPU: memory v2 ``used`` and the process lists.
+
+    ``used_bytes``/``processes`` are None when the reading could not be made; ``error`` says why.
+    Unknown is never zero.
+    """
+
+    minor: int
+    used_bytes: int | None
+    processes: tuple[NvmlProcess, ...] | None
+    error: str | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.used_bytes is not None and self.processes is not None
+
+
+class Place(enum.Enum):
+    """Where a host process sits, from ``/proc/<pid>/cgroup``."""
+
+    CONTAINER = "container"  # /lxc/<vmid>/...
+    MONITOR = "monitor"  # /lxc.monitor/<vmid>: the lxc-start monitor, never touched
+    VM = "vm"  # /qemu.slice/<vmid>.scope
+    HOST = "host"  # anything else
+
+
+@dataclass(frozen=True)
+class Placement:
+    place: Place
+    vmid: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcIdentity:
+    """A process that cannot be confused with a later one: pid + start time (stat field 22)."""
+
+    pid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What ``ps -o pid,stat,comm,cgroup`` and ``/proc/<pid>/status`` (NSpid) say about a process."""
+
+    ident: ProcIdentity
+    comm: str
+    state: str  # R S D Z T ...
+    placement: Placement
+    cgroup: str
+    ns_pid: int | None  # pid inside its innermost PID namespace
+    is_ct_init: bool = False  # PID 1 of its container
+
+    @property
+    def pid(self) -> int:
+        return self.ident.pid
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Which GPUs a process holds open (``fuser -v /dev/nvidia*``): minors, and how it was seen."""
+
+    pid: int
+    minors: frozenset[int]
+    via: frozenset[str]  # "fd", "maps", "nvml"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A live process that holds a GPU, with its identity and placement."""
+
+    info: ProcInfo
+    minors: frozenset[int]
+    via: frozenset[str]
+
+    @property
+    def pid(self) -> int:
+        return self.info.pid
+
+
+@dataclass(frozen=True)
+class CtGpus:
+    """The GPUs a container's configuration grants: minors, or all of them."""
+
+    minors: frozenset[int]
+    all_gpus: bool = False
+    sources: tuple[str, ...] = ()  # config lines that granted them
+    notes: tuple[str, ...] = ()  # pending/snapshot/lock remarks, reported not used
+
+
+@dataclass
+class Step:
+    """One thing reset did, in order: what, outcome, details (pids, bytes)."""
+
+    name: str
+    outcome: str
+    detail: dict[str, object] = field(default_factory=dict)

@@ -1,0 +1,117 @@
+"""The narrow interfaces the core needs; adapters implement them, fakes too.
+
+Each method names its manual equivalent so an admin can reproduce any step by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from .model import CtStatus, GpuInfo, GpuSample, Guest, Holding, ProcIdentity, ProcInfo
+
+
+class EventLog(Protocol):
+    """A structlog-like logger: ``log.info("reset.sigterm", pid=...)``."""
+
+    def info(self, event: str, **kw: Any) -> Any: ...
+    def warning(self, event: str, **kw: Any) -> Any: ...
+    def debug(self, event: str, **kw: Any) -> Any: ...
+
+
+class NullLog:
+    """Drops every event (the hook's default: its only output is its verdict)."""
+
+    def info(self, event: str, **kw: Any) -> None:
+        return None
+
+    warning = debug = info
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+    def sleep(self, seconds: float) -> None: ...
+
+
+class GpuProbe(Protocol):
+    """Host-side NVML."""
+
+    def gpus(self) -> list[GpuInfo]:
+        """``nvidia-smi --query-gpu=index,minor_number,uuid,pci.bus_id --format=csv``. Raises GpuQueryError."""
+        ...
+
+    def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
+        """Memory v2 used + compute/graphics/MPS PIDs per GPU (``nvidia-smi --query-compute-apps=pid,used_memory``).
+
+        A GPU that cannot be read comes back with ``used_bytes=None`` and an ``error``; never raises for one GPU.
+        """
+        ...
+
+
+class Host(Protocol):
+    """``/proc``, cgroups and signals on the node."""
+
+    self_pid: int
+
+    def describe(self, pid: int) -> ProcInfo | None:
+        """``cat /proc/<pid>/{stat,status,cgroup}``; None when the pid does not exist."""
+        ...
+
+    def ct_pids(self, vmid: int) -> list[int]:
+        """Every pid in the container's cgroup (``cat /sys/fs/cgroup/lxc/<vmid>/**/cgroup.procs``)."""
+        ...
+
+    def holdings(self, pids: Iterable[int] | None = None) -> dict[int, Holding]:
+        """GPU device fds and mappings per pid (``fuser -v /dev/nvidia*``, by device number); None = all pids."""
+        ...
+
+    def alive(self, ident: ProcIdentity) -> bool:
+        """True while that very process exists and is not a zombie."""
+        ...
+
+    def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> str:
+        """``kill -SIG <pid>`` through a pidfd, only if the pid is still that process in CT vmid.
+
+        Returns "sent", "gone" (exited or recycled) or "moved" (no longer in the container).
+        """
+        ...
+
+
+class PveApi(Protocol):
+    """The Proxmox operations reset and audit need."""
+
+    def local_node(self) -> str | None:
+        """``hostname`` as PVE knows it, when running on a PVE node."""
+        ...
+
+    def where(self, vmid: int) -> Guest | None:
+        """``pvesh get /cluster/resources --type vm`` (or ``/etc/pve/.vmlist``) for one vmid."""
+        ...
+
+    def guests(self) -> list[Guest]:
+        """Every guest of the cluster."""
+        ...
+
+    def ct_config(self, guest: Guest) -> str | Mapping[str, Any]:
+        """``pvesh get /nodes/<node>/lxc/<vmid>/config --current 1``, or the raw ``.conf`` text when local."""
+        ...
+
+    def ct_status(self, guest: Guest) -> CtStatus:
+        """``pvesh get /nodes/<node>/lxc/<vmid>/status/current``."""
+        ...
+
+    def ct_stop(self, guest: Guest) -> str:
+        """``pvesh create /nodes/<node>/lxc/<vmid>/status/stop``; returns the task UPID."""
+        ...
+
+    def ct_start(self, guest: Guest) -> str:
+        """``pvesh create /nodes/<node>/lxc/<vmid>/status/start``; returns the task UPID."""
+        ...
+
+    def task_status(self, node: str, upid: str) -> Mapping[str, Any]:
+        """``pvesh get /nodes/<node>/tasks/<upid>/status``."""
+        ...
+
+    def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
+        """``pvesh get /nodes/<node>/tasks/<upid>/log``; the last lines."""
+        ...

@@ -1,0 +1,159 @@
+"""Settings: ``/etc/pvegpu/pvegpu.toml``, then ``PVEGPU_<SECTION>_<KEY>`` variables, then CLI flags.
+
+Every problem is collected and reported in one ConfigError.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .errors import ConfigError
+
+DEFAULT_PATH = "/etc/pvegpu/pvegpu.toml"
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    backend: str = "auto"  # auto | local | https
+    host: str = ""
+    port: int = 8006
+    user: str = "root@pam"
+    token_name: str = ""
+    token_file: str = ""  # file with the token secret; must not be readable by group/others
+    verify: str = "true"  # true | false | path to a CA file
+    fingerprint: str = ""  # SHA-256 fingerprint of the node certificate (pinning)
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class ResetSettings:
+    grace: float = 10.0
+    kill_wait: float = 5.0
+    timeout: float = 30.0
+    poll: float = 0.05
+    rounds: int = 3
+    threshold_mib: int = 64
+    restart: bool = True
+    task_timeout: float = 120.0
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    on_unknown: str = "refuse"  # refuse | allow: what the start gate does when a GPU cannot be read
+    exclusive: tuple[int, ...] = ()  # vmids that must not share their GPUs at start
+    exclusive_tag: str = "gpu-exclusive"  # PVE tag with the same effect
+    deadline: float = 5.0  # seconds; on expiry the hook refuses
+    threshold_mib: int = 64
+    post_stop_reclaim: bool = False  # post-stop: also stop stray holders of the container
+
+
+@dataclass(frozen=True)
+class Settings:
+    node: str = ""  # this node's PVE name; default: from /etc/pve/local or the hostname
+    pve_root: str = "/etc/pve"
+    simulate: str = ""  # a simulated node's state directory (pvegpu demo / tests)
+    api: ApiSettings = field(default_factory=ApiSettings)
+    reset: ResetSettings = field(default_factory=ResetSettings)
+    gate: GateSettings = field(default_factory=GateSettings)
+
+
+_SECTIONS = {"api": ApiSettings, "reset": ResetSettings, "gate": GateSettings}
+
+
+def _coerce(name: str, kind: Any, value: Any, problems: list[str]) -> Any:
+    try:
+        if kind in ("bool", bool):
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind in ("int", int):
+            return int(value)
+        if kind in ("float", float):
+            return float(value)
+        if kind in ("tuple[int, ...]",):
+            items = value if isinstance(value, list) else [v for v in str(value).replace(",", " ").split() if v]
+            return tuple(int(v) for v in items)
+        return str(value)
+    except (TypeError, ValueError):
+        problems.append(f"{name}: {value!r} is not a valid {kind if isinstance(kind, str) else kind.__name__}")
+        return None
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str, problems: list[str]) -> Any:
+    known = {f.name: f for f in fields(obj)}
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in known or key in _SECTIONS:
+            problems.append(f"{prefix}{key}: unknown setting")
+            continue
+        v = _coerce(prefix + key, known[key].type, value, problems)
+        if v is not None:
+            changes[key] = v
+    return replace(obj, **changes)
+
+
+def _validate(s: Settings, problems: list[str]) -> None:
+    if s.api.backend not in ("auto", "local", "https"):
+        problems.append(f"api.backend: {s.api.backend!r} must be auto, local or https")
+    if s.gate.on_unknown not in ("refuse", "allow"):
+        problems.append(f"gate.on_unknown: {s.gate.on_unknown!r} must be refuse or allow")
+    for name in ("grace", "kill_wait", "timeout", "poll", "task_timeout"):
+        if getattr(s.reset, name) <= 0:
+            problems.append(f"reset.{name}: must be > 0")
+    if s.reset.poll > 0.05:
+        problems.append("reset.poll: must be <= 0.05 s")
+    if s.reset.rounds < 1:
+        problems.append("reset.rounds: must be >= 1")
+    if s.gate.deadline <= 0:
+        problems.append("gate.deadline: must be > 0")
+
+
+def load(path: str | None = None, env: dict[str, str] | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Settings from file (missing default file is fine), environment and overrides ("reset.grace": 3)."""
+    env = dict(os.environ) if env is None else env
+    path = path or env.get("PVEGPU_CONFIG") or DEFAULT_PATH
+    problems: list[str] = []
+    data: dict[str, Any] = {}
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        if path != DEFAULT_PATH:
+            problems.append(f"{path}: no such file")
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        problems.append(f"{path}: {exc}")
+    for key, value in env.items():
+        if not key.startswith("PVEGPU_") or key == "PVEGPU_CONFIG":
+            continue
+        parts = key[7:].lower().split("_", 1)
+        if parts[0] in _SECTIONS and len(parts) == 2:
+            data.setdefault(parts[0], {})[parts[1]] = value
+        else:
+            data[key[7:].lower()] = value
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        sec, _, key = dotted.rpartition(".")
+        (data.setdefault(sec, {}) if sec else data)[key] = value
+    s = Settings()
+    top = {k: v for k, v in data.items() if k not in _SECTIONS}
+    s = _apply(s, top, "", problems)
+    for sec, cls in _SECTIONS.items():
+        raw = data.get(sec, {})
+        if not isinstance(raw, dict):
+            problems.append(f"[{sec}] must be a table")
+            continue
+        s = replace(s, **{sec: _apply(cls(), raw, sec + ".", problems)})
+    _validate(s, problems)
+    if problems:
+        raise ConfigError(f"invalid settings ({len(problems)} problem(s)): " + "; ".join(problems),
+                          f"fix {path} or the PVEGPU_* variables; see README 'Settings'")
+    return s

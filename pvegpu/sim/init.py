@@ -1,0 +1,48 @@
+"""PID 1 of a simulated container: starts its workloads, reaps children, respawns ``respawn`` ones.
+
+Run as ``python -m pvegpu.sim.init STATE_DIR VMID`` in a new session; the session is the container.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from .state import SimState
+from .workload import run, start_ticks
+
+
+def _spawn(state: SimState, w: dict[str, object]) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            run(state, int(w.get("gpu", 0)), int(w.get("mib", 1024)), str(w.get("kind", "simple")))  # type: ignore[call-overload]
+        finally:
+            os._exit(1)
+    return pid
+
+
+def main(argv: list[str]) -> None:
+    state, vmid = SimState(argv[0]), int(argv[1])
+    ct = state.ct(vmid)
+    workloads = list(ct.get("workloads", []))
+    children = {_spawn(state, w): w for w in workloads}
+    me = os.getpid()
+    ct.update(status="running", init_pid=me, init_start=start_ticks(), sid=os.getsid(0))
+    state.set_ct(vmid, ct)
+    while True:
+        try:
+            pid, _ = os.wait()
+        except ChildProcessError:
+            time.sleep(3600)
+            continue
+        w = children.pop(pid, None)
+        if w and w.get("kind") == "respawn":
+            children[_spawn(state, w)] = w
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,76 @@
+"""Simulated NVML that behaves like the driver where it matters to pvegpu.
+
+A CUDA context lives while any process holding it is alive: its owner, or a child that inherited the
+owner's device fds. While it lives, its memory counts in ``used`` and its *owner's* pid is listed,
+even after the owner died (the fork-after-init trap); a child that inherited it is never listed.
+``leak_mib`` is memory no process holds. ``fail`` makes a GPU unreadable; ``hang`` makes reads slow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from ..errors import GpuQueryError
+from ..model import MIB, GpuInfo, GpuSample, NvmlProcess
+from .state import SimState
+
+
+def proc_alive(pid: int, start: int) -> bool:
+    """That very process exists and is not a zombie (``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return False
+    fields = text[text.rfind(")") + 2 :].split()
+    return fields[0] not in ("Z", "X") and int(fields[19]) == start
+
+
+class SimNvml:
+    def __init__(self, state: SimState) -> None:
+        self.state = state
+
+    def gpus(self) -> list[GpuInfo]:
+        gpus = self.state.gpus()
+        if not gpus:
+            raise GpuQueryError("NVML could not start: no GPU in the simulated node", "add gpus to the scenario")
+        return [GpuInfo(int(g.get("index", i)), int(g["minor"]), str(g.get("uuid", f"GPU-sim-{g['minor']}")),
+                        str(g.get("bus_id", f"0000:{0x41 + int(g['minor']):02x}:00.0")), str(g.get("name", "Simulated GPU")),
+                        int(g.get("total_mib", 81920)) * MIB) for i, g in enumerate(gpus)]
+
+    def live_contexts(self) -> list[dict[str, object]]:
+        holders = self.state.holders()
+        live = []
+        for ctx in self.state.contexts():
+            owner, start = int(ctx["owner"]), int(ctx["start"])
+            kept = proc_alive(owner, start) or any(
+                int(h["owner"]) == owner and proc_alive(int(h["pid"]), int(h["start"])) for h in holders)
+            if kept:
+                live.append(ctx)
+            else:  # the driver frees the context once its last holder is gone
+                self.state.drop("ctx", owner)
+                for h in holders:
+                    if int(h["owner"]) == owner:
+                        self.state.drop("holders", int(h["pid"]))
+        return live
+
+    def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
+        gpus = {int(g["minor"]): g for g in self.state.gpus()}
+        live = self.live_contexts()
+        out: dict[int, GpuSample] = {}
+        for minor in minors:
+            g = gpus.get(minor)
+            if g is None:
+                out[minor] = GpuSample(minor, None, None, "NVML: GPU not found")
+                continue
+            if g.get("hang"):
+                time.sleep(float(g["hang"]))
+            if g.get("fail"):
+                out[minor] = GpuSample(minor, None, None, f"NVML: {g['fail']}")
+                continue
+            ctxs = [c for c in live if int(c["gpu"]) == minor]  # type: ignore[call-overload]
+            used = sum(int(c["bytes"]) for c in ctxs) + int(g.get("leak_mib", 0)) * MIB  # type: ignore[call-overload]
+            procs = tuple(NvmlProcess(int(c["owner"]), int(c["bytes"])) for c in ctxs)  # type: ignore[call-overload]
+            out[minor] = GpuSample(minor, used, procs)
+        return out

@@ -1,0 +1,155 @@
+"""Scenario files for the simulated node, and the SimNode that runs one.
+
+A scenario is JSON (or the equivalent dict)::
+
+    {
+      "node": "pve-sim",
+      "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771,
+                "stand_in": "/dev/full", "leak_mib": 0, "fail": null, "hang": 0}],
+      "containers": [
+        {"vmid": 129, "name": "llm129", "status": "running", "gpus": [0],
+         "workloads": [{"kind": "simple", "gpu": 0, "mib": 2048}],
+         "config": "optional raw .conf text (replaces the one generated from gpus)",
+         "lock": null, "ha_managed": false, "start_error": null, "on_restart": []}
+      ],
+      "vms": [{"vmid": 200, "name": "win11"}]
+    }
+
+Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn`` (see ``pvegpu.sim.workload``).
+``stand_in`` is any character device the workload processes can open; it plays ``/dev/nvidia<minor>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from ..errors import UsageError
+from .host import SessionHost
+from .nvml import SimNvml
+from .pve import SimPve, kill_session, start_init
+from .state import SimState, write_json
+
+KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn")
+
+DEMO: dict[str, Any] = {
+    "node": "pve-sim",
+    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771, "stand_in": "/dev/full"}],
+    "containers": [
+        {"vmid": 129, "name": "llm129", "status": "running", "gpus": [0],
+         "workloads": [{"kind": "simple", "gpu": 0, "mib": 2048},
+                       {"kind": "fork", "gpu": 0, "mib": 1024},
+                       {"kind": "ignore-term", "gpu": 0, "mib": 512}]},
+        {"vmid": 130, "name": "train130", "status": "running", "gpus": [0],
+         "workloads": [{"kind": "respawn", "gpu": 0, "mib": 3072}]},
+        {"vmid": 131, "name": "shared131", "status": "running", "gpus": [0],
+         "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024}]},
+    ],
+    "vms": [{"vmid": 200, "name": "win11"}],
+}
+
+
+def ct_conf(ct: dict[str, Any]) -> str:
+    if ct.get("config"):
+        return str(ct["config"]).rstrip("\n") + "\n"
+    lines = ["arch: amd64", f"hostname: {ct.get('name', 'ct%d' % ct['vmid'])}", "memory: 8192", "ostype: debian",
+             f"rootfs: local-zfs:subvol-{ct['vmid']}-disk-0,size=8G", "unprivileged: 1"]
+    devs = [f"/dev/nvidia{m}" for m in ct.get("gpus", [])] + ["/dev/nvidiactl", "/dev/nvidia-uvm"]
+    lines += [f"dev{i}: {p},gid=44" for i, p in enumerate(devs)]
+    if ct.get("hookscript"):
+        lines.append(f"hookscript: {ct['hookscript']}")
+    if ct.get("lock"):
+        lines.append(f"lock: {ct['lock']}")
+    return "\n".join(sorted(lines)) + "\n"
+
+
+def validate(sc: dict[str, Any]) -> None:
+    problems = []
+    if not sc.get("gpus"):
+        problems.append("no gpus")
+    for g in sc.get("gpus", []):
+        if "minor" not in g or not os.path.exists(str(g.get("stand_in", ""))):
+            problems.append(f"gpu {g.get('minor')}: needs minor and an existing stand_in device")
+    for ct in sc.get("containers", []):
+        for w in ct.get("workloads", []) + ct.get("on_restart", []):
+            if w.get("kind", "simple") not in KINDS:
+                problems.append(f"CT {ct.get('vmid')}: unknown workload kind {w.get('kind')!r} (one of {', '.join(KINDS)})")
+    if problems:
+        raise UsageError("invalid scenario: " + "; ".join(problems), "see `pydoc pvegpu.sim.scenario` for the format")
+
+
+class SimNode:
+    """A running simulated node in ``root``; ``teardown()`` kills every simulated container."""
+
+    def __init__(self, root: str, owns_root: bool = False) -> None:
+        self.state = SimState(root)
+        meta = json.load(open(os.path.join(root, "scenario.json")))
+        self.node = str(meta["node"])
+        self.owns_root = owns_root
+
+    @property
+    def root(self) -> str:
+        return self.state.root
+
+    def ports(self) -> tuple[SimPve, SimNvml, SessionHost]:
+        return SimPve(self.state, self.node), SimNvml(self.state), SessionHost(self.state)
+
+    def teardown(self) -> None:
+        for ct in self.state.cts():
+            kill_session(ct)
+        if self.owns_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def build(scenario: dict[str, Any], root: str | None = None) -> SimNode:
+    """Lay out the node described by ``scenario`` and start its running containers."""
+    validate(scenario)
+    owns = root is None
+    root = root or tempfile.mkdtemp(prefix="pvegpu-sim-")
+    state = SimState(root)
+    node = str(scenario.get("node", "pve-sim"))
+    write_json(os.path.join(root, "scenario.json"), scenario | {"node": node})
+    state.set_gpus(list(scenario["gpus"]))
+    lxc = os.path.join(state.etc_pve, "nodes", node, "lxc")
+    qemu = os.path.join(state.etc_pve, "nodes", node, "qemu-server")
+    os.makedirs(lxc, exist_ok=True)
+    os.makedirs(qemu, exist_ok=True)
+    os.makedirs(state.snippets, exist_ok=True)
+    if not os.path.lexists(os.path.join(state.etc_pve, "local")):
+        os.symlink(f"nodes/{node}", os.path.join(state.etc_pve, "local"))
+    ids: dict[str, Any] = {}
+    for ct in scenario.get("containers", []):
+        ids[str(ct["vmid"])] = {"node": node, "type": "lxc", "version": 1}
+        with open(os.path.join(lxc, f"{ct['vmid']}.conf"), "w") as f:
+            f.write(ct_conf(ct))
+        state.set_ct(int(ct["vmid"]), {k: v for k, v in ct.items() if k != "config"} | {"status": "stopped"})
+    for vm in scenario.get("vms", []):
+        ids[str(vm["vmid"])] = {"node": vm.get("node", node), "type": "qemu", "version": 1}
+        with open(os.path.join(qemu, f"{vm['vmid']}.conf"), "w") as f:
+            f.write(f"name: {vm.get('name', 'vm')}\nhostpci0: 0000:01:00.0,pcie=1\n")
+    write_json(os.path.join(state.etc_pve, ".vmlist"), {"version": 1, "ids": ids})
+    sim = SimNode(root, owns_root=owns)
+    expected = 0
+    try:
+        for ct in scenario.get("containers", []):
+            if ct.get("status", "running") == "running":
+                expected += len(ct.get("workloads", []))
+                start_init(state, int(ct["vmid"]), expect_contexts=expected)
+    except BaseException:
+        sim.teardown()
+        raise
+    return sim
+
+
+def load(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read scenario {path}: {exc}", "a scenario is a JSON file; see `pydoc pvegpu.sim.scenario`") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"scenario {path} must be a JSON object", None)
+    return data

@@ -1,0 +1,87 @@
+"""The on-disk state of a simulated node (shared by every process that looks at it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+
+def write_json(path: str, data: Any) -> None:
+    """Atomic write (other processes read these files while we write)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def read_json(path: str, default: Any = None) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def read_dir(path: str) -> list[Any]:
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        if n.endswith(".json") and not n.startswith("."):
+            d = read_json(os.path.join(path, n))
+            if d is not None:
+                out.append(d)
+    return out
+
+
+class SimState:
+    """Paths inside a simulated node's directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+
+    @property
+    def etc_pve(self) -> str:
+        return os.path.join(self.root, "etc-pve")
+
+    @property
+    def snippets(self) -> str:
+        return os.path.join(self.root, "snippets")
+
+    def gpus(self) -> list[dict[str, Any]]:
+        return list(read_json(os.path.join(self.root, "gpus.json"), []))
+
+    def set_gpus(self, gpus: list[dict[str, Any]]) -> None:
+        write_json(os.path.join(self.root, "gpus.json"), gpus)
+
+    def ct(self, vmid: int) -> dict[str, Any]:
+        return dict(read_json(os.path.join(self.root, "cts", f"{vmid}.json"), {}))
+
+    def set_ct(self, vmid: int, data: dict[str, Any]) -> None:
+        write_json(os.path.join(self.root, "cts", f"{vmid}.json"), data)
+
+    def cts(self) -> list[dict[str, Any]]:
+        return read_dir(os.path.join(self.root, "cts"))
+
+    def contexts(self) -> list[dict[str, Any]]:
+        return read_dir(os.path.join(self.root, "ctx"))
+
+    def holders(self) -> list[dict[str, Any]]:
+        return read_dir(os.path.join(self.root, "holders"))
+
+    def add_context(self, owner: int, start: int, gpu: int, nbytes: int) -> None:
+        write_json(os.path.join(self.root, "ctx", f"{owner}.json"), {"owner": owner, "start": start, "gpu": gpu, "bytes": nbytes})
+
+    def add_holder(self, pid: int, start: int, owner: int) -> None:
+        write_json(os.path.join(self.root, "holders", f"{pid}.json"), {"pid": pid, "start": start, "owner": owner})
+
+    def drop(self, kind: str, pid: int) -> None:
+        try:
+            os.unlink(os.path.join(self.root, kind, f"{pid}.json"))
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,52 @@
+"""Stand-ins for GPU jobs inside a simulated container (real processes).
+
+Each opens its GPU's stand-in device node (that open fd is what the fd scan finds, by device number,
+exactly as with /dev/nvidiaN) and registers a "CUDA context" with the simulated driver.
+
+Kinds: ``simple`` (one process), ``fork`` (forks a child after GPU init; the child inherits the fds and
+is never listed by NVML), ``orphan`` (like fork, then the parent exits: only the unlisted child holds the
+memory), ``ignore-term`` (ignores SIGTERM), ``respawn`` (``simple``, restarted by the container's init
+whenever it dies, like a systemd unit with Restart=always).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from ..model import MIB
+from .state import SimState
+
+
+def start_ticks(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        text = f.read()
+    return int(text[text.rfind(")") + 2 :].split()[19])
+
+
+def _forever() -> None:
+    while True:
+        signal.pause()
+
+
+def run(state: SimState, gpu: int, mib: int, kind: str) -> None:
+    """Become a GPU holder of ``kind``; never returns."""
+    stand_in = next(g["stand_in"] for g in state.gpus() if int(g["minor"]) == gpu)
+    fd = os.open(stand_in, os.O_RDONLY)  # "cuInit": the device fd the scan finds
+    os.set_inheritable(fd, True)
+    if kind == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    me = os.getpid()
+    state.add_context(me, start_ticks(), gpu, mib * MIB)
+    if kind in ("fork", "orphan"):
+        child = os.fork()
+        if child == 0:
+            state.add_holder(os.getpid(), start_ticks(), me)
+            _forever()
+        deadline = time.monotonic() + 5
+        while not os.path.exists(os.path.join(state.root, "holders", f"{child}.json")) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        if kind == "orphan":
+            os._exit(0)
+    _forever()
