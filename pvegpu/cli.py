@@ -1,0 +1,165 @@
+"""The ``pvegpu`` command line (typer). Thin: builds ports, calls the core, renders, maps exit codes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Optional
+
+import typer
+
+from . import errors as E
+from .audit import audit as run_audit
+from .locate import check_vmid
+from .model import MIB
+from .reclaim import Ports, ResetPolicy, reset
+from .render import audit_text, reset_json, reset_table
+from .settings import Settings, load
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Verified GPU reclaim, start gate and audit for Proxmox VE LXC containers.")
+hook_app = typer.Typer(no_args_is_help=True, help="The start-gate hookscript: `pvegpu hook VMID PHASE` (as PVE calls it), install, uninstall, status.")
+app.add_typer(hook_app, name="hook")
+
+_STATE: dict[str, Any] = {}
+
+
+def _settings(overrides: dict[str, Any] | None = None) -> Settings:
+    return load(_STATE.get("config"), overrides=(overrides or {}) | ({"simulate": _STATE["simulate"]} if _STATE.get("simulate") else {}))
+
+
+def _fail(exc: E.PvegpuError) -> None:
+    typer.echo(f"Error: {exc.message}", err=True)
+    if exc.hint:
+        typer.echo(f"Hint: {exc.hint}", err=True)
+    raise typer.Exit(exc.exit_code)
+
+
+@app.callback()
+def _main(
+    config: Optional[str] = typer.Option(None, "--config", help="settings file (default /etc/pvegpu/pvegpu.toml)"),
+    simulate: Optional[str] = typer.Option(None, "--simulate", help="run against a simulated node's state directory", hidden=True),
+) -> None:
+    _STATE.update(config=config, simulate=simulate)
+
+
+def _ports(s: Settings, need_api: bool = True) -> tuple[Any, Any, Any, Any]:
+    from .adapters.factory import build_clock, build_host, build_probe, build_pve
+
+    return build_pve(s, need_api), build_probe(s), build_host(s), build_clock()
+
+
+def do_reset(s: Settings, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
+    from .logs import configure
+
+    log = configure(verbose=verbose, json_lines=json_out)
+    pve, probe, host, clock = _ports(s, need_api=not dry_run)
+    r = s.reset
+    policy = ResetPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, poll=r.poll, rounds=r.rounds,
+                         threshold_bytes=r.threshold_mib * MIB, restart=r.restart, dry_run=dry_run, task_timeout=r.task_timeout)
+    on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
+    report = reset(vmid, Ports(pve, probe, host, clock, log), policy, on_step)
+    if json_out:
+        typer.echo(json.dumps(reset_json(report), indent=2))
+        return report.exit_code
+    typer.echo("")
+    typer.echo(reset_table(report))
+    for p in report.plan:
+        typer.echo(f"  would: pid {p['pid']} ({p['comm']}, CT pid {p['ns_pid']}, {p['cgroup']}): {p['action']}")
+    for note in report.notes:
+        typer.echo(f"note: {note}")
+    verdict = {"clean": f"CT {vmid}: GPU memory verified free in {report.elapsed:.2f} s" + (" (after a restart)" if report.restarted else ""),
+               "dry-run": f"CT {vmid}: dry run, nothing was signalled"}.get(report.outcome, f"CT {vmid}: {report.outcome} after {report.elapsed:.2f} s")
+    typer.echo(verdict)
+    for problem, action in report.diagnosis:
+        typer.echo(f"  problem: {problem}\n     what to do: {action}")
+    if report.left_stopped:
+        typer.echo(f"  CT {vmid} was left STOPPED; start it with `pct start {vmid}` once the GPU is clean.")
+    return report.exit_code
+
+
+@app.command("reset")
+def reset_cmd(
+    vmid: str = typer.Argument(..., help="container id, e.g. 129"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="show what would be signalled and why; signal nothing"),
+    no_restart: bool = typer.Option(False, "--no-restart", help="never restart the container through the API"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds to wait for the memory to come back (default 30)"),
+    grace: Optional[float] = typer.Option(None, "--grace", help="seconds between SIGTERM and SIGKILL (default 10)"),
+    json_out: bool = typer.Option(False, "--json", help="print the report as JSON (events as JSON lines on stderr)"),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="log every event"),
+) -> None:
+    """Stop every process of the container that holds its GPUs, verify with NVML that the memory is back,
+    and restart the container through the API if it is not."""
+    try:
+        s = _settings({"reset.timeout": timeout, "reset.grace": grace, "reset.restart": False if no_restart else None})
+        code = do_reset(s, check_vmid(vmid), dry_run=dry_run, json_out=json_out, verbose=verbose)
+    except E.PvegpuError as exc:
+        _fail(exc)
+    raise typer.Exit(code)
+
+
+@app.command("check")
+def check_cmd(vmid: str = typer.Argument(...), json_out: bool = typer.Option(False, "--json")) -> None:
+    """May the container start now? Exit 0 yes, 10 refused (same decision as the hookscript)."""
+    from .hook import main_fast
+
+    raise typer.Exit(main_fast(["check", vmid] + (["--json"] if json_out else [])))
+
+
+@app.command("audit")
+def audit_cmd(
+    cluster: bool = typer.Option(False, "--cluster", help="configuration of every node (runtime is this node's only)"),
+    json_out: bool = typer.Option(False, "--json"),
+) -> None:
+    """Which container holds which GPU, right now and by configuration."""
+    try:
+        s = _settings()
+        pve, probe, host, _ = _ports(s, need_api=cluster)
+        rep = run_audit(pve=pve, probe=probe, host=host, cluster=cluster).to_json()
+    except E.PvegpuError as exc:
+        _fail(exc)
+    typer.echo(json.dumps(rep, indent=2) if json_out else audit_text(rep))
+    raise typer.Exit(1 if rep["problems"] or any(g["flags"] and set(g["flags"]) - {"shared"} for g in rep["gpus"]) else 0)
+
+
+@app.command("demo")
+def demo_cmd(
+    scenario: Optional[str] = typer.Option(None, "--scenario", help="a scenario JSON file (default: the built-in one)"),
+    grace: float = typer.Option(1.0, "--grace", help="SIGTERM grace in the demo (short, so the demo is quick)"),
+) -> None:
+    """Run the real reset code against a built-in simulated node: no Proxmox, GPU or root needed."""
+    from .sim import scenario as sc
+
+    try:
+        data = sc.load(scenario) if scenario else sc.DEMO
+        sim = sc.build(data)
+    except E.PvegpuError as exc:
+        _fail(exc)
+    code = 0
+    try:
+        _STATE["simulate"] = sim.root
+        s = _settings({"reset.grace": grace})
+        typer.echo(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.\n")
+        typer.echo("$ pvegpu audit")
+        pve, probe, host, _ = _ports(s)
+        typer.echo(audit_text(run_audit(pve=pve, probe=probe, host=host).to_json()))
+        targets = [int(c["vmid"]) for c in data.get("containers", []) if c.get("workloads") and c.get("status", "running") == "running"]
+        for vmid in targets[:-1] if len(targets) > 2 else targets:
+            typer.echo(f"\n$ pvegpu reset {vmid}")
+            code = max(code, do_reset(s, vmid, dry_run=False, json_out=False, verbose=False))
+        typer.echo("\n$ pvegpu audit")
+        typer.echo(audit_text(run_audit(pve=pve, probe=probe, host=host).to_json()))
+    except E.PvegpuError as exc:
+        sim.teardown()
+        _fail(exc)
+    finally:
+        sim.teardown()
+    raise typer.Exit(code)
+
+
+def run() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)

@@ -1,0 +1,180 @@
+"""``pvegpu check`` and ``pvegpu hook VMID PHASE``: the start gate's fast path.
+
+PVE runs a guest's hookscript as ``<script> <vmid> <phase>`` with ``PATH=/sbin:/bin:/usr/sbin:/usr/bin``,
+``LC_ALL=C``, stdin ``/dev/null``, no timeout, while it holds the container's config lock; a non-zero
+``pre-start`` aborts the start. So this module imports no typer, rich, proxmoxer or structlog, never calls
+the API or ``pct``, reads ``/etc/pve`` directly, and bounds itself with its own deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from . import errors as E
+from .gate import GateDecision, GatePolicy, decide, paragraph
+from .inspect import inspect_gpus
+from .locate import check_vmid, find_guest, granted_gpus
+from .lxcconf import parse_config
+from .model import MIB, GpuInfo, GpuSample
+from .settings import Settings, load
+
+PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
+
+
+@dataclass
+class CheckResult:
+    vmid: int
+    decision: GateDecision
+    gpus: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.decision
+        return {"vmid": self.vmid, "allow": d.allow, "reasons": d.reasons, "fix": list(dict.fromkeys(d.fix)), "gpus": self.gpus}
+
+
+class _Unreadable:
+    """A GpuProbe for when NVML itself cannot start: every GPU is unknown, never zero."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def gpus(self) -> list[GpuInfo]:
+        return []
+
+    def sample(self, minors: Any) -> dict[int, GpuSample]:
+        return {m: GpuSample(m, None, None, self.reason) for m in minors}
+
+
+def _ports(s: Settings) -> tuple[Any, Any, Any]:
+    if s.simulate:
+        from .sim.scenario import SimNode
+
+        return SimNode(s.simulate).ports()
+    from .adapters.etcpve import EtcPve
+    from .adapters.procfs import ProcHost
+
+    try:
+        from .adapters.nvml import NvmlProbe
+
+        probe: Any = NvmlProbe()
+    except E.GpuQueryError as exc:
+        probe = _Unreadable(exc.message)
+    return EtcPve(s.pve_root, node=s.node), probe, ProcHost()
+
+
+def check(vmid: int, s: Settings) -> CheckResult:
+    """Decide whether CT ``vmid`` may start now (reads /etc/pve, NVML and /proc only)."""
+    pve, probe, host = _ports(s)
+    guest = find_guest(vmid, pve)
+    conf = parse_config(pve.ct_config(guest))
+    if not conf.gpus.minors and not conf.gpus.all_gpus:
+        return CheckResult(vmid, GateDecision(True, ["no NVIDIA GPU in its configuration"]), [])
+    if isinstance(probe, _Unreadable):
+        gpus = [GpuInfo(-1, m, "?", "?") for m in sorted(conf.gpus.minors)] or [GpuInfo(-1, -1, "all GPUs", "?")]
+    else:
+        gpus = list(granted_gpus(conf, probe.gpus())[0])
+    policy = GatePolicy(s.gate.threshold_mib * MIB, s.gate.on_unknown,
+                        vmid in s.gate.exclusive or s.gate.exclusive_tag in conf.tags)
+    facts = inspect_gpus(vmid, gpus, host=host, probe=probe)
+    decision = decide(vmid, facts, host.ct_pids(vmid), policy)
+    rows = [{"index": f.gpu.index, "minor": m, "uuid": f.gpu.uuid, "state": decision.per_gpu.get(m),
+             "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB),
+             "shared_with": sorted({h.info.placement.vmid for h in f.other_holders if h.info.placement.vmid}),
+             "ghost_pids": f.ghosts} for m, f in sorted(facts.items())]
+    return CheckResult(vmid, decision, rows)
+
+
+def _bounded(fn: Any, deadline: float) -> tuple[bool, Any]:
+    """Run ``fn`` in a daemon thread; (finished, result or exception). A hung NVML cannot hold us."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["r"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["e"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(deadline)
+    if t.is_alive():
+        return False, None
+    return True, box.get("e", box.get("r"))
+
+
+def run_hook(vmid_text: str, phase: str, s: Settings, out: TextIO, err: TextIO) -> int:
+    """One hookscript invocation; returns the exit code PVE sees."""
+    if phase not in PHASES:
+        raise E.UsageError(f"unknown hook phase '{phase}'", f"PVE calls hookscripts with one of: {', '.join(PHASES)}")
+    vmid = check_vmid(vmid_text)
+    if phase not in ("pre-start", "post-stop"):
+        return E.EXIT_OK
+    done, res = _bounded(lambda: check(vmid, s) if phase == "pre-start" else _post_stop(vmid, s), s.gate.deadline)
+    if not done:
+        if phase == "pre-start":
+            print(f"pvegpu: refusing to start CT {vmid}: the GPU check did not finish within {s.gate.deadline:g} s "
+                  "(NVML hung? see `nvidia-smi`, `dmesg | grep -i xid`); raise gate.deadline if the node is just slow.", file=err)
+            return E.EXIT_REFUSED
+        print(f"pvegpu: post-stop check of CT {vmid} did not finish within {s.gate.deadline:g} s", file=err)
+        return E.EXIT_OK
+    if isinstance(res, E.PvegpuError):
+        if phase == "pre-start":
+            print(f"pvegpu: refusing to start CT {vmid}: {res.message}" + (f" (hint: {res.hint})" if res.hint else ""), file=err)
+            return E.EXIT_REFUSED
+        print(f"pvegpu: post-stop check of CT {vmid}: {res.message}", file=err)
+        return E.EXIT_OK
+    if isinstance(res, BaseException):
+        raise res
+    if phase == "post-stop":
+        print(res, file=out)
+        return E.EXIT_OK
+    text = paragraph(vmid, res.decision)
+    if res.decision.allow:
+        print(text, file=out)
+        return E.EXIT_OK
+    print(text, file=err)
+    return E.EXIT_REFUSED
+
+
+def _post_stop(vmid: int, s: Settings) -> str:
+    res = check(vmid, s)
+    if res.decision.allow:
+        return f"pvegpu: CT {vmid} stopped; its GPUs are clean."
+    msg = f"pvegpu: CT {vmid} stopped, GPUs NOT clean: " + "; ".join(res.decision.reasons)
+    if s.gate.post_stop_reclaim:
+        from .adapters.clock import SystemClock
+        from .reclaim import Ports, ResetPolicy, reset
+
+        pve, probe, host = _ports(s)
+        rep = reset(vmid, Ports(pve, probe, host, SystemClock()), ResetPolicy(restart=False, grace=min(s.reset.grace, 2.0),
+                                                                          timeout=min(s.reset.timeout, 2.0)))
+        msg += f"; post-stop reclaim: {rep.outcome}"
+    return msg
+
+
+def main_fast(argv: list[str]) -> int:
+    """Entry for ``pvegpu hook VMID PHASE`` and ``pvegpu check VMID [--json]`` without the full CLI."""
+    try:
+        s = load()
+        if argv[0] == "hook":
+            if len(argv) != 3:
+                raise E.UsageError("usage: pvegpu hook VMID PHASE", "PVE calls it as `<script> <vmid> <phase>`")
+            return run_hook(argv[1], argv[2], s, sys.stdout, sys.stderr)
+        args = [a for a in argv[1:] if not a.startswith("-")]
+        if len(args) != 1 or any(a not in ("--json",) for a in argv[1:] if a.startswith("-")):
+            raise E.UsageError("usage: pvegpu check VMID [--json]", None)
+        res = check(check_vmid(args[0]), s)
+        if "--json" in argv:
+            print(json.dumps(res.to_json(), indent=2))
+        else:
+            print(paragraph(res.vmid, res.decision))
+        return E.EXIT_OK if res.decision.allow else E.EXIT_REFUSED
+    except E.PvegpuError as exc:
+        print(f"Error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"Hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code

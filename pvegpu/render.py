@@ -1,0 +1,75 @@
+"""Human and JSON renderings of reports (no I/O: returns strings / dicts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .inspect import GpuFacts
+from .model import MIB
+from .reclaim import ResetReport
+
+
+def _mib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / MIB:,.0f} MiB"
+
+
+def _facts_json(f: GpuFacts) -> dict[str, Any]:
+    return {
+        "index": f.gpu.index, "minor": f.gpu.minor, "uuid": f.gpu.uuid,
+        "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB, 1),
+        "residual_mib": None if f.residual_bytes is None else round(f.residual_bytes / MIB, 1),
+        "ct_holders": [{"pid": h.pid, "ns_pid": h.info.ns_pid, "comm": h.info.comm, "state": h.info.state,
+                        "init": h.info.is_ct_init, "via": sorted(h.via)} for h in f.ct_holders],
+        "other_holders": [{"pid": h.pid, "comm": h.info.comm, "vmid": h.info.placement.vmid,
+                           "place": h.info.placement.place.value} for h in f.other_holders],
+        "ghost_pids": f.ghosts, "error": f.sample.error,
+    }
+
+
+def reset_json(r: ResetReport) -> dict[str, Any]:
+    return {
+        "vmid": r.vmid, "node": r.node, "outcome": r.outcome, "exit_code": r.exit_code,
+        "elapsed_s": round(r.elapsed, 3), "restarted": r.restarted, "left_stopped": r.left_stopped,
+        "gpus": r.gpus,
+        "before": [_facts_json(f) for _, f in sorted(r.before.items())],
+        "after": [_facts_json(f) for _, f in sorted(r.after.items())],
+        "signalled": r.signalled, "plan": r.plan,
+        "steps": [{"name": s.name, "outcome": s.outcome, **s.detail} for s in r.steps],
+        "diagnosis": [{"problem": p, "action": a} for p, a in r.diagnosis], "notes": r.notes,
+    }
+
+
+def reset_table(r: ResetReport) -> str:
+    rows = [("GPU", "minor", "used before", "used after", "CT holders", "others", "state")]
+    for minor in r.gpus:
+        b, a = r.before.get(minor), r.after.get(minor)
+        if b is None or a is None:
+            continue
+        others = ", ".join(sorted({f"CT {h.info.placement.vmid}" if h.info.placement.vmid else "host" for h in a.other_holders})) or "-"
+        state = "clean" if r.outcome.startswith("clean") or r.outcome == "dry-run" and not b.ct_holders else "NOT clean"
+        rows.append((str(b.gpu.index), str(minor), _mib(b.used_bytes), _mib(a.used_bytes),
+                     f"{len(b.ct_holders)} -> {len(a.ct_holders)}", others, state if r.outcome != "dry-run" else "(dry run)"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def audit_text(rep: dict[str, Any]) -> str:
+    lines = [f"node {rep['node']}"]
+    for g in rep["gpus"]:
+        lines.append(f"GPU {g['index']} (/dev/nvidia{g['minor']}, {g['uuid']}): {g['used_mib'] if g['used_mib'] is not None else '?'} MiB used"
+                     + (f", {g['unattributed_mib']} MiB unattributed" if g.get("unattributed_mib") else "")
+                     + (f"  [{', '.join(g['flags'])}]" if g["flags"] else ""))
+        lines.append(f"  configured for: {', '.join('CT %d' % v for v in g['configured_for']) or '-'}")
+        for h in g["holders"]:
+            mem = "" if h["used_mib"] in (0, None) else f" {h['used_mib']} MiB"
+            lines.append(f"  held by {h['owner']}: pid {h['pid']} ({h['comm']}, {'+'.join(h['via'])}){mem}")
+        for pid in g["ghost_pids"]:
+            lines.append(f"  NVML lists pid {pid}, which no longer exists")
+    if rep["configured"]:
+        lines.append("configuration:")
+        for c in rep["configured"]:
+            what = "all GPUs" if c["all_gpus"] else ", ".join(f"/dev/nvidia{m}" for m in c["minors"])
+            lines.append(f"  CT {c['vmid']} on {c['node']}: {what}" + (f"  ({'; '.join(c['notes'])})" if c["notes"] else ""))
+    for p in rep["problems"]:
+        lines.append(f"problem: {p}")
+    return "\n".join(lines)
