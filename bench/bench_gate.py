@@ -1,0 +1,63 @@
+"""Wall time of the whole start-gate hookscript process vs `nvidia-smi --query-gpu=...` in the same run.
+
+Usage (root, on a GPU node): python3 bench/bench_gate.py [N]
+Prints the medians and the ratio; the hook is run exactly as PVE runs it (argv, PATH, LC_ALL=C, stdin /dev/null)
+against a PVE-like /etc/pve tree for one container granted GPU 0 (a clean start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import pvelike  # noqa: E402
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int]:
+    t = time.perf_counter()
+    p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    return time.perf_counter() - t, p.returncode
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+    tmp = tempfile.mkdtemp()
+    conf = "arch: amd64\ndev0: /dev/nvidia0,gid=44\ndev1: /dev/nvidiactl,gid=44\nhostname: bench\n"
+    root = pvelike.etc_pve(os.path.join(tmp, "pve"), "bench", {129: conf})
+    cfg = os.path.join(tmp, "pvegpu.toml")
+    with open(cfg, "w") as f:
+        f.write(f'pve_root = "{root}"\n')
+    guard = pvelike.guard(tmp, pvelike.launcher(tmp))
+    env = {"PATH": pvelike.PVE_PATH, "LC_ALL": "C", "PVEGPU_CONFIG": cfg}
+    smi = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
+    hook = [guard, "129", "pre-start"]
+    for argv in (smi, hook):  # warm caches
+        timed(argv, env)
+    s, h = [], []
+    for _ in range(n):  # interleaved, so both see the same machine state
+        s.append(timed(smi, env)[0])
+        dt, rc = timed(hook, env)
+        assert rc == 0, f"hook refused a clean start (exit {rc})"
+        h.append(dt)
+    res = {"runs": n, "nvidia_smi_median_ms": round(statistics.median(s) * 1000, 1),
+           "hook_median_ms": round(statistics.median(h) * 1000, 1),
+           "ratio": round(statistics.median(h) / statistics.median(s), 2),
+           "hook_p90_ms": round(sorted(h)[int(0.9 * n) - 1] * 1000, 1), "nvidia_smi_p90_ms": round(sorted(s)[int(0.9 * n) - 1] * 1000, 1)}
+    py = sys.executable
+    parts = {"python -I -c pass": [py, "-I", "-c", "pass"],
+             "python -I -S -c pass": [py, "-I", "-S", "-c", "pass"],
+             "python -I: import pynvml + nvmlInit": [py, "-I", "-c", "import pynvml; pynvml.nvmlInit()"],
+             "python -I: import pvegpu.hook": [py, "-I", "-c", f"import sys; sys.path.insert(0, {pvelike.REPO!r}); import pvegpu.hook"]}
+    for label, argv in parts.items():
+        res[label + " (median ms)"] = round(statistics.median(timed(argv, env)[0] for _ in range(10)) * 1000, 1)
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
