@@ -1,0 +1,115 @@
+"""The /proc host adapter on real processes: fd holders by device number, PID namespaces, cgroups, pidfd safety."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pvegpu.adapters.procfs import DeviceTable, ProcHost
+from pvegpu.model import Place, ProcIdentity
+from tests import pvelike
+
+FULL = os.stat("/dev/full").st_rdev
+TABLE = DeviceTable({(os.major(FULL), os.minor(FULL)): 0})  # /dev/full stands in for /dev/nvidia0
+root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, PID namespaces)")
+
+
+def _holder(path: str = "/dev/full") -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", f"import os,time; fd=os.open({path!r}, os.O_RDONLY); print('ok', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"ok"
+    return p
+
+
+def test_fd_holder_found_by_device_number():
+    """A process holding the stand-in device is found by st_rdev; one holding another device is not."""
+    a, b = _holder(), _holder("/dev/null")
+    try:
+        held = ProcHost(TABLE).holdings([a.pid, b.pid])
+        assert held[a.pid].minors == {0} and "fd" in held[a.pid].via
+        assert b.pid not in held
+    finally:
+        a.kill(), b.kill()
+
+
+def test_mknod_copy_matches_like_the_original(tmp_path):
+    """A mknod copy (what PVE's devN makes) has another inode but the same rdev, so it matches."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    node = tmp_path / "nvidia0"
+    os.mknod(node, 0o666 | 0o020000, FULL)
+    p = _holder(str(node))
+    try:
+        assert ProcHost(TABLE).holdings([p.pid])[p.pid].minors == {0}
+    finally:
+        p.kill()
+
+
+def test_recycled_identity_is_never_signalled():
+    """A stale identity (same pid, other start time) is 'gone' and the live process gets no signal."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = ProcHost(TABLE)
+        info = host.describe(p.pid)
+        stale = ProcIdentity(p.pid, info.ident.start_ticks - 1)
+        assert host.signal(stale, signal.SIGKILL, 129) == "gone"
+        assert p.poll() is None
+    finally:
+        p.kill()
+
+
+def test_process_outside_the_container_is_never_signalled():
+    """A host process is 'moved' for any container and survives."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = ProcHost(TABLE)
+        assert host.signal(host.describe(p.pid).ident, signal.SIGKILL, 129) == "moved"
+        time.sleep(0.05)
+        assert p.poll() is None
+    finally:
+        p.kill()
+
+
+def test_self_is_never_a_holder():
+    """pvegpu's own process is excluded from the scan even while it holds the device."""
+    fd = os.open("/dev/full", os.O_RDONLY)
+    try:
+        assert os.getpid() not in ProcHost(TABLE).holdings([os.getpid()])
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.root
+@root
+def test_pid_namespace_and_cgroup_container():
+    """A process in /lxc/<vmid>/ns and its own PID namespace is placed in the CT, its init recognised,
+    its holders signalled through the pidfd, and the init never."""
+    vmid = 901
+    ct = pvelike.start_ct(vmid, [sys.executable, "-c", "import os,time; fd=os.open('/dev/full', os.O_RDONLY); time.sleep(60)"])
+    try:
+        host = ProcHost(TABLE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not host.holdings(host.ct_pids(vmid)):
+            time.sleep(0.05)
+        pids = host.ct_pids(vmid)
+        infos = [host.describe(p) for p in pids]
+        assert all(i.placement.place is Place.CONTAINER and i.placement.vmid == vmid for i in infos)
+        init = [i for i in infos if i.is_ct_init]
+        assert len(init) == 1 and init[0].ns_pid == 1
+        held = host.holdings(pids)
+        [holder] = [host.describe(p) for p in held]
+        assert holder.ns_pid not in (None, holder.pid)  # NSpid: host pid and container pid differ
+        assert host.signal(init[0].ident, signal.SIGKILL, vmid) == "refused"
+        assert host.signal(holder.ident, signal.SIGTERM, vmid) == "sent"
+        end = time.monotonic() + 5
+        while host.alive(holder.ident) and time.monotonic() < end:
+            time.sleep(0.02)
+        assert not host.alive(holder.ident) and host.alive(init[0].ident)
+    finally:
+        pvelike.destroy_ct(vmid)
+        ct.wait(5)

@@ -1,0 +1,136 @@
+"""Parsing of PVE container configs and /proc/<pid>/cgroup lines (proxmox.md §2, §4)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pvegpu.cgroup import parse_cgroup
+from pvegpu.lxcconf import parse_config
+from pvegpu.model import Place, Placement
+
+A = """#LLM worker (GPU0)
+arch: amd64
+dev0: /dev/nvidia0,gid=44
+dev1: /dev/nvidiactl,gid=44
+dev2: /dev/nvidia-uvm,gid=44
+dev4: /dev/nvidia-caps/nvidia-cap1,mode=0444
+hookscript: local:snippets/pvegpu-guard
+tags: gpu;gpu-exclusive
+"""
+B = """arch: amd64
+lxc.cgroup2.devices.allow: c 195:* rwm
+lxc.cgroup2.devices.allow: c 510:* rwm
+lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia1 dev/nvidia1 none bind,optional,create=file
+lxc.mount.entry: /dev/nvidiactl dev/nvidiactl none bind,optional,create=file
+"""
+C = """lxc.cgroup.devices.allow: c 195:* rwm
+lxc.mount.entry: /dev/nvidia2 dev/nvidia2 none bind,optional,create=file
+lxc.mount.entry: /dev/nvidia-caps dev/nvidia-caps none bind,optional,create=dir
+"""
+D = """arch: amd64
+dev0: /dev/nvidia3
+lock: backup
+parent: before_upgrade
+
+[pve:pending]
+delete: dev0
+
+[before_upgrade]
+dev0: /dev/nvidia3
+dev1: /dev/nvidia5
+snaptime: 1717000000
+"""
+
+
+def test_devn_with_options():
+    """devN entries with gid/mode options grant /dev/nvidiaN only; ctl/uvm/caps are not GPUs."""
+    c = parse_config(A)
+    assert c.gpus.minors == {0} and not c.gpus.all_gpus
+    assert c.hookscript == "local:snippets/pvegpu-guard" and "gpu-exclusive" in c.tags
+
+
+def test_path_key_form():
+    """dev0: path=/dev/nvidia1,mode=0666 is the same grant as the short form."""
+    assert parse_config("dev0: path=/dev/nvidia1,mode=0666\n").gpus.minors == {1}
+
+
+def test_raw_cgroup2_with_mount_entries_uses_mount_sources():
+    """195:* plus named mount entries grants exactly the mounted GPUs, not all of them."""
+    c = parse_config(B)
+    assert c.gpus.minors == {0, 1} and not c.gpus.all_gpus
+
+
+def test_cgroup_v1_legacy_noted():
+    """The deprecated v1 key still grants, and is reported."""
+    c = parse_config(C)
+    assert c.gpus.minors == {2}
+    assert any("deprecated" in n for n in c.gpus.notes)
+
+
+def test_wildcard_without_nodes_means_all_gpus():
+    """Major 195 granted with no node named means every GPU."""
+    assert parse_config("lxc.cgroup2.devices.allow: c 195:* rwm\n").gpus.all_gpus
+
+
+def test_specific_minor_in_cgroup_rule():
+    """c 195:3 rw grants GPU minor 3; 195:255 (nvidiactl) grants no GPU."""
+    assert parse_config("lxc.cgroup2.devices.allow: c 195:3 rw\nlxc.cgroup2.devices.allow = c 195:255 rw\n").gpus.minors == {3}
+
+
+def test_pending_and_snapshots_reported_not_used():
+    """Only the top section counts; pending and snapshot sections become notes; lock is read."""
+    c = parse_config(D)
+    assert c.gpus.minors == {3} and c.lock == "backup"
+    notes = " ".join(c.gpus.notes)
+    assert "pending" in notes and "before_upgrade" in notes and "locked (backup)" in notes
+
+
+def test_api_dict_form():
+    """The API's config dict (raw keys as [key, value] pairs) parses like the file."""
+    c = parse_config({"dev0": "/dev/nvidia0,gid=44", "lxc": [["lxc.mount.entry", "/dev/nvidia1 dev/nvidia1 none bind"]], "digest": "x"})
+    assert c.gpus.minors == {0, 1}
+
+
+def test_no_gpu():
+    """A container without NVIDIA nodes has no grant."""
+    c = parse_config("arch: amd64\ndev0: /dev/dri/renderD128,gid=104\n")
+    assert not c.gpus.minors and not c.gpus.all_gpus
+
+
+def test_cgroup_v2_payload_and_init():
+    """v2 lines under /lxc/<vmid>/ns place the process in that container."""
+    assert parse_cgroup("0::/lxc/129/ns/system.slice/ollama.service\n")[0] == Placement(Place.CONTAINER, 129)
+    assert parse_cgroup("0::/lxc/129/ns\n")[0] == Placement(Place.CONTAINER, 129)
+
+
+def test_cgroup_monitor_is_not_the_container():
+    """The lxc-start monitor under /lxc.monitor/<vmid> is never the container."""
+    assert parse_cgroup("0::/lxc.monitor/129\n")[0].place is Place.MONITOR
+
+
+def test_cgroup_v1_and_hybrid():
+    """v1 and hybrid files (one line per hierarchy, some at /) place by the lxc lines."""
+    text = "12:devices:/lxc/129/ns/x\n4:memory:/lxc/129/ns\n1:name=systemd:/\n0::/lxc/129/ns\n"
+    assert parse_cgroup(text)[0] == Placement(Place.CONTAINER, 129)
+
+
+def test_cgroup_qemu_scope_and_host():
+    """QEMU scopes are VMs; anything else is the host."""
+    assert parse_cgroup("0::/qemu.slice/200.scope\n")[0] == Placement(Place.VM, 200)
+    assert parse_cgroup("0::/system.slice/pvedaemon.service\n")[0].place is Place.HOST
+    assert parse_cgroup("0::/lxc/1290\n")[0] == Placement(Place.CONTAINER, 1290)
+    assert parse_cgroup("0::/lxcfoo/129\n")[0].place is Place.HOST
+
+
+def test_cgroup_conflicting_vmids_is_host():
+    """Lines that disagree about the container make the process untouchable (host)."""
+    assert parse_cgroup("4:memory:/lxc/129/ns\n0::/lxc/130/ns\n")[0].place is Place.HOST
+
+
+@given(st.text())
+def test_parsers_never_raise(text):
+    """Arbitrary text never crashes either parser."""
+    parse_cgroup(text)
+    parse_config(text)
