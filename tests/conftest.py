@@ -1,5 +1,5 @@
-"""Shared fixtures. Root-only tests skip with a reason for non-root users; .ci/run (root) turns skips of
-root/lxc tests into failures with PVEGPU_REQUIRE_ROOT_TESTS=1."""
+"""Shared fixtures. Root-only tests (markers root, lxc) skip with a reason for non-root users;
+with PVEGPU_REQUIRE_ROOT_TESTS=1 (set by .ci/run, which runs as root) such a skip is a failure."""
 
 from __future__ import annotations
 
@@ -7,17 +7,29 @@ import os
 
 import pytest
 
-
-def pytest_collection_modifyitems(config, items):
-    if os.environ.get("PVEGPU_REQUIRE_ROOT_TESTS") == "1" and os.geteuid() != 0:
-        raise pytest.UsageError("PVEGPU_REQUIRE_ROOT_TESTS=1 but not running as root")
+from pvegpu.sim import scenario as sc
 
 
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Under PVEGPU_REQUIRE_ROOT_TESTS=1 a skipped root/lxc test is a failure, so CI always runs them."""
-    if os.environ.get("PVEGPU_REQUIRE_ROOT_TESTS") != "1" or call.when != "setup":
-        return None
-    if (item.get_closest_marker("root") or item.get_closest_marker("lxc")) and call.excinfo is not None \
-            and call.excinfo.errisinstance(pytest.skip.Exception):
-        raise AssertionError(f"root test {item.nodeid} was skipped under CI: {call.excinfo.value}")
-    return None
+    outcome = yield
+    rep = outcome.get_result()
+    if os.environ.get("PVEGPU_REQUIRE_ROOT_TESTS") == "1" and rep.skipped \
+            and (item.get_closest_marker("root") or item.get_closest_marker("lxc")):
+        rep.outcome = "failed"
+        rep.longrepr = f"root-only test skipped under PVEGPU_REQUIRE_ROOT_TESTS=1: {rep.longrepr}"
+
+
+@pytest.fixture
+def sim_node():
+    """Build a simulated node from a scenario dict; torn down (processes killed) after the test."""
+    nodes = []
+
+    def make(scenario):
+        node = sc.build(scenario)
+        nodes.append(node)
+        return node
+
+    yield make
+    for n in nodes:
+        n.teardown()

@@ -1,0 +1,110 @@
+"""The guard hookscript run exactly as PVE runs it (argv, PATH, LC_ALL=C, stdin closed) on the simulated node."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pvegpu.sim.pve import SimPve
+from pvegpu.model import Guest
+from tests import pvelike
+
+GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
+
+
+def scenario(**ct):
+    base = {"vmid": 129, "status": "stopped", "gpus": [0]}
+    return {"node": "pve-sim", "gpus": [dict(GPU, **ct.pop("gpu", {}))],
+            "containers": [base | ct, {"vmid": 131, "status": "running", "gpus": [0], "workloads": ct.pop("other", [])}]}
+
+
+@pytest.fixture
+def guard(tmp_path):
+    return pvelike.guard(str(tmp_path), pvelike.launcher(str(tmp_path)))
+
+
+def hook(node, guard, phase="pre-start", vmid=129, **env):
+    return pvelike.run_as_pve(guard, vmid, phase, {"PVEGPU_SIMULATE": node.root} | env)
+
+
+def test_clean_start_allowed(sim_node, guard):
+    """A clean GPU: pre-start exits 0 and says so."""
+    node = sim_node(scenario())
+    r = hook(node, guard)
+    assert r.returncode == 0 and "may start" in r.stdout
+
+
+@pytest.mark.parametrize("phase", ["post-start", "pre-stop"])
+def test_other_phases_exit_zero_at_once(sim_node, guard, phase):
+    """Phases other than pre-start/post-stop do nothing and exit 0."""
+    node = sim_node(scenario(gpu={"fail": "GPU is lost"}))
+    assert hook(node, guard, phase).returncode == 0
+
+
+def test_leftover_refused_with_reason(sim_node, guard):
+    """Memory no running container accounts for: refusal text on stderr, exit 10."""
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    r = hook(node, guard)
+    assert r.returncode == 10
+    assert "refusing to start CT 129" in r.stderr and "2048 MiB" in r.stderr and "pvegpu reset 129" in r.stderr
+
+
+def test_shared_with_running_container_allowed(sim_node, guard):
+    """Memory of another running CT on the same GPU is legitimate sharing: allowed."""
+    node = sim_node(scenario(other=[{"kind": "simple", "gpu": 0, "mib": 1024}]))
+    r = hook(node, guard)
+    assert r.returncode == 0 and "shared with CT 131" in r.stdout
+
+
+def test_exclusive_policy_refuses_sharing(sim_node, guard, tmp_path):
+    """Under the exclusive policy (setting or PVE tag) the same sharing is refused."""
+    node = sim_node(scenario(other=[{"kind": "simple", "gpu": 0, "mib": 1024}]))
+    cfg = tmp_path / "x.toml"
+    cfg.write_text("[gate]\nexclusive = [129]\n")
+    r = hook(node, guard, PVEGPU_CONFIG=str(cfg))
+    assert r.returncode == 10 and "exclusive" in r.stderr
+
+
+def test_nvml_failure_fails_closed_and_open_when_configured(sim_node, guard):
+    """An unreadable GPU refuses the start; gate.on_unknown=allow lets it through, saying so."""
+    node = sim_node(scenario(gpu={"fail": "GPU is lost"}))
+    r = hook(node, guard)
+    assert r.returncode == 10 and "cannot be read" in r.stderr
+    r = hook(node, guard, PVEGPU_GATE_ON_UNKNOWN="allow")
+    assert r.returncode == 0 and "allowed" in r.stdout
+
+
+def test_deadline_exceeded_refuses(sim_node, guard):
+    """A GPU read that hangs past the deadline refuses the start with a message, in bounded time."""
+    node = sim_node(scenario(gpu={"hang": 5}))
+    r = hook(node, guard, PVEGPU_GATE_DEADLINE="0.5")
+    assert r.returncode == 10 and "did not finish within 0.5 s" in r.stderr
+
+
+def test_bad_phase_and_vmid_are_clear_errors(sim_node, guard):
+    """An unknown phase or a bad vmid is a one-line error with a hint (exit 2), never a traceback."""
+    node = sim_node(scenario())
+    r = hook(node, guard, phase="pre-migrate")
+    assert r.returncode == 2 and "unknown hook phase" in r.stderr and "Traceback" not in r.stderr
+    r = pvelike.run_as_pve(guard, "12x", "pre-start", {"PVEGPU_SIMULATE": node.root})  # type: ignore[arg-type]
+    assert r.returncode == 2 and "not a container id" in r.stderr
+
+
+def test_fork_leftover_refused_then_allowed_after_reset_via_sim_start(sim_node, tmp_path):
+    """A start through the (simulated) API runs the guard: refused while an orphaned child holds memory
+    in a stopped-looking CT, and the start task fails with PVE's hookscript wording."""
+    node = sim_node({"node": "pve-sim", "gpus": [GPU], "containers": [
+        {"vmid": 129, "status": "running", "gpus": [0], "hookscript": "local:snippets/pvegpu-guard",
+         "workloads": [{"kind": "orphan", "gpu": 0, "mib": 1024}]}]})
+    guard_path = pvelike.guard(node.state.snippets, pvelike.launcher(str(tmp_path)))
+    assert os.path.basename(guard_path) == "pvegpu-guard"
+    pve = SimPve(node.state, node.node)
+    g = Guest(129, "pve-sim", "lxc")
+    # the container "stopped" without its orphan: mark it stopped but leave the holder alive
+    ct = node.state.ct(129)
+    node.state.set_ct(129, ct | {"status": "stopped"})
+    upid = pve.ct_start(g)
+    st = pve.task_status("pve-sim", upid)
+    assert st["exitstatus"].startswith("hookscript error for 129 on pre-start") and "exit code 10" in st["exitstatus"]
+    assert any("refusing to start CT 129" in line for line in pve.task_log("pve-sim", upid))
