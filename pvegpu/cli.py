@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -37,8 +37,8 @@ def _fail(exc: E.PvegpuError) -> None:
 
 @app.callback()
 def _main(
-    config: Optional[str] = typer.Option(None, "--config", help="settings file (default /etc/pvegpu/pvegpu.toml)"),
-    simulate: Optional[str] = typer.Option(None, "--simulate", help="run against a simulated node's state directory", hidden=True),
+    config: str | None = typer.Option(None, "--config", help="settings file (default /etc/pvegpu/pvegpu.toml)"),
+    simulate: str | None = typer.Option(None, "--simulate", help="run against a simulated node's state directory", hidden=True),
 ) -> None:
     _STATE.update(config=config, simulate=simulate)
 
@@ -83,8 +83,8 @@ def reset_cmd(
     vmid: str = typer.Argument(..., help="container id, e.g. 129"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show what would be signalled and why; signal nothing"),
     no_restart: bool = typer.Option(False, "--no-restart", help="never restart the container through the API"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds to wait for the memory to come back (default 30)"),
-    grace: Optional[float] = typer.Option(None, "--grace", help="seconds between SIGTERM and SIGKILL (default 10)"),
+    timeout: float | None = typer.Option(None, "--timeout", help="seconds to wait for the memory to come back (default 30)"),
+    grace: float | None = typer.Option(None, "--grace", help="seconds between SIGTERM and SIGKILL (default 10)"),
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON (events as JSON lines on stderr)"),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="log every event"),
 ) -> None:
@@ -124,7 +124,7 @@ def audit_cmd(
 
 @app.command("demo")
 def demo_cmd(
-    scenario: Optional[str] = typer.Option(None, "--scenario", help="a scenario JSON file (default: the built-in one)"),
+    scenario: str | None = typer.Option(None, "--scenario", help="a scenario JSON file (default: the built-in one)"),
     grace: float = typer.Option(1.0, "--grace", help="SIGTERM grace in the demo (short, so the demo is quick)"),
 ) -> None:
     """Run the real reset code against a built-in simulated node: no Proxmox, GPU or root needed."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import errors as E
 from .inspect import GpuFacts, inspect_gpus
@@ -41,7 +42,7 @@ class ResetReport:
     after: dict[int, GpuFacts] = field(default_factory=dict)
     steps: list[Step] = field(default_factory=list)
     signalled: list[dict[str, object]] = field(default_factory=list)
-    plan: list[dict[str, object]] = field(default_factory=list)  # --dry-run
+    plan: list[dict[str, Any]] = field(default_factory=list)  # --dry-run
     outcome: str = "unknown"
     exit_code: int = E.EXIT_FAILURE
     diagnosis: list[tuple[str, str]] = field(default_factory=list)  # (problem, what to do)

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from pvegpu.sim.pve import SimPve
 from pvegpu.model import Guest
+from pvegpu.sim.pve import SimPve
 from tests import pvelike
 
 GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}

@@ -7,8 +7,8 @@ import requests
 import responses
 from proxmoxer import ProxmoxAPI
 
-from pvegpu.adapters.pve import ProxmoxerPve, read_token
 from pvegpu.adapters.clock import SystemClock
+from pvegpu.adapters.pve import ProxmoxerPve, read_token
 from pvegpu.errors import ConfigError, PveApiError, TaskFailed, TaskTimeout
 from pvegpu.model import Guest
 from pvegpu.reclaim import Ports, ResetPolicy, Resetter

@@ -6,7 +6,7 @@ import pytest
 
 from pvegpu import errors as E
 from pvegpu.reclaim import Ports, ResetPolicy, reset
-from tests.fakes import FakeClock, FakeHost, FakePve, FakeProbe
+from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
 
 @pytest.fixture
