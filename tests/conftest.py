@@ -1,5 +1,5 @@
 """Shared fixtures. Root-only tests (markers root, lxc) skip with a reason for non-root users;
-with PVEGPU_REQUIRE_ROOT_TESTS=1 (set by .ci/run, which runs as root) such a skip is a failure."""
+with REQUIRE_ROOT_TESTS=1 (set by .ci/run, which runs as root) such a skip is a failure."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pvegpu.sim import scenario as sc
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
-    if os.environ.get("PVEGPU_REQUIRE_ROOT_TESTS") == "1" and rep.skipped \
+    if os.environ.get("REQUIRE_ROOT_TESTS") == "1" and rep.skipped \
             and (item.get_closest_marker("root") or item.get_closest_marker("lxc")):
         rep.outcome = "failed"
-        rep.longrepr = f"root-only test skipped under PVEGPU_REQUIRE_ROOT_TESTS=1: {rep.longrepr}"
+        rep.longrepr = f"root-only test skipped under REQUIRE_ROOT_TESTS=1: {rep.longrepr}"
 
 
 @pytest.fixture

@@ -129,7 +129,7 @@ class ProcHost:
         if not found_dir:
             pids.update(self._ct_pids_by_proc(vmid))
         want = Placement(Place.CONTAINER, vmid)
-        return sorted(p for p in pids if (i := self.describe(p)) is not None and i.placement == want)
+        return sorted(p for p in pids if (i := self.describe(p)) is not None and i.placement == want and i.state not in ("Z", "X"))
 
     def _ct_pids_by_proc(self, vmid: int) -> list[int]:
         want = Placement(Place.CONTAINER, vmid)
