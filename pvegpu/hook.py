@@ -79,8 +79,9 @@ def check(vmid: int, s: Settings) -> CheckResult:
         gpus = list(granted_gpus(conf, probe.gpus())[0])
     policy = GatePolicy(s.gate.threshold_mib * MIB, s.gate.on_unknown,
                         vmid in s.gate.exclusive or s.gate.exclusive_tag in conf.tags)
-    facts = inspect_gpus(vmid, gpus, host=host, probe=probe)
-    decision = decide(vmid, facts, host.ct_pids(vmid), policy)
+    pids = host.ct_pids(vmid)
+    facts = inspect_gpus(vmid, gpus, host=host, probe=probe, ct_pids=pids)
+    decision = decide(vmid, facts, pids, policy)
     rows = [{"index": f.gpu.index, "minor": m, "uuid": f.gpu.uuid, "state": decision.per_gpu.get(m),
              "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB),
              "shared_with": sorted({h.info.placement.vmid for h in f.other_holders if h.info.placement.vmid}),

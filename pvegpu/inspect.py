@@ -51,6 +51,7 @@ def inspect_gpus(
     host: Host,
     probe: GpuProbe,
     whole_host: bool = False,
+    ct_pids: list[int] | None = None,
 ) -> dict[int, GpuFacts]:
     """Facts per GPU minor for container ``vmid`` (None: no container is the target, as in audit).
 
@@ -63,7 +64,9 @@ def inspect_gpus(
     listed = {p.pid for s in samples.values() for p in (s.processes or ())}
     scan: set[int] | None = None
     if not whole_host:
-        scan = set(listed) | (set(host.ct_pids(vmid)) if vmid is not None else set())
+        if ct_pids is None and vmid is not None:
+            ct_pids = host.ct_pids(vmid)
+        scan = set(listed) | set(ct_pids or ())
     holdings = host.holdings(scan)
     infos: dict[int, ProcInfo | None] = {}
 

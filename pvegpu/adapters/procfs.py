@@ -126,10 +126,14 @@ class ProcHost:
             for dirpath, _dirs, _files in os.walk(top):
                 text = _read(os.path.join(dirpath, "cgroup.procs")) or ""
                 pids.update(int(x) for x in text.split() if x.isdigit())
-        if not found_dir:
-            pids.update(self._ct_pids_by_proc(vmid))
+        if not found_dir and not self._cgroupfs_mounted():
+            pids.update(self._ct_pids_by_proc(vmid))  # no cgroupfs where expected: ask every process
         want = Placement(Place.CONTAINER, vmid)
         return sorted(p for p in pids if (i := self.describe(p)) is not None and i.placement == want and i.state not in ("Z", "X"))
+
+    def _cgroupfs_mounted(self) -> bool:
+        """A cgroup v2 root or a v1/hybrid hierarchy is mounted, so a missing lxc/<vmid> dir means an empty CT."""
+        return any(os.path.exists(os.path.join(self.cgroup_root, sub, "cgroup.procs")) for sub in CGROUP_ROOTS)
 
     def _ct_pids_by_proc(self, vmid: int) -> list[int]:
         want = Placement(Place.CONTAINER, vmid)
