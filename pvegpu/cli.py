@@ -55,7 +55,7 @@ def do_reset(s: Settings, vmid: int, *, dry_run: bool, json_out: bool, verbose: 
     log = configure(verbose=verbose, json_lines=json_out)
     pve, probe, host, clock = _ports(s, need_api=not dry_run)
     r = s.reset
-    policy = ResetPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, poll=r.poll, rounds=r.rounds,
+    policy = ResetPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, poll=r.poll, settle=r.settle, rounds=r.rounds,
                          threshold_bytes=r.threshold_mib * MIB, restart=r.restart, dry_run=dry_run, task_timeout=r.task_timeout)
     on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
     report = reset(vmid, Ports(pve, probe, host, clock, log), policy, on_step)

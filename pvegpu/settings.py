@@ -34,6 +34,7 @@ class ResetSettings:
     kill_wait: float = 5.0
     timeout: float = 30.0
     poll: float = 0.05
+    settle: float = 0.25  # clean must hold this long; raise it for services that respawn slowly
     rounds: int = 3
     threshold_mib: int = 64
     restart: bool = True
@@ -105,6 +106,8 @@ def _validate(s: Settings, problems: list[str]) -> None:
         problems.append(f"api.backend: {s.api.backend!r} must be auto, local or https")
     if s.gate.on_unknown not in ("refuse", "allow"):
         problems.append(f"gate.on_unknown: {s.gate.on_unknown!r} must be refuse or allow")
+    if s.reset.settle < 0:
+        problems.append("reset.settle: must be >= 0")
     for name in ("grace", "kill_wait", "timeout", "poll", "task_timeout"):
         if getattr(s.reset, name) <= 0:
             problems.append(f"reset.{name}: must be > 0")

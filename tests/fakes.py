@@ -190,3 +190,22 @@ class FakePve:
 
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         return self.tasks[upid]["log"]
+
+
+class FdBackedProbe:
+    """NVML stand-in for hosts without a GPU: each live process holding the stand-in device open has a
+    "context" of ``mib_per_holder`` MiB, listed by its host pid as NVML lists CUDA processes; the memory
+    returns when the holder is gone, as the driver frees it at fd close."""
+
+    def __init__(self, host: Any, mib_per_holder: int = 512) -> None:
+        self.host = host
+        self.mib = mib_per_holder
+
+    def gpus(self) -> list[GpuInfo]:
+        return [GpuInfo(0, 0, "GPU-standin-0", "0000:00:00.0")]
+
+    def sample(self, minors: Any) -> dict[int, GpuSample]:
+        held = self.host.holdings(None)
+        live = [h for h in held.values() if (i := self.host.describe(h.pid)) is not None and i.state not in ("Z", "X")]
+        return {m: GpuSample(m, sum(self.mib * MIB for h in live if m in h.minors),
+                             tuple(NvmlProcess(h.pid, self.mib * MIB) for h in live if m in h.minors)) for m in minors}

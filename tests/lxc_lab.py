@@ -1,0 +1,99 @@
+"""Real LXC containers (Debian's lxc, busybox template) with Proxmox's cgroup layout, for root tests.
+
+A GPU is stood in for by a mknod copy of /dev/full (major 1, minor 7), exactly what PVE's devN passthrough
+does with /dev/nvidiaN: another path and inode, the same device number; the scanner is told that 1:7 is GPU 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+from pvegpu.adapters.procfs import DeviceTable
+from pvegpu.model import CtStatus, Guest
+
+FULL = os.stat("/dev/full").st_rdev
+TABLE = DeviceTable({(os.major(FULL), os.minor(FULL)): 0})
+
+
+def available() -> str | None:
+    """None when real LXC containers can be made here, else the reason why not."""
+    if os.geteuid() != 0:
+        return "needs root to run LXC containers"
+    if not shutil.which("lxc-create") or not os.path.exists("/usr/share/lxc/templates/lxc-busybox"):
+        return "needs Debian's lxc package and busybox-static (apt-get install lxc busybox-static)"
+    return None
+
+
+def make_ct(vmid: int, node_path: str, inittab_extra: str = "") -> None:
+    """lxc-create a busybox CT named <vmid> with PVE's cgroup dirs and node_path as dev/nvidia0."""
+    subprocess.run(["lxc-destroy", "-n", str(vmid), "-f"], capture_output=True)
+    subprocess.run(["lxc-create", "-n", str(vmid), "-t", "busybox"], check=True, capture_output=True)
+    cfg = f"/var/lib/lxc/{vmid}/config"
+    lines = [ln for ln in open(cfg).read().splitlines() if not ln.startswith(("lxc.net.0", "lxc.apparmor"))]
+    lines += ["lxc.net.0.type = empty", "lxc.apparmor.profile = unconfined",
+              f"lxc.cgroup.dir.monitor = lxc.monitor/{vmid}", f"lxc.cgroup.dir.container = lxc/{vmid}",
+              "lxc.cgroup.dir.container.inner = ns", f"lxc.mount.entry = {node_path} dev/nvidia0 none bind,optional,create=file"]
+    with open(cfg, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    if inittab_extra:
+        with open(f"/var/lib/lxc/{vmid}/rootfs/etc/inittab", "a") as f:
+            f.write(inittab_extra)
+
+
+def start(vmid: int) -> None:
+    subprocess.run(["lxc-start", "-n", str(vmid)], check=True, capture_output=True)
+    end = time.monotonic() + 10
+    while "RUNNING" not in subprocess.run(["lxc-info", "-n", str(vmid), "-s"], capture_output=True, text=True).stdout:
+        assert time.monotonic() < end, f"CT {vmid} did not start"
+        time.sleep(0.05)
+
+
+def attach(vmid: int, script: str) -> None:
+    subprocess.run(["lxc-attach", "-n", str(vmid), "--", "sh", "-c", script], check=True, capture_output=True, timeout=10)
+
+
+def running(vmid: int) -> bool:
+    return "RUNNING" in subprocess.run(["lxc-info", "-n", str(vmid), "-s"], capture_output=True, text=True).stdout
+
+
+def destroy(vmid: int) -> None:
+    subprocess.run(["lxc-stop", "-n", str(vmid), "-k"], capture_output=True, timeout=30)
+    subprocess.run(["lxc-destroy", "-n", str(vmid), "-f"], capture_output=True, timeout=30)
+
+
+class LxcPve:
+    """PveApi whose reads come from a PVE-like /etc/pve tree and whose stop/start are lxc-stop --kill / lxc-start,
+    which is what PVE's vzstop/vzstart run underneath."""
+
+    def __init__(self, etc: object) -> None:
+        self.etc = etc
+        self.calls: list[str] = []
+        self.tasks: dict[str, str] = {}
+
+    def __getattr__(self, name: str):
+        return getattr(self.etc, name)
+
+    def ct_status(self, g: Guest) -> CtStatus:
+        return CtStatus("running" if running(g.vmid) else "stopped")
+
+    def _task(self, kind: str, g: Guest, proc: subprocess.CompletedProcess) -> str:
+        upid = f"UPID:lab:{len(self.tasks):08X}:00000000:00000000:{kind}:{g.vmid}:root@pam:"
+        self.tasks[upid] = "OK" if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
+        return upid
+
+    def ct_stop(self, g: Guest) -> str:
+        self.calls.append(f"stop {g.vmid}")
+        return self._task("vzstop", g, subprocess.run(["lxc-stop", "-n", str(g.vmid), "-k"], capture_output=True, text=True, timeout=60))
+
+    def ct_start(self, g: Guest) -> str:
+        self.calls.append(f"start {g.vmid}")
+        return self._task("vzstart", g, subprocess.run(["lxc-start", "-n", str(g.vmid)], capture_output=True, text=True, timeout=60))
+
+    def task_status(self, node: str, upid: str) -> dict:
+        return {"status": "stopped", "exitstatus": self.tasks[upid]}
+
+    def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
+        return [self.tasks[upid]]
