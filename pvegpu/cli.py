@@ -157,6 +157,104 @@ def demo_cmd(
     raise typer.Exit(code)
 
 
+def _install_ctx(need_root: bool) -> tuple[Settings, str, Any]:
+    import os
+
+    from .adapters.etcpve import EtcPve
+
+    s = _settings()
+    if need_root and os.geteuid() != 0:
+        raise E.UsageError("installing the guard needs root on the node", "`pct set --hookscript` is allowed for root@pam only; use sudo")
+    if not EtcPve.present(s.pve_root):
+        raise E.UsageError(f"{s.pve_root}/.vmlist not found: not a Proxmox VE node", "run it on the node that runs the containers")
+    node = EtcPve(s.pve_root, node=s.node).local_node() or ""
+    lister = None
+    try:
+        from .adapters.factory import resolve_backend
+        from .adapters.pve import ProxmoxerPve, connect
+
+        backend = resolve_backend(s)
+        if backend:
+            api = ProxmoxerPve(connect(s.api, backend), node=node)
+
+            def lister(n: str, _api: Any = api) -> set[str] | None:
+                try:
+                    return set(_api.snippets(n, _STATE.get("storage", "local")))
+                except E.PvegpuError:
+                    return None
+    except E.PvegpuError:
+        lister = None
+    return s, node, lister
+
+
+def _print_plan(plan: Any) -> None:
+    for line in plan.done:
+        typer.echo(f"done: {line}")
+    for line in plan.refused:
+        typer.echo(f"refused: {line}", err=True)
+    for line in plan.warnings:
+        typer.echo(f"warning: {line}", err=True)
+
+
+@hook_app.command("install")
+def hook_install(
+    vmids: list[str] = typer.Argument(None, help="containers to guard (default: every GPU container of this node)"),
+    storage: str = typer.Option("local", "--storage", help="snippets storage"),
+    chain: bool = typer.Option(False, "--chain", help="keep an existing hookscript: run pvegpu's guard first, then it"),
+) -> None:
+    """Install the guard snippet and set it as the containers' hookscript (`pct set VMID --hookscript ...`)."""
+    from . import install as ins
+
+    try:
+        _STATE["storage"] = storage
+        s, node, lister = _install_ctx(need_root=True)
+        plan = ins.install([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage,
+                           chain=chain, lister=lister)
+    except E.PvegpuError as exc:
+        _fail(exc)
+    _print_plan(plan)
+    raise typer.Exit(0 if plan.ok else 1)
+
+
+@hook_app.command("uninstall")
+def hook_uninstall(
+    vmids: list[str] = typer.Argument(None, help="containers to unguard (default: every guarded container of this node)"),
+    storage: str = typer.Option("local", "--storage"),
+) -> None:
+    """Remove the guard from the containers (restoring a chained hookscript) and the snippet once unused."""
+    from . import install as ins
+
+    try:
+        s, node, _ = _install_ctx(need_root=True)
+        plan = ins.uninstall([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage)
+    except E.PvegpuError as exc:
+        _fail(exc)
+    _print_plan(plan)
+    raise typer.Exit(0 if plan.ok else 1)
+
+
+@hook_app.command("status")
+def hook_status(storage: str = typer.Option("local", "--storage"), json_out: bool = typer.Option(False, "--json")) -> None:
+    """Guarded and unguarded GPU containers of this node, and nodes missing the snippet. Exit 1 if anything needs attention."""
+    from . import install as ins
+
+    try:
+        _STATE["storage"] = storage
+        s, node, lister = _install_ctx(need_root=False)
+        st = ins.status(pve_root=s.pve_root, node=node, storage_name=storage, lister=lister)
+    except E.PvegpuError as exc:
+        _fail(exc)
+    if json_out:
+        typer.echo(json.dumps(st, indent=2))
+    else:
+        for row in st["containers"]:  # type: ignore[attr-defined]
+            typer.echo(f"CT {row['vmid']}: {row['state']}" + (f" ({row['hookscript']})" if row["hookscript"] else ""))
+        for p in st["problems"]:  # type: ignore[attr-defined]
+            typer.echo(f"problem: {p}")
+    bad = st["problems"] or any(r["state"] != "guarded" for r in st["containers"])  # type: ignore[attr-defined]
+    raise typer.Exit(1 if bad else 0)
+
+
 def run() -> None:
     try:
         app()

@@ -1,11 +1,28 @@
-"""Render the guard hookscript with this installation's paths (used by `pvegpu hook install` and tests)."""
+"""`pvegpu hook install | uninstall | status`: put the start gate on containers, take it off, report.
+
+Manual equivalent: copy the guard to ``/var/lib/vz/snippets/``, ``pvesm set local --content ...,snippets``,
+``pct set 129 --hookscript local:snippets/pvegpu-guard`` (root@pam only: API tokens cannot set hookscripts),
+and the same file on every node the container may start on (a missing snippet stops restores and migrations
+from starting).
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
+import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .errors import PvegpuError, UsageError
+from .lxcconf import parse_config
+
+GUARD = "pvegpu-guard"
+Runner = Callable[[list[str]], tuple[int, str]]
+SnippetLister = Callable[[str], "set[str] | None"]  # node -> snippet file names there, None = unknown
 
 
 def guard_text(template: str, pvegpu_bin: str | None = None, fast: bool = True) -> str:
@@ -22,3 +39,218 @@ def guard_text(template: str, pvegpu_bin: str | None = None, fast: bool = True) 
         text = text.replace("PVEGPU_PYTHON=\n", f"PVEGPU_PYTHON={sys.executable}\n")
         text = text.replace("PVEGPU_PYTHONPATH=\n", f"PVEGPU_PYTHONPATH={':'.join(dict.fromkeys(paths))}\n")
     return text
+
+
+def template() -> str:
+    """The guard shipped in contrib/hookscripts (or its copy inside the package)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.path.join(os.path.dirname(here), "contrib", "hookscripts", GUARD), os.path.join(here, "data", GUARD)):
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+    raise PvegpuError("the guard hookscript template is missing from this installation", "reinstall pvegpu")
+
+
+def run_command(argv: list[str]) -> tuple[int, str]:
+    """Run a PVE CLI command (``pct``, ``pvesm``) with a deadline; (exit code, combined output)."""
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return 127, f"{argv[0]}: not found (is this a Proxmox VE node?)"
+    except subprocess.TimeoutExpired:
+        return 124, f"{' '.join(argv)}: no answer within 60 s"
+    return p.returncode, (p.stdout + p.stderr).strip()
+
+
+@dataclass
+class Storage:
+    name: str
+    path: str
+    content: list[str]
+    shared: bool = False
+
+
+def read_storage(pve_root: str, name: str) -> Storage:
+    """A file-based storage from ``/etc/pve/storage.cfg`` (``local`` defaults to /var/lib/vz)."""
+    try:
+        with open(os.path.join(pve_root, "storage.cfg"), encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        text = ""
+    found: dict[str, Storage] = {}
+    cur: Storage | None = None
+    for line in text.splitlines():
+        if m := re.match(r"^(\w+):\s*(\S+)\s*$", line):
+            cur = found.setdefault(m.group(2), Storage(m.group(2), "", []))
+        elif cur is not None and (m := re.match(r"^\s+(\S+)\s*(.*?)\s*$", line)):
+            key, value = m.groups()
+            if key == "path":
+                cur.path = value
+            elif key == "content":
+                cur.content = [c for c in value.split(",") if c]
+            elif key == "shared":
+                cur.shared = value == "1"
+    st = found.get(name)
+    if st is not None and st.path:
+        return st
+    if name == "local" and st is None:
+        return Storage("local", "/var/lib/vz", ["iso", "vztmpl", "backup"])
+    raise UsageError(f"storage '{name}' is not a file-based storage in {pve_root}/storage.cfg",
+                     "hookscripts live in a directory storage with the 'snippets' content type (`pvesm status`)")
+
+
+@dataclass
+class Plan:
+    """What install/uninstall did or would do, and what needs the admin."""
+
+    done: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused
+
+
+def _ct_confs(pve_root: str, node: str | None = None) -> dict[int, tuple[str, str]]:
+    """vmid -> (node, conf text) for every container (of one node, or the cluster)."""
+    out: dict[int, tuple[str, str]] = {}
+    nodes_dir = os.path.join(pve_root, "nodes")
+    for n in sorted(os.listdir(nodes_dir)) if os.path.isdir(nodes_dir) else []:
+        if node and n != node:
+            continue
+        d = os.path.join(nodes_dir, n, "lxc")
+        for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+            if f.endswith(".conf") and f[:-5].isdigit():
+                out[int(f[:-5])] = (n, open(os.path.join(d, f), encoding="utf-8").read())
+    return out
+
+
+def _is_ours(volid: str | None, storage: str) -> bool:
+    return bool(volid) and (volid == f"{storage}:snippets/{GUARD}" or str(volid).startswith(f"{storage}:snippets/{GUARD}-chain-"))
+
+
+def _snippet_path(storage: Storage, volid: str) -> str:
+    return os.path.join(storage.path, "snippets", volid.split("snippets/", 1)[-1])
+
+
+def _check_nodes(pve_root: str, local: str, names: set[str], lister: SnippetLister | None, plan: Plan) -> None:
+    nodes_dir = os.path.join(pve_root, "nodes")
+    for n in sorted(os.listdir(nodes_dir)) if os.path.isdir(nodes_dir) else []:
+        if n == local:
+            continue
+        have = lister(n) if lister else None
+        missing = sorted(names - have) if have is not None else None
+        if missing is None:
+            plan.warnings.append(f"node {n}: cannot tell whether the snippet(s) exist there (no API); a CT moved there "
+                                 f"will not start without them: copy them (`scp /var/lib/vz/snippets/{GUARD}* root@{n}:/var/lib/vz/snippets/`)")
+        elif missing:
+            plan.warnings.append(f"node {n} lacks {', '.join(missing)}: containers restored or migrated there will not start; "
+                                 f"`scp /var/lib/vz/snippets/{GUARD}* root@{n}:/var/lib/vz/snippets/`")
+
+
+def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "local", chain: bool = False,
+            run: Runner = run_command, lister: SnippetLister | None = None, guard: str | None = None) -> Plan:
+    """Install the guard snippet and set it as the hookscript of ``vmids`` (default: every GPU CT of this node)."""
+    plan = Plan()
+    st = read_storage(pve_root, storage_name)
+    sdir = os.path.join(st.path, "snippets")
+    os.makedirs(sdir, exist_ok=True)
+    path = os.path.join(sdir, GUARD)
+    text = guard if guard is not None else guard_text(template())
+    if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
+        with open(path + ".new", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(path + ".new", 0o755)
+        os.replace(path + ".new", path)
+        plan.done.append(f"wrote {path}")
+    if "snippets" not in st.content:
+        argv = ["pvesm", "set", st.name, "--content", ",".join(st.content + ["snippets"])]
+        rc, out = run(argv)
+        (plan.done if rc == 0 else plan.warnings).append(" ".join(argv) + ("" if rc == 0 else f" failed: {out}"))
+    confs = _ct_confs(pve_root, node)
+    targets = vmids or [v for v, (_, t) in confs.items() if (g := parse_config(t).gpus).minors or g.all_gpus]
+    names = {GUARD}
+    for vmid in targets:
+        if vmid not in confs:
+            plan.refused.append(f"CT {vmid}: no such container on node {node}")
+            continue
+        current = parse_config(confs[vmid][1]).hookscript
+        want = f"{st.name}:snippets/{GUARD}"
+        if _is_ours(current, st.name):
+            plan.done.append(f"CT {vmid}: already guarded ({current})")
+            names.add(str(current).split("snippets/", 1)[-1])
+            continue
+        if current and not chain:
+            plan.refused.append(f"CT {vmid} already has hookscript {current}; not replaced. Chain it (pvegpu runs first, "
+                                f"then yours): `pvegpu hook install {vmid} --chain`")
+            continue
+        if current:
+            chained = f"{GUARD}-chain-{vmid}"
+            orig = _snippet_path(read_storage(pve_root, current.split(":", 1)[0]), current)
+            cpath = os.path.join(sdir, chained)
+            with open(cpath, "w", encoding="utf-8") as f:
+                f.write(f"#!/bin/sh\n# pvegpu guard chained before {current} (restored by `pvegpu hook uninstall {vmid}`)\n"
+                        f"# original: {current}\n{path} \"$1\" \"$2\" || exit $?\nexec {orig} \"$1\" \"$2\"\n")
+            os.chmod(cpath, 0o755)
+            want = f"{st.name}:snippets/{chained}"
+            names.add(chained)
+        argv = ["pct", "set", str(vmid), "--hookscript", want]
+        rc, out = run(argv)
+        (plan.done if rc == 0 else plan.refused).append(" ".join(argv) + ("" if rc == 0 else f" failed: {out}"))
+    if not st.shared:
+        _check_nodes(pve_root, node, names, lister, plan)
+    return plan
+
+
+def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "local", run: Runner = run_command) -> Plan:
+    """Take the guard off ``vmids`` (default: every guarded CT of this node); restore chained originals;
+    delete the snippet once no container in the cluster refers to it."""
+    plan = Plan()
+    st = read_storage(pve_root, storage_name)
+    confs = _ct_confs(pve_root, node)
+    targets = vmids or [v for v, (_, t) in confs.items() if _is_ours(parse_config(t).hookscript, st.name)]
+    for vmid in targets:
+        current = parse_config(confs.get(vmid, ("", ""))[1]).hookscript
+        if not _is_ours(current, st.name):
+            plan.refused.append(f"CT {vmid}: hookscript is {current or 'not set'}, not pvegpu's; left alone")
+            continue
+        argv = ["pct", "set", str(vmid), "--delete", "hookscript"]
+        cpath = _snippet_path(st, str(current))
+        if "-chain-" in str(current):
+            m = re.search(r"^# original: (\S+)$", open(cpath, encoding="utf-8").read(), re.M) if os.path.exists(cpath) else None
+            if m:
+                argv = ["pct", "set", str(vmid), "--hookscript", m.group(1)]
+        rc, out = run(argv)
+        (plan.done if rc == 0 else plan.refused).append(" ".join(argv) + ("" if rc == 0 else f" failed: {out}"))
+        if rc == 0 and "-chain-" in str(current) and os.path.exists(cpath):
+            os.unlink(cpath)
+            plan.done.append(f"removed {cpath}")
+    still = [v for v, (_, t) in _ct_confs(pve_root).items() if parse_config(t).hookscript == f"{st.name}:snippets/{GUARD}"]
+    path = os.path.join(st.path, "snippets", GUARD)
+    if os.path.exists(path) and not still and plan.ok:
+        os.unlink(path)
+        plan.done.append(f"removed {path}")
+    elif still:
+        plan.warnings.append(f"{path} kept: still used by CT {', '.join(map(str, still))}")
+    return plan
+
+
+def status(*, pve_root: str, node: str, storage_name: str = "local", lister: SnippetLister | None = None) -> dict[str, object]:
+    """Guarded / unguarded GPU containers of this node, and nodes missing the snippet."""
+    st = read_storage(pve_root, storage_name)
+    rows = []
+    for vmid, (_, text) in _ct_confs(pve_root, node).items():
+        conf = parse_config(text)
+        if not (conf.gpus.minors or conf.gpus.all_gpus):
+            continue
+        hs = conf.hookscript
+        state = "guarded" if _is_ours(hs, st.name) else ("other hookscript" if hs else "unguarded")
+        rows.append({"vmid": vmid, "state": state, "hookscript": hs})
+    plan = Plan()
+    local = os.path.join(st.path, "snippets", GUARD)
+    if not os.access(local, os.X_OK):
+        plan.warnings.append(f"this node ({node}) lacks an executable {local}")
+    if not st.shared:
+        _check_nodes(pve_root, node, {GUARD}, lister, plan)
+    return {"node": node, "containers": rows, "problems": plan.warnings}

@@ -154,3 +154,8 @@ class ProxmoxerPve:
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         rows = self._call("read task log", lambda: self.api.nodes(node).tasks(upid).log.get(start=0, limit=limit))
         return [str(r.get("t", "")) for r in rows]
+
+    def snippets(self, node: str, storage: str) -> set[str]:
+        """``pvesh get /nodes/<node>/storage/<storage>/content --content snippets``: file names there."""
+        rows = self._call(f"list snippets on {node}", lambda: self.api.nodes(node).storage(storage).content.get(content="snippets"))
+        return {str(r.get("volid", "")).split("snippets/", 1)[-1] for r in rows}

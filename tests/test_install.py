@@ -1,0 +1,117 @@
+"""`pvegpu hook install | uninstall | status` against a temporary PVE-like tree with stub pct, pvesm and pvesh."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.pvelike import REPO, etc_pve
+
+GPU_CONF = "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"
+STUB = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$STUB_LOG"
+if [ "$(basename "$0")" = pct ] && [ "$1" = set ]; then
+  conf="$STUB_PVE/nodes/pve1/lxc/$2.conf"
+  sed -i '/^hookscript:/d' "$conf"
+  [ "$3" = --hookscript ] && echo "hookscript: $4" >> "$conf"
+fi
+if [ "$(basename "$0")" = pvesh ]; then
+  case "$2" in */nodes/pve2/*) echo '[]' ;; *) echo '[{"volid":"local:snippets/pvegpu-guard"}]' ;; esac
+fi
+exit 0
+"""
+pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="hook install needs root (as on a PVE node)")]
+
+
+@pytest.fixture
+def tree(tmp_path):
+    pve = etc_pve(str(tmp_path / "pve"), "pve1", {129: GPU_CONF, 130: GPU_CONF + "hookscript: local:snippets/mine.pl\n",
+                                                  131: "arch: amd64\n"})
+    os.makedirs(os.path.join(pve, "nodes", "pve2", "lxc"))
+    vz = tmp_path / "vz"
+    (vz / "snippets").mkdir(parents=True)
+    (vz / "snippets" / "mine.pl").write_text("#!/bin/sh\nexit 0\n")
+    with open(os.path.join(pve, "storage.cfg"), "w") as f:
+        f.write(f"dir: local\n\tpath {vz}\n\tcontent iso,vztmpl,backup\n")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("pct", "pvesm", "pvesh"):
+        (bin_ / name).write_text(STUB)
+        (bin_ / name).chmod(0o755)
+    cfg = tmp_path / "pvegpu.toml"
+    cfg.write_text(f'pve_root = "{pve}"\nnode = "pve1"\n')
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", STUB_LOG=str(tmp_path / "log"), STUB_PVE=pve, PVEGPU_CONFIG=str(cfg))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "pvegpu", "hook", *args], capture_output=True, text=True, env=env, cwd=REPO)
+
+    def log():
+        return (tmp_path / "log").read_text().splitlines() if (tmp_path / "log").exists() else []
+
+    return pve, vz, cli, log
+
+
+def conf(pve, vmid):
+    return open(os.path.join(pve, "nodes", "pve1", "lxc", f"{vmid}.conf")).read()
+
+
+def test_install_guards_gpu_containers_and_refuses_foreign_hookscript(tree):
+    """Install writes the executable snippet, enables snippets, sets the hookscript on the GPU CT, refuses to
+    replace CT 130's own hookscript, skips the GPU-less CT, and names the node missing the snippet."""
+    pve, vz, cli, log = tree
+    r = cli("install")
+    assert r.returncode == 1  # CT 130 refused
+    guard = vz / "snippets" / "pvegpu-guard"
+    assert os.access(guard, os.X_OK) and "hook \"$1\" \"$2\"" in guard.read_text()
+    assert "pvesm set local --content iso,vztmpl,backup,snippets" in log()
+    assert "pct set 129 --hookscript local:snippets/pvegpu-guard" in log()
+    assert not any("pct set 130" in line or "pct set 131" in line for line in log())
+    assert "hookscript: local:snippets/pvegpu-guard" in conf(pve, 129)
+    assert "CT 130 already has hookscript local:snippets/mine.pl" in r.stderr and "--chain" in r.stderr
+    assert "node pve2 lacks pvegpu-guard" in r.stderr
+
+
+def test_chain_then_uninstall_restores_original(tree):
+    """--chain runs the guard before the existing script; uninstall puts the original back and removes files."""
+    pve, vz, cli, log = tree
+    assert cli("install", "130", "--chain").returncode == 0
+    chain = vz / "snippets" / "pvegpu-guard-chain-130"
+    text = chain.read_text()
+    assert f"{vz}/snippets/pvegpu-guard \"$1\" \"$2\" || exit $?" in text and f"exec {vz}/snippets/mine.pl" in text
+    assert "pct set 130 --hookscript local:snippets/pvegpu-guard-chain-130" in log()
+    r = cli("uninstall", "130")
+    assert r.returncode == 0, r.stderr
+    assert "pct set 130 --hookscript local:snippets/mine.pl" in log()
+    assert not chain.exists() and "hookscript: local:snippets/mine.pl" in conf(pve, 130)
+
+
+def test_uninstall_all_removes_unused_snippet(tree):
+    """Uninstall with no ids unguards every guarded CT and deletes the snippet when nothing uses it."""
+    pve, vz, cli, log = tree
+    cli("install", "129")
+    r = cli("uninstall")
+    assert r.returncode == 0, r.stderr
+    assert "pct set 129 --delete hookscript" in log()
+    assert not (vz / "snippets" / "pvegpu-guard").exists() and "hookscript" not in conf(pve, 129)
+
+
+def test_status_lists_guarded_unguarded_and_missing_nodes(tree):
+    """Status shows each GPU CT's state and the nodes lacking the snippet; exit 1 while anything needs attention."""
+    pve, vz, cli, log = tree
+    cli("install", "129")
+    r = cli("status", "--json")
+    st = json.loads(r.stdout)
+    states = {row["vmid"]: row["state"] for row in st["containers"]}
+    assert states == {129: "guarded", 130: "other hookscript"}
+    assert any("pve2" in p for p in st["problems"]) and r.returncode == 1
+
+
+def test_guard_template_copies_agree():
+    """The guard shipped inside the package is the one in contrib/hookscripts."""
+    a = open(os.path.join(REPO, "contrib", "hookscripts", "pvegpu-guard")).read()
+    b = open(os.path.join(REPO, "pvegpu", "data", "pvegpu-guard")).read()
+    assert a == b
