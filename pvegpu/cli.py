@@ -168,7 +168,7 @@ def _install_ctx(need_root: bool) -> tuple[Settings, str, Any]:
     if not EtcPve.present(s.pve_root):
         raise E.UsageError(f"{s.pve_root}/.vmlist not found: not a Proxmox VE node", "run it on the node that runs the containers")
     node = EtcPve(s.pve_root, node=s.node).local_node() or ""
-    lister = None
+    lister: Any = None
     try:
         from .adapters.factory import resolve_backend
         from .adapters.pve import ProxmoxerPve, connect
@@ -177,11 +177,13 @@ def _install_ctx(need_root: bool) -> tuple[Settings, str, Any]:
         if backend:
             api = ProxmoxerPve(connect(s.api, backend), node=node)
 
-            def lister(n: str, _api: Any = api) -> set[str] | None:
+            def _list(n: str, _api: Any = api) -> set[str] | None:
                 try:
                     return set(_api.snippets(n, _STATE.get("storage", "local")))
                 except E.PvegpuError:
                     return None
+
+            lister = _list
     except E.PvegpuError:
         lister = None
     return s, node, lister
