@@ -56,6 +56,15 @@ def main() -> None:
              "python -I: import pvegpu.hook": [py, "-I", "-c", f"import sys; sys.path.insert(0, {pvelike.REPO!r}); import pvegpu.hook"]}
     for label, argv in parts.items():
         res[label + " (median ms)"] = round(statistics.median(timed(argv, env)[0] for _ in range(10)) * 1000, 1)
+    lines = [ln for ln in open(guard).read().splitlines() if ln.startswith(("PVEGPU_PYTHON=", "PVEGPU_PYTHONPATH="))]
+    fast = dict(ln.split("=", 1) for ln in lines)
+    if fast.get("PVEGPU_PYTHON"):
+        code = "import sys; sys.path[:0] = sys.argv.pop(1).split(':'); from pvegpu.__main__ import main; main()"
+        p = subprocess.run([fast["PVEGPU_PYTHON"], "-X", "importtime", "-I", "-S", "-c", code, fast["PVEGPU_PYTHONPATH"], "hook", "129", "pre-start"],
+                           capture_output=True, text=True, env=env)
+        top = sorted((ln for ln in p.stderr.splitlines() if ln.startswith("import time:") and "|" in ln),
+                     key=lambda ln: -int(ln.split("|")[1]))[:8]
+        res["hook imports (cumulative us, top)"] = [" ".join(t.split()) for t in top]
     print(json.dumps(res, indent=1))
 
 

@@ -58,9 +58,9 @@ def _ports(s: Settings) -> tuple[Any, Any, Any]:
     from .adapters.procfs import ProcHost
 
     try:
-        from .adapters.nvml import NvmlProbe
+        from .adapters.nvml_lite import NvmlLite
 
-        probe: Any = NvmlProbe()
+        probe: Any = NvmlLite()
     except E.GpuQueryError as exc:
         probe = _Unreadable(exc.message)
     return EtcPve(s.pve_root, node=s.node), probe, ProcHost()

@@ -6,7 +6,6 @@ Every problem is collected and reported in one ConfigError.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -127,11 +126,16 @@ def load(path: str | None = None, env: dict[str, str] | None = None, overrides: 
     data: dict[str, Any] = {}
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            import tomllib  # only when there is a file: the start gate pays for what it uses
+
+            try:
+                data = tomllib.load(f)
+            except tomllib.TOMLDecodeError as exc:
+                problems.append(f"{path}: {exc}")
     except FileNotFoundError:
         if path != DEFAULT_PATH:
             problems.append(f"{path}: no such file")
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
         problems.append(f"{path}: {exc}")
     for key, value in env.items():
         if not key.startswith("PVEGPU_") or key == "PVEGPU_CONFIG":

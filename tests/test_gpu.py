@@ -198,3 +198,26 @@ def test_gate_refuses_leftover_then_allows_after_reset(node, tmp_path):
     allowed = pvelike.run_as_pve(guard, 303, "pre-start", env)
     assert allowed.returncode == 0, allowed.stderr
     _record("gate: fork-after-init leftover refused, allowed after reset", rep, {"refused_exit": refused.returncode, "allowed_exit": allowed.returncode})
+
+
+def test_lite_reader_agrees_with_nvidia_ml_py(node):
+    """The gate's ctypes reader reports the same GPUs, minors, used memory and PIDs as nvidia-ml-py."""
+    from pvegpu.adapters.nvml import NvmlProbe
+    from pvegpu.adapters.nvml_lite import NvmlLite
+
+    base = _baseline()
+    _run_ct(node, 301, ALLOC.format(pre="", gib=1, post=""))
+    _wait_used(base + 900)
+    lite, full = NvmlLite(), NvmlProbe()
+    try:
+        lg, fg = lite.gpus(), full.gpus()
+        assert [(g.index, g.minor, g.uuid) for g in lg] == [(g.index, g.minor, g.uuid) for g in fg]
+        minors = [g.minor for g in fg]
+        ls, fs = lite.sample(minors), full.sample(minors)
+        for m in minors:
+            assert ls[m].used_bytes == fs[m].used_bytes
+            assert sorted((p.pid, p.used_bytes) for p in ls[m].processes) == sorted((p.pid, p.used_bytes) for p in fs[m].processes)
+            assert ls[m].processes  # the workload is listed
+    finally:
+        lite.close()
+        full.close()

@@ -134,3 +134,34 @@ def test_parsers_never_raise(text):
     """Arbitrary text never crashes either parser."""
     parse_cgroup(text)
     parse_config(text)
+
+
+def test_settings_collect_every_problem(tmp_path):
+    """A broken settings file, an unknown key and a bad value are all reported in one ConfigError (exit 2)."""
+    import pytest
+
+    from pvegpu.errors import ConfigError
+    from pvegpu.settings import load
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[reset\n")
+    with pytest.raises(ConfigError, match="bad.toml") as exc:
+        load(str(bad), env={})
+    assert exc.value.exit_code == 2
+    good = tmp_path / "x.toml"
+    good.write_text("[reset]\ngrace = 3\nnope = 1\n[gate]\non_unknown = \"maybe\"\n")
+    with pytest.raises(ConfigError) as exc:
+        load(str(good), env={"PVEGPU_RESET_ROUNDS": "0"})
+    msg = exc.value.message
+    assert "reset.nope: unknown setting" in msg and "gate.on_unknown" in msg and "reset.rounds" in msg
+
+
+def test_lite_nvml_missing_library_is_unknown():
+    """Without libnvidia-ml the gate's reader raises GpuQueryError (unknown), never reports zero."""
+    import pytest
+
+    from pvegpu.adapters.nvml_lite import NvmlLite
+    from pvegpu.errors import GpuQueryError
+
+    with pytest.raises(GpuQueryError, match="not found"):
+        NvmlLite("libnvidia-ml-does-not-exist.so.1")

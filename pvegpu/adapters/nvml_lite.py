@@ -1,0 +1,135 @@
+"""A minimal ctypes NVML reader for the start gate's hot path.
+
+The hookscript runs on every container start and should cost about what ``nvidia-smi --query-gpu=...``
+costs; importing nvidia-ml-py alone takes ~26 ms on the H200 host (BENCHMARKS.md). This reader binds only
+the calls the gate needs, with the same struct layouts as nvidia-ml-py (memory v2, process info v3/v2),
+and the same policy: a reading that fails is unknown (None), never zero. ``pvegpu reset`` and ``audit``
+use nvidia-ml-py (``adapters/nvml.py``); a GPU test checks that both readers agree.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import GpuQueryError
+from ..model import GpuInfo, GpuSample, NvmlProcess
+
+SUCCESS, NOT_SUPPORTED, INSUFFICIENT_SIZE = 0, 3, 7
+NOT_AVAILABLE = 2**64 - 1
+_HINT = "is the NVIDIA driver loaded on the host? try `nvidia-smi`"
+
+
+class _MemV2(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class _MemV1(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class _Proc(ctypes.Structure):  # nvmlProcessInfo_v2_t == _v3_t
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class _ProcV1(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+MEM_V2 = ctypes.sizeof(_MemV2) | (2 << 24)  # nvmlMemory_v2, as nvidia-ml-py defines it
+
+
+class NvmlLite:
+    """GpuProbe over libnvidia-ml.so.1 with ctypes; raises GpuQueryError when NVML cannot start."""
+
+    def __init__(self, library: str = "libnvidia-ml.so.1") -> None:
+        try:
+            self.lib: Any = ctypes.CDLL(library)
+        except OSError as exc:
+            raise GpuQueryError(f"NVML library not found ({library})", _HINT) from exc
+        self.lib.nvmlErrorString.restype = ctypes.c_char_p
+        self._check(self.lib.nvmlInit_v2(), "NVML could not start")
+        self._handles: dict[int, ctypes.c_void_p] = {}
+
+    def _err(self, rc: int) -> str:
+        return (self.lib.nvmlErrorString(rc) or b"error %d" % rc).decode()
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc != SUCCESS:
+            raise GpuQueryError(f"{what}: {self._err(rc)}", _HINT)
+
+    def close(self) -> None:
+        self.lib.nvmlShutdown()
+
+    def _fn(self, *names: str) -> tuple[Any, str]:
+        for name in names:
+            try:
+                return getattr(self.lib, name), name
+            except AttributeError:
+                continue
+        raise GpuQueryError(f"the driver's NVML lacks {names[0]}", "driver too old for pvegpu")
+
+    def gpus(self) -> list[GpuInfo]:
+        count = ctypes.c_uint()
+        self._check(self.lib.nvmlDeviceGetCount_v2(ctypes.byref(count)), "NVML could not count the GPUs")
+        out = []
+        for i in range(count.value):
+            h = ctypes.c_void_p()
+            self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)), f"GPU {i}")
+            minor, buf, name = ctypes.c_uint(), ctypes.create_string_buffer(96), ctypes.create_string_buffer(96)
+            self._check(self.lib.nvmlDeviceGetMinorNumber(h, ctypes.byref(minor)), f"GPU {i} minor number")
+            self._check(self.lib.nvmlDeviceGetUUID(h, buf, 96), f"GPU {i} UUID")
+            self.lib.nvmlDeviceGetName(h, name, 96)
+            self._handles[minor.value] = h
+            out.append(GpuInfo(i, minor.value, buf.value.decode(), "", name.value.decode()))
+        return out
+
+    def _used(self, h: ctypes.c_void_p) -> int:
+        try:
+            fn, _ = self._fn("nvmlDeviceGetMemoryInfo_v2")
+        except GpuQueryError:
+            m1 = _MemV1()
+            self._check(self.lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m1)), "memory")
+            return int(m1.used)
+        m = _MemV2(version=MEM_V2)
+        self._check(fn(h, ctypes.byref(m)), "memory")
+        return int(m.used)
+
+    def _procs(self, h: ctypes.c_void_p, kind: str, optional: bool) -> list[NvmlProcess]:
+        base = {"C": "nvmlDeviceGetComputeRunningProcesses", "G": "nvmlDeviceGetGraphicsRunningProcesses",
+                "M": "nvmlDeviceGetMPSComputeRunningProcesses"}[kind]
+        fn, name = self._fn(base + "_v3", base + "_v2", base)
+        struct = _ProcV1 if name == base else _Proc
+        count = ctypes.c_uint(0)
+        rc = fn(h, ctypes.byref(count), None)
+        if rc == SUCCESS:
+            return []
+        if rc == NOT_SUPPORTED and optional:
+            return []
+        if rc != INSUFFICIENT_SIZE:
+            self._check(rc, f"{kind} process list")
+        arr = (struct * (count.value * 2 + 5))()
+        count = ctypes.c_uint(len(arr))
+        self._check(fn(h, ctypes.byref(count), arr), f"{kind} process list")
+        return [NvmlProcess(int(p.pid), None if p.usedGpuMemory == NOT_AVAILABLE else int(p.usedGpuMemory), kind)
+                for p in arr[: count.value]]
+
+    def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
+        out: dict[int, GpuSample] = {}
+        for minor in minors:
+            try:
+                if minor not in self._handles:
+                    self.gpus()
+                h = self._handles[minor]
+                used = self._used(h)
+                seen: dict[int, NvmlProcess] = {}
+                for kind, optional in (("C", False), ("G", True), ("M", True)):
+                    for p in self._procs(h, kind, optional):
+                        seen.setdefault(p.pid, p)
+                out[minor] = GpuSample(minor, used, tuple(seen.values()))
+            except (GpuQueryError, KeyError) as exc:
+                out[minor] = GpuSample(minor, None, None, f"NVML: {getattr(exc, 'message', None) or 'GPU not found'}")
+        return out
