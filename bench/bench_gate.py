@@ -62,7 +62,7 @@ def main() -> None:
         code = "import sys; sys.path[:0] = sys.argv.pop(1).split(':'); from pvegpu.__main__ import main; main()"
         p = subprocess.run([fast["PVEGPU_PYTHON"], "-X", "importtime", "-I", "-S", "-c", code, fast["PVEGPU_PYTHONPATH"], "hook", "129", "pre-start"],
                            capture_output=True, text=True, env=env)
-        top = sorted((ln for ln in p.stderr.splitlines() if ln.startswith("import time:") and "|" in ln),
+        top = sorted((ln for ln in p.stderr.splitlines() if ln.startswith("import time:") and ln.split("|")[1].strip().isdigit()),
                      key=lambda ln: -int(ln.split("|")[1]))[:8]
         res["hook imports (cumulative us, top)"] = [" ".join(t.split()) for t in top]
     print(json.dumps(res, indent=1))
