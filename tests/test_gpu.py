@@ -221,3 +221,40 @@ def test_lite_reader_agrees_with_nvidia_ml_py(node):
     finally:
         lite.close()
         full.close()
+
+
+def _guard_env(tmp_path, root: str, extra: str = "") -> tuple[str, dict[str, str]]:
+    guard = pvelike.guard(str(tmp_path), pvelike.launcher(str(tmp_path)))
+    cfg = tmp_path / "gate.toml"
+    cfg.write_text(f'pve_root = "{root}"\n{extra}')
+    return guard, {"PVEGPU_CONFIG": str(cfg)}
+
+
+@pytest.mark.parametrize("case", ["clean", "shared", "exclusive", "host-process", "survivor-in-cgroup"])
+def test_gate_on_real_gpu(node, tmp_path, case):
+    """The guard, run as PVE runs it, allows clean and shared GPUs and refuses exclusive sharing, a host
+    process's memory and a process left in the container's cgroup."""
+    root = node[0]
+    base = _baseline()
+    extra = ""
+    if case in ("shared", "exclusive"):
+        _run_ct(node, 302, ALLOC.format(pre="", gib=1, post=""))
+        _wait_used(base + 900)
+        extra = "[gate]\nexclusive = [301]\n" if case == "exclusive" else ""
+    elif case == "host-process":
+        node[2].append(subprocess.Popen([sys.executable, "-c", ALLOC.format(pre="", gib=1, post="")]))
+        _wait_used(base + 900)
+    elif case == "survivor-in-cgroup":
+        _run_ct(node, 301, ALLOC.format(pre="", gib=1, post=""))
+        _wait_used(base + 900)
+    guard, env = _guard_env(tmp_path, root, extra)
+    t = time.perf_counter()
+    r = pvelike.run_as_pve(guard, 301, "pre-start", env)
+    wall = time.perf_counter() - t
+    want = 0 if case in ("clean", "shared") else 10
+    assert r.returncode == want, r.stdout + r.stderr
+    path = os.environ.get("PVEGPU_RESULTS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"scenario": f"gate: {case}", "outcome": "allowed" if r.returncode == 0 else "refused",
+                                "exit": r.returncode, "wall_s": round(wall, 3)}) + "\n")
