@@ -9,8 +9,10 @@ the API or ``pct``, reads ``/etc/pve`` directly, and bounds itself with its own 
 from __future__ import annotations
 
 import json
+import os
+import select
 import sys
-import threading
+import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -90,21 +92,65 @@ def check(vmid: int, s: Settings) -> CheckResult:
 
 
 def _bounded(fn: Any, deadline: float) -> tuple[bool, Any]:
-    """Run ``fn`` in a daemon thread; (finished, result or exception). A hung NVML cannot hold us."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
+    """Run ``fn`` in a forked child; (finished, its JSON-able result). The child's stdout/stderr go to
+    /dev/null and its answer comes over a private pipe, so a child stuck in the driver (D state) holds
+    neither this process nor PVE's output pipe: on expiry we answer, kill it, and exit."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
         try:
-            box["r"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["e"] = exc
+            os.close(r)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            try:
+                out = {"ok": fn()}
+            except E.PvegpuError as exc:
+                out = {"error": [type(exc).__name__, exc.message, exc.hint, exc.exit_code]}
+            except BaseException as exc:  # noqa: BLE001 - reported by the parent
+                out = {"crash": f"{type(exc).__name__}: {exc}"}
+            os.write(w, json.dumps(out).encode())
+        except BaseException:  # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks: list[bytes] = []
+    end = time.monotonic() + deadline
+    try:
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+                return False, None
+            data = os.read(r, 65536)
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(r)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    if not chunks:
+        return True, {"crash": "the check ended without an answer"}
+    return True, json.loads(b"".join(chunks))
 
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(deadline)
-    if t.is_alive():
-        return False, None
-    return True, box.get("e", box.get("r"))
+
+def _verdict(vmid: int, phase: str, s: Settings) -> dict[str, Any]:
+    """The hook's answer as plain data (so it can cross the pipe from the child)."""
+    if phase == "post-stop":
+        return {"code": E.EXIT_OK, "out": _post_stop(vmid, s), "err": ""}
+    res = check(vmid, s)
+    text = paragraph(vmid, res.decision)
+    if res.decision.allow:
+        return {"code": E.EXIT_OK, "out": text, "err": ""}
+    return {"code": E.EXIT_REFUSED, "out": "", "err": text}
 
 
 def run_hook(vmid_text: str, phase: str, s: Settings, out: TextIO, err: TextIO) -> int:
@@ -114,31 +160,31 @@ def run_hook(vmid_text: str, phase: str, s: Settings, out: TextIO, err: TextIO) 
     vmid = check_vmid(vmid_text)
     if phase not in ("pre-start", "post-stop"):
         return E.EXIT_OK
-    done, res = _bounded(lambda: check(vmid, s) if phase == "pre-start" else _post_stop(vmid, s), s.gate.deadline)
+    out.flush()
+    err.flush()
+    done, res = _bounded(lambda: _verdict(vmid, phase, s), s.gate.deadline)
+    start = phase == "pre-start"
     if not done:
-        if phase == "pre-start":
+        if start:
             print(f"pvegpu: refusing to start CT {vmid}: the GPU check did not finish within {s.gate.deadline:g} s "
                   "(NVML hung? see `nvidia-smi`, `dmesg | grep -i xid`); raise gate.deadline if the node is just slow.", file=err)
             return E.EXIT_REFUSED
         print(f"pvegpu: post-stop check of CT {vmid} did not finish within {s.gate.deadline:g} s", file=err)
         return E.EXIT_OK
-    if isinstance(res, E.PvegpuError):
-        if phase == "pre-start":
-            print(f"pvegpu: refusing to start CT {vmid}: {res.message}" + (f" (hint: {res.hint})" if res.hint else ""), file=err)
-            return E.EXIT_REFUSED
-        print(f"pvegpu: post-stop check of CT {vmid}: {res.message}", file=err)
-        return E.EXIT_OK
-    if isinstance(res, BaseException):
-        raise res
-    if phase == "post-stop":
-        print(res, file=out)
-        return E.EXIT_OK
-    text = paragraph(vmid, res.decision)
-    if res.decision.allow:
-        print(text, file=out)
-        return E.EXIT_OK
-    print(text, file=err)
-    return E.EXIT_REFUSED
+    if "ok" in res:
+        v = res["ok"]
+        if v["out"]:
+            print(v["out"], file=out)
+        if v["err"]:
+            print(v["err"], file=err)
+        return int(v["code"])
+    if "error" in res:
+        _name, message, hint, _code = res["error"]
+        what = f"refusing to start CT {vmid}" if start else f"post-stop check of CT {vmid}"
+        print(f"pvegpu: {what}: {message}" + (f" (hint: {hint})" if hint else ""), file=err)
+        return E.EXIT_REFUSED if start else E.EXIT_OK
+    print(f"pvegpu: {'refusing to start' if start else 'post-stop check of'} CT {vmid}: internal error: {res['crash']}", file=err)
+    return E.EXIT_REFUSED if start else E.EXIT_OK
 
 
 def _post_stop(vmid: int, s: Settings) -> str:

@@ -77,9 +77,13 @@ def test_nvml_failure_fails_closed_and_open_when_configured(sim_node, guard):
 
 def test_deadline_exceeded_refuses(sim_node, guard):
     """A GPU read that hangs past the deadline refuses the start with a message, in bounded time."""
-    node = sim_node(scenario(gpu={"hang": 5}))
+    import time
+
+    node = sim_node(scenario(gpu={"hang": 20}))
+    t = time.monotonic()
     r = hook(node, guard, PVEGPU_GATE_DEADLINE="0.5")
     assert r.returncode == 10 and "did not finish within 0.5 s" in r.stderr
+    assert time.monotonic() - t < 5  # PVE gets its answer (and EOF) long before the hung read ends
 
 
 def test_bad_phase_and_vmid_are_clear_errors(sim_node, guard):
@@ -108,3 +112,15 @@ def test_fork_leftover_refused_then_allowed_after_reset_via_sim_start(sim_node, 
     st = pve.task_status("pve-sim", upid)
     assert st["exitstatus"].startswith("hookscript error for 129 on pre-start") and "exit code 10" in st["exitstatus"]
     assert any("refusing to start CT 129" in line for line in pve.task_log("pve-sim", upid))
+
+
+def test_internal_crash_fails_closed(sim_node, guard):
+    """An unexpected error inside the check refuses the start (fail closed) with a one-line reason."""
+    import json as _json
+
+    node = sim_node(scenario())
+    gpus = _json.load(open(os.path.join(node.root, "gpus.json")))
+    gpus[0]["stand_in"] = "/nonexistent/device"  # the host adapter cannot stat its device any more
+    _json.dump(gpus, open(os.path.join(node.root, "gpus.json"), "w"))
+    r = hook(node, guard)
+    assert r.returncode == 10 and "internal error" in r.stderr and "Traceback" not in r.stderr
