@@ -78,6 +78,8 @@ def audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, cluster: bo
             flags.append("shared")
         if not f.sample.known:
             flags.append("unreadable")
+        elif f.residual_bytes is None:
+            flags.append("usage-unknown")  # a process's memory is not reported (MIG): leftovers cannot be measured
         rep.gpus.append({"index": gpu.index, "minor": gpu.minor, "uuid": gpu.uuid, "bus_id": gpu.bus_id, "name": gpu.name,
                          "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB),
                          "unattributed_mib": None if f.residual_bytes is None else round(f.residual_bytes / MIB),

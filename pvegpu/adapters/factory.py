@@ -32,9 +32,14 @@ def build_pve(s: Settings, need_api: bool = True) -> Any:
     api = None
     backend = resolve_backend(s) if need_api else None
     if backend:
+        from dataclasses import replace
+
         from .pve import ProxmoxerPve, connect
 
-        api = ProxmoxerPve(connect(s.api, backend), node=s.node or (local.local_node() if local else "") or "")
+        cfg = s.api
+        if backend == "local":  # pvesh runs stop/start synchronously: never kill it before the task deadline
+            cfg = replace(cfg, timeout=max(cfg.timeout, s.reset.task_timeout + 10))
+        api = ProxmoxerPve(connect(cfg, backend), node=s.node or (local.local_node() if local else "") or "")
     if local is None and api is None:
         raise ConfigError(f"no Proxmox here: {s.pve_root}/.vmlist not found and no API configured",
                           "run on a PVE node as root, set api.host + token, or try `pvegpu demo`")
