@@ -27,9 +27,26 @@ def available() -> str | None:
     return None
 
 
+def cleanup_cgroups(vmid: int) -> None:
+    """Remove stale lxc/<vmid> and lxc.monitor/<vmid> cgroups on every hierarchy, as PVE's prestart hook does
+    (lxc refuses to start a container whose monitor cgroup is left over)."""
+    base = "/sys/fs/cgroup"
+    tops = [os.path.join(base, h, kind, str(vmid)) for h in [""] + sorted(os.listdir(base)) for kind in ("lxc", "lxc.monitor")]
+    for top in tops:
+        if not os.path.isdir(top):
+            continue
+        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass
+
+
 def make_ct(vmid: int, node_path: str, inittab_extra: str = "") -> None:
     """lxc-create a busybox CT named <vmid> with PVE's cgroup dirs and node_path as dev/nvidia0."""
+    subprocess.run(["lxc-stop", "-n", str(vmid), "-k"], capture_output=True, timeout=30)
     subprocess.run(["lxc-destroy", "-n", str(vmid), "-f"], capture_output=True)
+    cleanup_cgroups(vmid)
     subprocess.run(["lxc-create", "-n", str(vmid), "-t", "busybox"], check=True, capture_output=True)
     cfg = f"/var/lib/lxc/{vmid}/config"
     lines = [ln for ln in open(cfg).read().splitlines() if not ln.startswith(("lxc.net.0", "lxc.apparmor"))]
@@ -44,6 +61,7 @@ def make_ct(vmid: int, node_path: str, inittab_extra: str = "") -> None:
 
 
 def start(vmid: int) -> None:
+    cleanup_cgroups(vmid)
     subprocess.run(["lxc-start", "-n", str(vmid)], check=True, capture_output=True)
     end = time.monotonic() + 10
     while "RUNNING" not in subprocess.run(["lxc-info", "-n", str(vmid), "-s"], capture_output=True, text=True).stdout:
@@ -62,6 +80,10 @@ def running(vmid: int) -> bool:
 def destroy(vmid: int) -> None:
     subprocess.run(["lxc-stop", "-n", str(vmid), "-k"], capture_output=True, timeout=30)
     subprocess.run(["lxc-destroy", "-n", str(vmid), "-f"], capture_output=True, timeout=30)
+    end = time.monotonic() + 5
+    while running(vmid) and time.monotonic() < end:
+        time.sleep(0.05)
+    cleanup_cgroups(vmid)
 
 
 class LxcPve:
@@ -90,6 +112,7 @@ class LxcPve:
 
     def ct_start(self, g: Guest) -> str:
         self.calls.append(f"start {g.vmid}")
+        cleanup_cgroups(g.vmid)  # what PVE's prestart hook does
         return self._task("vzstart", g, subprocess.run(["lxc-start", "-n", str(g.vmid)], capture_output=True, text=True, timeout=60))
 
     def task_status(self, node: str, upid: str) -> dict:
