@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .model import GpuInfo, GpuSample, Holder, Place, ProcInfo
+from .model import CONTROL, GpuInfo, GpuSample, Holder, Place, ProcInfo
 from .ports import GpuProbe, Host
 
 
@@ -86,7 +86,9 @@ def inspect_gpus(
                 continue
             if "unreadable" in held.via and vmid is not None and _in_ct(i, vmid):
                 facts.unreadable.append(pid)
-            if gpu.minor in held.minors:
+            # a container process on a control node (nvidiactl, nvidia-uvm) uses the container's GPUs;
+            # elsewhere such holders (persistenced, DCGM) hold no GPU memory and are not listed
+            if gpu.minor in held.minors or (CONTROL in held.minors and _in_ct(i, vmid)):
                 by_pid[pid] = (set(held.via), i)
         for proc in sample.processes or ():
             i = info(proc.pid)

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 MIB = 1024 * 1024
+CONTROL = -1  # pseudo-minor: nvidiactl, nvidia-modeset, nvidia-uvm(-tools), nvidia-caps (no particular GPU)
 
 
 @dataclass(frozen=True)

@@ -113,3 +113,30 @@ def test_pid_namespace_and_cgroup_container():
     finally:
         pvelike.destroy_ct(vmid)
         ct.wait(5)
+
+
+def test_device_table_classifies_nvidia_numbers(tmp_path):
+    """195:N is GPU N, 195:254/255 and the dynamic nvidia-uvm/caps majors are control nodes, others nothing."""
+    from pvegpu.adapters.procfs import DeviceTable
+    from pvegpu.model import CONTROL
+
+    (tmp_path / "devices").write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-uvm\n511 nvidia-caps\n")
+    t = DeviceTable(proc=str(tmp_path))
+    assert [t.gpu_minor(os.makedev(195, m)) for m in (0, 7, 254, 255)] == [0, 7, CONTROL, CONTROL]
+    assert t.gpu_minor(os.makedev(508, 0)) == CONTROL and t.gpu_minor(os.makedev(511, 1)) == CONTROL
+    assert t.gpu_minor(os.makedev(1, 7)) is None
+
+
+def test_maps_only_holder_found(tmp_path):
+    """A process that only has /dev/nvidia* mapped (no fd) is found through /proc/<pid>/maps."""
+    from pvegpu.model import CONTROL
+
+    pid = tmp_path / "4242"
+    (pid / "fd").mkdir(parents=True)
+    (pid / "maps").write_text(
+        "7f0000000000-7f0000200000 rw-s 00000000 00:05 1043 /dev/nvidia3\n"
+        "7f0000200000-7f0000400000 rw-s 00000000 00:05 1041 /dev/nvidiactl\n"
+        "7f0000400000-7f0000600000 rw-s 00000000 00:05 1050 /dev/nvidia-uvm (deleted)\n"
+        "7f0000600000-7f0000800000 r--p 00000000 08:01 99 /usr/lib/libcuda.so.1\n")
+    held = ProcHost(TABLE, proc=str(tmp_path)).holdings([4242])[4242]
+    assert held.minors == {3, CONTROL} and held.via == {"maps"}

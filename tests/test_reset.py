@@ -186,3 +186,16 @@ def test_refusals_name_the_problem(node, setup, msg):
     with pytest.raises(E.NotFoundError, match=msg) as exc:
         run(node, vmid=999)
     assert exc.value.exit_code == E.EXIT_NOT_FOUND
+
+
+def test_control_node_holder_in_container_is_stopped_outside_ignored(node):
+    """A CT process holding only nvidiactl/nvidia-uvm is one of the CT's GPU users and is stopped; a host
+    daemon on nvidiactl (persistenced) is neither signalled nor reported as a GPU holder."""
+    from pvegpu.model import CONTROL
+
+    _, host, probe, _ = node
+    ctl_user = host.add(129, minors={CONTROL}, comm="nvidia-smi")
+    daemon = host.add(None, minors={CONTROL}, comm="nvidia-persiste")
+    r = run(node)
+    assert r.outcome == "clean" and {pid for pid, _ in host.signals} == {ctl_user.pid}
+    assert daemon.pid in host.procs and not r.before[0].other_holders

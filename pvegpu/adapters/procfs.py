@@ -14,30 +14,44 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ..cgroup import parse_cgroup
 from ..lxcconf import NVIDIA_MAJOR
-from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo
+from ..model import CONTROL, Holding, Place, Placement, ProcIdentity, ProcInfo
 
-_MAPS_GPU = re.compile(r"\s/dev/nvidia(\d+)(?: \(deleted\))?$")
+_MAPS_GPU = re.compile(r"\s/dev/nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset)(?: \(deleted\))?$")
 CGROUP_ROOTS = ("", "unified", "systemd", "pids", "memory", "cpu", "devices", "freezer")
+
+
+def control_majors(proc: str = "/proc") -> frozenset[int]:
+    """Dynamic majors of nvidia-uvm and nvidia-caps (``grep nvidia /proc/devices``)."""
+    try:
+        with open(f"{proc}/devices", encoding="utf-8") as f:
+            return frozenset(int(p[0]) for line in f if len(p := line.split()) == 2 and p[0].isdigit()
+                             and p[1].startswith(("nvidia-uvm", "nvidia-caps")))
+    except OSError:
+        return frozenset()
 
 
 class DeviceTable:
     """Which character device numbers stand for which GPU minor.
 
-    On a node: major 195, minors 0-253 (254 modeset, 255 nvidiactl are not GPUs). Tests and the
-    simulated node pass their own stand-in numbers, which is also what PVE's ``devN`` mknod copies are:
-    another path and inode, the same device number.
+    On a node: major 195 minors 0-253 are GPUs; 195:254 (modeset), 195:255 (nvidiactl) and the dynamic
+    majors of nvidia-uvm and nvidia-caps are CONTROL nodes (no particular GPU). Tests and the simulated
+    node pass their own stand-in numbers, which is also what PVE's ``devN`` mknod copies are: another
+    path and inode, the same device number.
     """
 
-    def __init__(self, gpus: Mapping[tuple[int, int], int] | None = None) -> None:
+    def __init__(self, gpus: Mapping[tuple[int, int], int] | None = None, control: frozenset[int] | None = None,
+                 proc: str = "/proc") -> None:
         self._explicit = dict(gpus) if gpus is not None else None
+        self._control = control if control is not None else (control_majors(proc) if gpus is None else frozenset())
 
     def gpu_minor(self, rdev: int) -> int | None:
+        """The GPU minor a device number stands for, CONTROL for the shared control nodes, else None."""
         major, minor = os.major(rdev), os.minor(rdev)
         if self._explicit is not None:
             return self._explicit.get((major, minor))
-        if major == NVIDIA_MAJOR and minor < 254:
-            return minor
-        return None
+        if major == NVIDIA_MAJOR:
+            return minor if minor < 254 else CONTROL
+        return CONTROL if major in self._control else None
 
 
 def _read(path: str) -> str | None:
@@ -171,7 +185,7 @@ class ProcHost:
         if "/dev/nvidia" in maps:
             for line in maps.splitlines():
                 if mm := _MAPS_GPU.search(line):
-                    minors.add(int(mm.group(1)))
+                    minors.add(int(mm.group(1)) if mm.group(1).isdigit() else CONTROL)
                     via.add("maps")
         if not minors:
             return None
