@@ -131,3 +131,32 @@ def test_slow_task_times_out(pve):
     fake.ct129.stop_secs = 100
     with pytest.raises(TaskTimeout, match="still running"):
         waiter(a, task_timeout=0.5)._task(a.ct_stop(G), "stop")
+
+
+def _token_file(tmp_path):
+    f = tmp_path / "token"
+    f.write_text("a1b2\n")
+    f.chmod(0o600)
+    return str(f)
+
+
+def test_https_connect_verifies_ca_and_pinned_fingerprint(pve, fakepve_cafile, tmp_path):
+    """connect(): the CA file verifies the node; a pinned SHA-256 fingerprint works without a CA; a wrong pin
+    or no CA at all is refused."""
+    import hashlib
+    import ssl
+
+    from pvegpu.adapters.pve import connect
+    from pvegpu.settings import ApiSettings
+
+    fake, _ = pve
+    host, port = fake.url.split("//")[1].split(":")
+    base = dict(host=host, port=int(port), token_name="pvegpu", token_file=_token_file(tmp_path), timeout=10)
+    assert ProxmoxerPve(connect(ApiSettings(**base, verify=fakepve_cafile), "https")).guests()
+    der = ssl.PEM_cert_to_DER_cert(open(fakepve_cafile).read())
+    fp = ":".join(f"{b:02X}" for b in hashlib.sha256(der).digest())
+    assert ProxmoxerPve(connect(ApiSettings(**base, fingerprint=fp), "https")).guests()
+    with pytest.raises(PveApiError, match="cannot reach the API"):
+        ProxmoxerPve(connect(ApiSettings(**base, fingerprint="00" * 32), "https")).guests()
+    with pytest.raises(PveApiError, match="cannot reach the API"):
+        ProxmoxerPve(connect(ApiSettings(**base, verify="true"), "https")).guests()
