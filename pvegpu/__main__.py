@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-_FULL = {"install", "uninstall", "status", "--help", "-h"}
+_FULL = {"install", "uninstall", "status", "allow-once", "--help", "-h"}
 
 
 def main() -> None:

@@ -257,6 +257,21 @@ def hook_status(storage: str = typer.Option("local", "--storage"), json_out: boo
     raise typer.Exit(1 if bad else 0)
 
 
+@hook_app.command("allow-once")
+def hook_allow_once(vmid: str = typer.Argument(..., help="container to let through the gate at its next start")) -> None:
+    """Let the next start of a container through the start gate once (token expires after gate.override_ttl)."""
+    from .hook import allow_once
+
+    try:
+        s = _settings()
+        path = allow_once(check_vmid(vmid), s)
+    except E.PvegpuError as exc:
+        _fail(exc)
+    except OSError as exc:
+        _fail(E.UsageError(f"cannot write the override: {exc}", "run as root on the node"))
+    typer.echo(f"the next start of CT {vmid} passes the gate once ({path}, valid {s.gate.override_ttl:g} s)")
+
+
 def run() -> None:
     try:
         app()

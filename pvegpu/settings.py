@@ -48,6 +48,8 @@ class GateSettings:
     deadline: float = 5.0  # seconds; on expiry the hook refuses
     threshold_mib: int = 64
     post_stop_reclaim: bool = False  # post-stop: also stop stray holders of the container
+    override_dir: str = "/run/pvegpu/allow-once"  # `pvegpu hook allow-once VMID` drops a one-start token here
+    override_ttl: float = 900.0  # seconds a token stays valid
 
 
 @dataclass(frozen=True)

@@ -124,3 +124,40 @@ def test_internal_crash_fails_closed(sim_node, guard):
     _json.dump(gpus, open(os.path.join(node.root, "gpus.json"), "w"))
     r = hook(node, guard)
     assert r.returncode == 10 and "internal error" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_allow_once_overrides_one_start_only(sim_node, guard, tmp_path):
+    """`pvegpu hook allow-once` lets exactly the next pre-start through, logging what it overrode."""
+    import subprocess
+    import sys
+
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    env = {"PVEGPU_GATE_OVERRIDE_DIR": str(tmp_path / "once")}
+    r = subprocess.run([sys.executable, "-m", "pvegpu", "hook", "allow-once", "129"], capture_output=True, text=True,
+                       env=dict(os.environ, **env), cwd=pvelike.REPO)
+    assert r.returncode == 0, r.stderr
+    first = hook(node, guard, **env)
+    assert first.returncode == 0 and "allowed to start ONCE" in first.stdout and "2048 MiB" in first.stdout
+    assert hook(node, guard, **env).returncode == 10
+
+
+def test_exclusive_by_pve_tag(sim_node, guard):
+    """The PVE tag gpu-exclusive on the container has the same effect as the exclusive setting."""
+    node = sim_node(scenario(config="arch: amd64\ndev0: /dev/nvidia0,gid=44\ntags: ml;gpu-exclusive\n",
+                             other=[{"kind": "simple", "gpu": 0, "mib": 512}]))
+    r = hook(node, guard)
+    assert r.returncode == 10 and "exclusive" in r.stderr
+
+
+def test_post_stop_logs_and_optionally_reclaims(sim_node, guard):
+    """post-stop never fails the stop: it reports leftovers, and with gate.post_stop_reclaim it stops the
+    container's stray holders (here an orphaned child left in the container's session)."""
+    node = sim_node({"node": "pve-sim", "gpus": [GPU], "containers": [
+        {"vmid": 129, "status": "running", "gpus": [0], "workloads": [{"kind": "orphan", "gpu": 0, "mib": 1024}]}]})
+    r = hook(node, guard, phase="post-stop")
+    assert r.returncode == 0 and "NOT clean" in r.stdout
+    r = hook(node, guard, phase="post-stop", PVEGPU_GATE_POST_STOP_RECLAIM="true")
+    assert r.returncode == 0 and "post-stop reclaim: clean" in r.stdout
+    from pvegpu.sim.nvml import SimNvml
+
+    assert SimNvml(node.state).sample([0])[0].used_bytes == 0  # the orphan's 1 GiB is back
