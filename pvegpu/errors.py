@@ -6,7 +6,9 @@ Library code never calls ``sys.exit``.
 
 from __future__ import annotations
 
-from typing import ClassVar
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from typing import ClassVar
 
 # Exit codes (documented in README.md, "Exit codes").
 EXIT_OK = 0

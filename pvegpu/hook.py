@@ -14,7 +14,6 @@ import select
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, TextIO
 
 from . import errors as E
 from .gate import GateDecision, GatePolicy, decide, paragraph
@@ -23,6 +22,10 @@ from .locate import check_vmid, find_guest, granted_gpus
 from .lxcconf import parse_config
 from .model import MIB, GpuInfo, GpuSample
 from .settings import Settings, load
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
 

@@ -12,7 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .model import CONTROL, GpuInfo, GpuSample, Holder, Place, ProcInfo
-from .ports import GpuProbe, Host
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from .ports import GpuProbe, Host
 
 
 @dataclass

@@ -11,7 +11,10 @@ from dataclasses import dataclass
 from .errors import NotFoundError, UsageError
 from .lxcconf import CtConfig, parse_config
 from .model import GpuInfo, Guest
-from .ports import GpuProbe, PveApi
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from .ports import GpuProbe, PveApi
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from .model import CtGpus
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from typing import Any
 
 NVIDIA_MAJOR = 195
 _GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
 
 from .errors import ConfigError
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_PATH = "/etc/pvegpu/pvegpu.toml"
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-from typing import Any
 
 from ..errors import NotFoundError, PveApiError
 from ..lxcconf import parse_config
 from ..model import CtStatus, Guest
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class EtcPve:
@@ -34,7 +36,7 @@ class EtcPve:
         try:
             return os.path.basename(os.readlink(os.path.join(self.root, "local")))
         except OSError:
-            return socket.gethostname().split(".")[0]
+            return os.uname().nodename.split(".")[0]
 
     def _vmlist(self) -> dict[str, Any]:
         try:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterable
-from typing import Any
 
 from ..errors import GpuQueryError
 from ..model import GpuInfo, GpuSample, NvmlProcess
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from typing import Any
 
 SUCCESS, NOT_SUPPORTED, INSUFFICIENT_SIZE = 0, 3, 7
 NOT_AVAILABLE = 2**64 - 1

@@ -10,7 +10,7 @@ import os
 import re
 import signal as _signal
 import stat
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from ..cgroup import parse_cgroup
 from ..lxcconf import NVIDIA_MAJOR
@@ -79,8 +79,6 @@ def parse_nspid(status_text: str) -> list[int]:
             return [int(x) for x in line.split()[1:]]
     return []
 
-
-Placer = Callable[[int, str, int], tuple[Placement, str]]
 
 
 class ProcHost:
