@@ -29,15 +29,12 @@ def guard_text(template: str, pvegpu_bin: str | None = None, fast: bool = True) 
     """The guard with PVEGPU set to an absolute path and, if ``fast``, the -S fast path filled in."""
     pvegpu_bin = pvegpu_bin or shutil.which("pvegpu") or "/usr/local/bin/pvegpu"
     text = template.replace("PVEGPU=/usr/local/bin/pvegpu", f"PVEGPU={pvegpu_bin}")
-    if fast:
-        paths = []
-        for mod in ("pvegpu", "pynvml"):
-            spec = importlib.util.find_spec(mod)
-            if spec and spec.origin:
-                origin = os.path.dirname(spec.origin)
-                paths.append(os.path.dirname(origin) if mod == "pvegpu" else origin)
-        text = text.replace("PVEGPU_PYTHON=\n", f"PVEGPU_PYTHON={sys.executable}\n")
-        text = text.replace("PVEGPU_PYTHONPATH=\n", f"PVEGPU_PYTHONPATH={':'.join(dict.fromkeys(paths))}\n")
+    if fast:  # the gate needs pvegpu only (it reads NVML through ctypes): one directory on the path
+        spec = importlib.util.find_spec("pvegpu")
+        where = os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else ""
+        if where:
+            text = text.replace("PVEGPU_PYTHON=\n", f"PVEGPU_PYTHON={sys.executable}\n")
+            text = text.replace("PVEGPU_PYTHONPATH=\n", f"PVEGPU_PYTHONPATH={where}\n")
     return text
 
 
