@@ -155,17 +155,24 @@ class Resetter:
         r.after, r.outcome, r.exit_code = facts, "dry-run", E.EXIT_OK
 
     def _stop_holders(self, facts: dict[int, GpuFacts]) -> dict[int, GpuFacts]:
+        """Signal rounds until no holder is left or only SIGKILL survivors remain; a holder that shows up
+        with a new identity after a round is a respawn, fought for ``rounds`` rounds."""
         pol, rounds = self.policy, 0
+        tried: set[ProcIdentity] = set()
         while True:
-            targets = _killable(facts, self.p.host.self_pid)
-            if targets:
+            killable = _killable(facts, self.p.host.self_pid)
+            fresh = {pid: h for pid, h in killable.items() if h.info.ident not in tried}
+            if fresh:
                 if rounds >= pol.rounds:
-                    self.step("respawn", "failed", f"holders still appear after {rounds} round(s)", pids=sorted(targets))
+                    self.step("respawn", "failed", f"holders still appear after {rounds} round(s)", pids=sorted(fresh))
                     return facts
                 rounds += 1
-                self._signal_round(rounds, list(targets.values()))
+                tried.update(h.info.ident for h in fresh.values())
+                self._signal_round(rounds, list(fresh.values()))
                 facts = self.inspect()
                 continue
+            if killable:  # only processes that already survived SIGKILL are left: signalling again is pointless
+                return facts
             facts, done = self._verify(facts)
             if done or not _killable(facts, self.p.host.self_pid):
                 return facts

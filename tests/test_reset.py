@@ -110,9 +110,11 @@ def test_d_state_holder_diagnosed_as_stuck(node):
     _, host, probe, _ = node
     p = host.add(129, minors={0}, state="D")
     probe.context(0, 1024, p)
-    r = run(node, grace=1.0, kill_wait=1.0, rounds=1, restart=False, timeout=1.0)
+    r = run(node, grace=1.0, kill_wait=1.0, restart=False, timeout=1.0)
     assert r.exit_code == E.EXIT_HOLDERS_LEFT
     assert any("state D" in d for d, _ in r.diagnosis)
+    assert host.signals == [(p.pid, "SIGTERM"), (p.pid, "SIGKILL")]  # fought once, not once a round
+    assert not any(s.name == "respawn" for s in r.steps)
 
 
 def test_driver_leak_leaves_container_stopped_exit_7(node):
