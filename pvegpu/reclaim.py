@@ -242,7 +242,9 @@ class Resetter:
         try:
             status = pve.ct_status(guest)
             if status.status != "running":
-                self.step("restart", "skipped", f"CT {self.vmid} is {status.status}; pvegpu does not start a stopped container")
+                why = ("its status cannot be read" if status.status == "unknown"
+                       else f"it is {status.status}, and pvegpu does not start a stopped container")
+                self.step("restart", "skipped", f"CT {self.vmid} not restarted: {why}")
                 return facts
             if status.lock:
                 raise E.PveApiError(f"CT {self.vmid} is locked ({status.lock}); restart refused",
@@ -256,9 +258,11 @@ class Resetter:
                 r.left_stopped = True
                 self.step("restart", "held", f"CT {self.vmid} left stopped: its GPU is still not clean after the stop")
                 return facts
+            r.left_stopped = True  # until the start is confirmed
             self._task(pve.ct_start(guest), "start")
             if status.ha_managed:
                 self._await_status(guest, "running")
+            r.left_stopped = False
             r.restarted = True
             self.step("restart", "ok", f"CT {self.vmid} restarted; GPU verified clean while it was stopped")
             return facts

@@ -144,7 +144,7 @@ def test_start_refused_by_hookscript_reported(node):
     p = host.add(129, minors={0}, respawn={})
     probe.context(0, 1024, p)
     r = run(node, rounds=1)
-    assert r.exit_code == E.EXIT_PVE and r.outcome.startswith("clean")
+    assert r.exit_code == E.EXIT_PVE and r.outcome.startswith("clean") and r.left_stopped
     assert any("hookscript" in d and "pvegpu check 129" in a for d, a in r.diagnosis)
 
 
