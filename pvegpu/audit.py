@@ -66,7 +66,7 @@ def audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, cluster: bo
         f = facts[gpu.minor]
         holders: list[dict[str, Any]] = [{"pid": h.pid, "owner": _owner(h), "comm": h.info.comm, "via": sorted(h.via),
                     "used_mib": next((None if p.used_bytes is None else round(p.used_bytes / MIB)
-                                      for p in f.sample.processes or () if p.pid == h.pid), 0)}
+                                      for p in f.sample.processes or () if p.pid == h.pid), None)}
                    for h in f.other_holders if h.pid != host.self_pid]
         owners = sorted({h["owner"] for h in holders})
         flags = []

@@ -135,10 +135,13 @@ class Resetter:
             return
         facts = self._stop_holders(facts)
         if not self.clean(facts):
-            if pol.restart:
-                facts = self._restart(facts)
-            else:
+            why_not = restart_would_not_help(self.inspect(whole_host=True))  # unlisted holders elsewhere need a full scan
+            if not pol.restart:
                 self.step("restart", "skipped", "not clean, and --no-restart was given")
+            elif why_not:
+                self.step("restart", "skipped", f"not restarting CT {self.vmid}: {why_not}")
+            else:
+                facts = self._restart(facts)
         self._finish(facts)
 
     def _plan(self, facts: dict[int, GpuFacts]) -> None:
@@ -313,6 +316,20 @@ class Resetter:
         whole = r.after = self.inspect(whole_host=True)
         r.diagnosis.extend(diagnose(self.vmid, whole, self.policy.threshold_bytes))
         r.exit_code = r.pve_error if r.pve_error is not None else _exit_for(whole)
+
+
+def restart_would_not_help(facts: dict[int, GpuFacts]) -> str | None:
+    """Why restarting the target cannot fix what is left (None: it may). A restart is for residue of the
+    target itself; it must not stop an innocent container for another workload's holder."""
+    if any(not f.sample.known for f in facts.values()):
+        return "a GPU cannot be read, so the result could not be verified"
+    if any(f.ct_holders or f.unreadable for f in facts.values()):
+        return None
+    unlisted = sorted({h.pid for f in facts.values() for h in f.other_holders if "nvml" not in h.via})
+    if unlisted:
+        return (f"the memory left is likely held by process(es) {', '.join(map(str, unlisted))} outside this container "
+                "that NVML does not list (fork-inherited contexts)")
+    return None
 
 
 def _exit_for(facts: dict[int, GpuFacts]) -> int:

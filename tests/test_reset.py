@@ -201,3 +201,19 @@ def test_control_node_holder_in_container_is_stopped_outside_ignored(node):
     r = run(node)
     assert r.outcome == "clean" and {pid for pid, _ in host.signals} == {ctl_user.pid}
     assert daemon.pid in host.procs and not r.before[0].other_holders
+
+
+def test_foreign_unlisted_holder_does_not_get_the_target_restarted(node):
+    """Memory held by another CT's unlisted fork child (its dead parent still listed) is not blamed on the
+    target: no restart of the target, exit 7, and the diagnosis names the foreign holder."""
+    _, host, probe, pve = node
+    mine = host.add(129, minors={0})
+    probe.context(0, 1024, mine)
+    parent, child = host.add(130, minors={0}), host.add(130, minors={0})
+    probe.context(0, 2048, parent, child)
+    del host.procs[parent.pid]  # the parent died; its context lives on in the child, NVML still lists the parent
+    r = run(node, timeout=1.0)
+    assert pve.calls == [] and child.pid in host.procs and {pid for pid, _ in host.signals} == {mine.pid}
+    assert r.exit_code == E.EXIT_MEMORY_LEFT
+    assert any(f"pid {child.pid}" in d and "CT 130" in d for d, _ in r.diagnosis)
+    assert any(s.name == "restart" and s.outcome == "skipped" for s in r.steps)
