@@ -95,7 +95,7 @@ def inspect_gpus(
                 by_pid[pid] = (set(held.via), i)
         for proc in sample.processes or ():
             i = info(proc.pid)
-            if i is None or i.state in ("Z", "X") or not host.alive(i.ident):
+            if i is None or i.state in ("Z", "X"):  # describe() just read it: no second look
                 facts.ghosts.append(proc.pid)
                 continue
             by_pid.setdefault(proc.pid, (set(), i))[0].add("nvml")

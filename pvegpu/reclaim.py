@@ -146,7 +146,7 @@ class Resetter:
 
     def _plan(self, facts: dict[int, GpuFacts]) -> None:
         r = self.report
-        for pid, h in sorted(_killable(facts, self.p.host.self_pid).items()):
+        for _pid, h in sorted(_killable(facts, self.p.host.self_pid).items()):
             r.plan.append(_describe(h) | {"action": "SIGTERM, then SIGKILL after grace"})
         for f in facts.values():
             for h in f.ct_holders:
@@ -255,7 +255,7 @@ class Resetter:
             self.step("restart", "stop", f"stopping CT {self.vmid} through the API (GPU not clean)")
             self._task(pve.ct_stop(guest), "stop")
             if status.ha_managed:
-                self._await_status(guest, "stopped")
+                self._await_status("stopped")
             facts, ok = self._verify(self.inspect())
             if not ok:
                 r.left_stopped = True
@@ -264,7 +264,7 @@ class Resetter:
             r.left_stopped = True  # until the start is confirmed
             self._task(pve.ct_start(guest), "start")
             if status.ha_managed:
-                self._await_status(guest, "running")
+                self._await_status("running")
             r.left_stopped = False
             r.restarted = True
             self.step("restart", "ok", f"CT {self.vmid} restarted; GPU verified clean while it was stopped")
@@ -295,7 +295,7 @@ class Resetter:
             raise E.TaskFailed(f"{what} task of CT {self.vmid} failed: {exitstatus}", hint, tuple(tail))
         self.step("task", "ok", f"{what} task OK ({upid})", upid=upid)
 
-    def _await_status(self, guest: object, want: str) -> None:
+    def _await_status(self, want: str) -> None:
         assert self.located is not None
         clock, deadline = self.p.clock, self.p.clock.monotonic() + self.policy.task_timeout
         while self.p.pve.ct_status(self.located.guest).status != want:

@@ -46,9 +46,9 @@ def reset_table(r: ResetReport) -> str:
         if b is None or a is None:
             continue
         others = ", ".join(sorted({f"CT {h.info.placement.vmid}" if h.info.placement.vmid else "host" for h in a.other_holders})) or "-"
-        state = "clean" if r.outcome.startswith("clean") or r.outcome == "dry-run" and not b.ct_holders else "NOT clean"
+        state = "(dry run)" if r.outcome == "dry-run" else ("clean" if r.outcome.startswith("clean") else "NOT clean")
         rows.append((str(b.gpu.index), str(minor), _mib(b.used_bytes), _mib(a.used_bytes),
-                     f"{len(b.ct_holders)} -> {len(a.ct_holders)}", others, state if r.outcome != "dry-run" else "(dry run)"))
+                     f"{len(b.ct_holders)} -> {len(a.ct_holders)}", others, state))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 

@@ -50,29 +50,29 @@ def test_mknod_copy_matches_like_the_original(tmp_path):
         p.kill()
 
 
-def test_recycled_identity_is_never_signalled():
+@pytest.fixture
+def sleeper():
+    """A plain host process that must never be signalled."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_recycled_identity_is_never_signalled(sleeper):
     """A stale identity (same pid, other start time) is 'gone' and the live process gets no signal."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        host = ProcHost(TABLE)
-        info = host.describe(p.pid)
-        stale = ProcIdentity(p.pid, info.ident.start_ticks - 1)
-        assert host.signal(stale, signal.SIGKILL, 129) == "gone"
-        assert p.poll() is None
-    finally:
-        p.kill()
+    host = ProcHost(TABLE)
+    stale = ProcIdentity(sleeper.pid, host.describe(sleeper.pid).ident.start_ticks - 1)
+    assert host.signal(stale, signal.SIGKILL, 129) == "gone"
+    assert sleeper.poll() is None
 
 
-def test_process_outside_the_container_is_never_signalled():
+def test_process_outside_the_container_is_never_signalled(sleeper):
     """A host process is 'moved' for any container and survives."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        host = ProcHost(TABLE)
-        assert host.signal(host.describe(p.pid).ident, signal.SIGKILL, 129) == "moved"
-        time.sleep(0.05)
-        assert p.poll() is None
-    finally:
-        p.kill()
+    host = ProcHost(TABLE)
+    assert host.signal(host.describe(sleeper.pid).ident, signal.SIGKILL, 129) == "moved"
+    time.sleep(0.05)
+    assert sleeper.poll() is None
 
 
 def test_self_is_never_a_holder():
