@@ -82,6 +82,24 @@ class Placement:
     vmid: int | None = None
 
 
+class SignalResult(str, enum.Enum):
+    """What ``Host.signal`` did: a str enum, so JSON and logs show the plain word."""
+
+    SENT = "sent"  # delivered through the pidfd
+    GONE = "gone"  # exited, or the pid was recycled
+    MOVED = "moved"  # no longer in the target container
+    REFUSED = "refused"  # the container's init or pvegpu itself: never signalled
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """A finished PVE task (``pvesh get /nodes/<node>/tasks/<upid>/status``): exitstatus OK or WARNINGS: n."""
+
+    upid: str
+    exitstatus: str
+    log_tail: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class ProcIdentity:
     """A process that cannot be confused with a later one: pid + start time (stat field 22)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from .model import CtStatus, GpuInfo, GpuSample, Guest, Holding, ProcIdentity, ProcInfo
+from .model import CtStatus, GpuInfo, GpuSample, Guest, Holding, ProcIdentity, ProcInfo, SignalResult, TaskResult
 
 
 class EventLog(Protocol):
@@ -69,11 +69,8 @@ class Host(Protocol):
         """True while that very process exists and is not a zombie."""
         ...
 
-    def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> str:
-        """``kill -SIG <pid>`` through a pidfd, only if the pid is still that process in CT vmid.
-
-        Returns "sent", "gone" (exited or recycled) or "moved" (no longer in the container).
-        """
+    def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
+        """``kill -SIG <pid>`` through a pidfd, only if the pid is still that process in CT vmid."""
         ...
 
 
@@ -114,4 +111,12 @@ class PveApi(Protocol):
 
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         """``pvesh get /nodes/<node>/tasks/<upid>/log``; the last lines."""
+        ...
+
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
+        """Poll ``pvesh get /nodes/<node>/tasks/<upid>/status`` until the task stops (bounded by ``timeout``).
+
+        Returns the result when exitstatus is OK or WARNINGS; raises TaskFailed (with the log tail) or
+        TaskTimeout. ``what`` names the task in messages ("stop task of CT 129").
+        """
         ...
