@@ -119,6 +119,7 @@ class ProcInfo:
     cgroup: str
     ns_pid: int | None  # pid inside its innermost PID namespace
     is_ct_init: bool = False  # PID 1 of its container
+    ppid: int | None = None  # parent pid on the host (stat field 4), to name who respawned a holder
 
     @property
     def pid(self) -> int:
