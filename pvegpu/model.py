@@ -120,6 +120,8 @@ class ProcInfo:
     ns_pid: int | None  # pid inside its innermost PID namespace
     is_ct_init: bool = False  # PID 1 of its container
     ppid: int | None = None  # parent pid on the host (stat field 4), to name who respawned a holder
+    uid: int | None = None  # real uid on the host (``/proc/<pid>/status`` Uid:), for audit
+    cmdline: str = ""  # escaped ``/proc/<pid>/cmdline`` (tenant text: display only, never decide on it)
 
     @property
     def pid(self) -> int:
