@@ -20,8 +20,9 @@ guard = pvelike.guard(tmp, pvelike.launcher(tmp))
 env = {"PATH": pvelike.PVE_PATH, "LC_ALL": "C", "PVEGPU_CONFIG": cfg}
 fast = dict(ln.split("=", 1) for ln in open(guard).read().splitlines() if ln.startswith(("PVEGPU_PYTHON=", "PVEGPU_PYTHONPATH=")))
 py, pp = fast["PVEGPU_PYTHON"], fast["PVEGPU_PYTHONPATH"]
-inproc = [py, "-I", "-S", "-c", "import sys; sys.path[:0] = sys.argv.pop(1).split(':'); from pvegpu.hook import check; "
-          "from pvegpu.settings import load; sys.exit(0 if check(129, load()).decision.allow else 10)", pp]
+inproc = [py, "-I", "-S", "-c", "import sys; sys.path[:0] = sys.argv.pop(1).split(':'); from pvegpu import wiring; from pvegpu.gate import evaluate; "
+          "s = wiring.settings(wiring.GlobalOptions()); "
+          "sys.exit(0 if evaluate(129, wiring.gate_ports(s), wiring.gate_policy(s)).decision.allow else 10)", pp]
 variants = {"guard (forked check)": [guard, "129", "pre-start"], "same check in-process": inproc,
             "python -I -S pass": [py, "-I", "-S", "-c", "pass"], "sh -c true": ["/bin/sh", "-c", "true"]}
 for name, argv in variants.items():

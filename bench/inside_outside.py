@@ -18,8 +18,8 @@ cfg = os.path.join(tmp, "c.toml")
 open(cfg, "w").write(f'pve_root = "{root}"\n')
 env = {"PATH": pvelike.PVE_PATH, "LC_ALL": "C", "PVEGPU_CONFIG": cfg}
 code = ("import time; t0 = time.perf_counter(); import sys; sys.path[:0] = [sys.argv.pop(1)]; "
-        "from pvegpu.hook import check; from pvegpu.settings import load; t1 = time.perf_counter(); "
-        "r = check(129, load()); t2 = time.perf_counter(); "
+        "from pvegpu import wiring; from pvegpu.gate import evaluate; t1 = time.perf_counter(); "
+        "s = wiring.settings(wiring.GlobalOptions()); r = evaluate(129, wiring.gate_ports(s), wiring.gate_policy(s)); t2 = time.perf_counter(); "
         "print(f'{(t1 - t0) * 1000:.1f} {(t2 - t1) * 1000:.1f}')")
 argv = [sys.executable, "-I", "-S", "-c", code, pvelike.REPO]
 subprocess.run(argv, env=env, capture_output=True)

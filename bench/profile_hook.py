@@ -22,24 +22,27 @@ def mark(label: str) -> None:
 tmp = tempfile.mkdtemp()
 root = pvelike.etc_pve(os.path.join(tmp, "pve"), "bench", {129: "dev0: /dev/nvidia0,gid=44\n"})
 mark("setup")
-from pvegpu import hook  # noqa: E402
+from pvegpu import gate, hook, wiring  # noqa: E402,F401
+from pvegpu.inspect import inspect_gpus  # noqa: E402
+from pvegpu.locate import find_guest, granted_gpus  # noqa: E402
+from pvegpu.lxcconf import parse_config  # noqa: E402
 from pvegpu.settings import load  # noqa: E402
 
 mark("import pvegpu.hook")
 s = load(env={"PVEGPU_PVE_ROOT": root})
 mark("settings")
-pve, probe, host = hook._ports(s)
+ports = wiring.gate_ports(s)
 mark("ports (NvmlLite init = nvmlInit)")
-guest = hook.find_guest(129, pve)
-conf = hook.parse_config(pve.ct_config(guest))
+guest = find_guest(129, ports.pve)
+conf = parse_config(ports.pve.ct_config(guest))
 mark("find guest + parse config")
-gpus = list(hook.granted_gpus(conf, probe.gpus())[0])
+gpus = list(granted_gpus(conf, ports.probe.gpus())[0])
 mark("gpus()")
-pids = host.ct_pids(129)
+pids = ports.host.ct_pids(129)
 mark("ct_pids")
-facts = hook.inspect_gpus(129, gpus, host=host, probe=probe, ct_pids=pids)
+facts = inspect_gpus(129, gpus, host=ports.host, probe=ports.probe, ct_pids=pids)
 mark("inspect (sample + scan)")
-d = hook.decide(129, facts, pids, hook.GatePolicy())
+d = gate.decide(129, facts, gate.Situation(tuple(pids)), wiring.gate_policy(s))
 mark("decide")
 prev = marks[0][1]
 for label, t in marks[1:]:

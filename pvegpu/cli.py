@@ -1,192 +1,171 @@
-"""The ``pvegpu`` command line (typer). Thin: builds ports, calls the core, renders, maps exit codes."""
+"""The ``pvegpu`` command line (typer). Thin: settings and ports come from ``wiring``, the work from the core,
+the text from ``render``; errors propagate to ``run``, which renders them once (``errors.render``).
+
+``check`` and ``hook VMID PHASE`` never reach typer: the front door sends them down the gate's light path
+(``pvegpu.hook``); they are listed here so that ``pvegpu --help`` shows them.
+"""
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import Any
 
 import typer
+import typer.exceptions as typer_exc
+from typer._click import exceptions as click_exc
 
 from . import errors as E
-from .audit import audit as run_audit
+from . import wiring
 from .locate import check_vmid
-from .model import MIB
-from .reclaim import Ports, ResetPolicy, reset
-from .render import audit_text, reset_json, reset_table
-from .settings import Settings, load
+from .settings import ApiSettings, GateSettings, ResetSettings
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Verified GPU reclaim, start gate and audit for Proxmox VE LXC containers.")
-hook_app = typer.Typer(no_args_is_help=True, help="The start-gate hookscript: `pvegpu hook VMID PHASE` (as PVE calls it), install, uninstall, status.")
+_R, _G, _A = ResetSettings(), GateSettings(), ApiSettings()
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, context_settings=CONTEXT,
+                  help="Verified GPU reclaim, start gate and audit for Proxmox VE LXC containers.\n\n"
+                       "Global options (anywhere on the line): --config FILE, --version, -h/--help.")
+hook_app = typer.Typer(no_args_is_help=True, context_settings=CONTEXT,
+                       help="The start gate. As PVE calls it: `pvegpu hook VMID PHASE` (PHASE: pre-start, post-start, pre-stop, "
+                            "post-stop; pre-start exits 10 to refuse a start). Manage it with install, uninstall, status, allow-once.")
 app.add_typer(hook_app, name="hook")
 
-_STATE: dict[str, Any] = {}
+_OPTS = wiring.GlobalOptions()
 
 
-def _settings(overrides: dict[str, Any] | None = None) -> Settings:
-    return load(_STATE.get("config"), overrides=(overrides or {}) | ({"simulate": _STATE["simulate"]} if _STATE.get("simulate") else {}))
+def _settings(overrides: dict[str, Any] | None = None) -> Any:
+    return wiring.settings(_OPTS, overrides)
 
 
-def _fail(exc: E.PvegpuError) -> None:
-    typer.echo(f"Error: {exc.message}", err=True)
-    if exc.hint:
-        typer.echo(f"Hint: {exc.hint}", err=True)
-    raise typer.Exit(exc.exit_code)
+def _echo_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, default=str))
 
 
 @app.callback()
 def _main(
-    config: str | None = typer.Option(None, "--config", help="settings file (default /etc/pvegpu/pvegpu.toml)"),
-    simulate: str | None = typer.Option(None, "--simulate", help="run against a simulated node's state directory", hidden=True),
+    config: str | None = typer.Option(None, "--config", metavar="FILE", help="settings file (default /etc/pvegpu/pvegpu.toml, or PVEGPU_CONFIG)"),
 ) -> None:
-    _STATE.update(config=config, simulate=simulate)
+    """(Global options are taken off the line by the front door; this callback only documents them.)"""
 
 
-def _ports(s: Settings, need_api: bool = True) -> tuple[Any, Any, Any, Any]:
-    from .adapters.factory import build_clock, build_host, build_probe, build_pve
-
-    return build_pve(s, need_api), build_probe(s), build_host(s), build_clock()
+# -- reset --------------------------------------------------------------------------------------------------
 
 
-def do_reset(s: Settings, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
+def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     from .logs import configure
+    from .reclaim import reset
+    from .render import reset_human, reset_json
 
     log = configure(verbose=verbose, json_lines=json_out)
-    pve, probe, host, clock = _ports(s, need_api=not dry_run)
-    r = s.reset
-    policy = ResetPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, poll=r.poll, settle=r.settle, rounds=r.rounds,
-                         threshold_bytes=r.threshold_mib * MIB, restart=r.restart, dry_run=dry_run, task_timeout=r.task_timeout)
     on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
-    report = reset(vmid, Ports(pve, probe, host, clock, log), policy, on_step)
-    if json_out:
-        typer.echo(json.dumps(reset_json(report), indent=2))
-        return report.exit_code
-    typer.echo("")
-    typer.echo(reset_table(report))
-    for p in report.plan:
-        typer.echo(f"  would: pid {p['pid']} ({p['comm']}, CT pid {p['ns_pid']}, {p['cgroup']}): {p['action']}")
-    for note in report.notes:
-        typer.echo(f"note: {note}")
-    verdict = {"clean": f"CT {vmid}: GPU memory verified free in {report.elapsed:.2f} s" + (" (after a restart)" if report.restarted else ""),
-               "dry-run": f"CT {vmid}: dry run, nothing was signalled"}.get(report.outcome, f"CT {vmid}: {report.outcome} after {report.elapsed:.2f} s")
-    typer.echo(verdict)
-    for problem, action in report.diagnosis:
-        typer.echo(f"  problem: {problem}\n     what to do: {action}")
-    if report.left_stopped:
-        typer.echo(f"  CT {vmid} was left STOPPED; start it with `pct start {vmid}` once the GPU is clean.")
-    return report.exit_code
+    with wiring.ct_lock(s, vmid, s.reset.lock_wait), wiring.node(s, log) as ports:
+        report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step)
+    typer.echo(json.dumps(reset_json(report), indent=2) if json_out else "\n" + reset_human(report))
+    return int(report.exit_code)
 
 
 @app.command("reset")
 def reset_cmd(
-    vmid: str = typer.Argument(..., help="container id, e.g. 129"),
+    vmid: str = typer.Argument(..., metavar="VMID", help="container id, e.g. 129"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show what would be signalled and why; signal nothing"),
     no_restart: bool = typer.Option(False, "--no-restart", help="never restart the container through the API"),
-    timeout: float | None = typer.Option(None, "--timeout", help="seconds to wait for the memory to come back (default 30)"),
-    grace: float | None = typer.Option(None, "--grace", help="seconds between SIGTERM and SIGKILL (default 10)"),
+    timeout: float | None = typer.Option(None, "--timeout", metavar="SECONDS", help=f"wait for the memory to come back (reset.timeout, default {_R.timeout:g})"),
+    grace: float | None = typer.Option(None, "--grace", metavar="SECONDS", help=f"between SIGTERM and SIGKILL (reset.grace, default {_R.grace:g})"),
+    settle: float | None = typer.Option(None, "--settle", metavar="SECONDS", help=f"clean must hold this long (reset.settle, default {_R.settle:g})"),
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON (events as JSON lines on stderr)"),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="log every event"),
 ) -> None:
     """Stop every process of the container that holds its GPUs, verify with NVML that the memory is back,
     and restart the container through the API if it is not."""
-    try:
-        s = _settings({"reset.timeout": timeout, "reset.grace": grace, "reset.restart": False if no_restart else None})
-        code = do_reset(s, check_vmid(vmid), dry_run=dry_run, json_out=json_out, verbose=verbose)
-    except E.PvegpuError as exc:
-        _fail(exc)
-    raise typer.Exit(code)
+    s = _settings({"reset.timeout": timeout, "reset.grace": grace, "reset.settle": settle, "reset.restart": False if no_restart else None})
+    raise typer.Exit(do_reset(s, check_vmid(vmid), dry_run=dry_run, json_out=json_out, verbose=verbose))
 
 
-@app.command("check")
-def check_cmd(vmid: str = typer.Argument(...), json_out: bool = typer.Option(False, "--json")) -> None:
-    """May the container start now? Exit 0 yes, 10 refused (same decision as the hookscript)."""
-    from .hook import main_fast
+@app.command("check", add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+def check_cmd(ctx: typer.Context) -> None:
+    """May the container start now? `pvegpu check VMID [--json]`: exit 0 yes, 10 refused (the hookscript's decision)."""
+    from . import hook
 
-    raise typer.Exit(main_fast(["check", vmid] + (["--json"] if json_out else [])))
+    raise typer.Exit(hook.main(["check", *ctx.args], _OPTS))  # not reached: the front door routes `check` to hook
+
+
+# -- audit --------------------------------------------------------------------------------------------------
 
 
 @app.command("audit")
 def audit_cmd(
     cluster: bool = typer.Option(False, "--cluster", help="configuration of every node (runtime is this node's only)"),
-    json_out: bool = typer.Option(False, "--json"),
+    json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Which container holds which GPU, right now and by configuration."""
-    try:
-        s = _settings()
-        pve, probe, host, _ = _ports(s, need_api=cluster)
-        rep = run_audit(pve=pve, probe=probe, host=host, cluster=cluster).to_json()
-    except E.PvegpuError as exc:
-        _fail(exc)
+    from .audit import audit as run_audit
+    from .render import audit_text
+
+    s = _settings()
+    with wiring.node(s) as ports:
+        rep = run_audit(pve=ports.pve, probe=ports.probe, host=ports.host, cluster=cluster).to_json()
     typer.echo(json.dumps(rep, indent=2) if json_out else audit_text(rep))
     raise typer.Exit(1 if rep["problems"] or any(g["flags"] and set(g["flags"]) - {"shared"} for g in rep["gpus"]) else 0)
 
 
+# -- demo ---------------------------------------------------------------------------------------------------
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 @app.command("demo")
 def demo_cmd(
-    scenario: str | None = typer.Option(None, "--scenario", help="a scenario JSON file (default: the built-in one)"),
-    grace: float = typer.Option(1.0, "--grace", help="SIGTERM grace in the demo (short, so the demo is quick)"),
+    scenario: str | None = typer.Option(None, "--scenario", metavar="FILE", help="a scenario JSON file (default: the built-in one)"),
+    grace: float = typer.Option(1.0, "--grace", metavar="SECONDS", help="SIGTERM grace in the demo (short, so the demo is quick)"),
 ) -> None:
     """Run the real reset code against a built-in simulated node: no Proxmox, GPU or root needed."""
+    global _OPTS
+    from .audit import audit as run_audit
+    from .render import audit_text
     from .sim import scenario as sc
 
-    try:
-        data = sc.load(scenario) if scenario else sc.DEMO
-        sim = sc.build(data)
-    except E.PvegpuError as exc:
-        _fail(exc)
+    data = sc.load(scenario) if scenario else sc.DEMO
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)  # a killed demo still takes its workloads with it
+    sim = None
+    results: list[str] = []
     code = 0
     try:
-        _STATE["simulate"] = sim.root
-        s = _settings({"reset.grace": grace})
+        sim = sc.build(data)
+        _OPTS = wiring.GlobalOptions(_OPTS.config, sim.root)
+        s = _settings({"reset.grace": grace, "reset.lock_dir": f"{sim.root}/lock"})
         typer.echo(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.\n")
-        typer.echo("$ pvegpu audit")
-        pve, probe, host, _ = _ports(s)
-        typer.echo(audit_text(run_audit(pve=pve, probe=probe, host=host).to_json()))
-        targets = [int(c["vmid"]) for c in data.get("containers", []) if c.get("workloads") and c.get("status", "running") == "running"]
-        for vmid in targets[:-1] if len(targets) > 2 else targets:
-            typer.echo(f"\n$ pvegpu reset {vmid}")
-            code = max(code, do_reset(s, vmid, dry_run=False, json_out=False, verbose=False))
-        typer.echo("\n$ pvegpu audit")
-        typer.echo(audit_text(run_audit(pve=pve, probe=probe, host=host).to_json()))
-    except E.PvegpuError as exc:
-        sim.teardown()
-        _fail(exc)
+        with wiring.node(s) as ports:
+            typer.echo("$ pvegpu audit")
+            typer.echo(audit_text(run_audit(pve=ports.pve, probe=ports.probe, host=ports.host).to_json()))
+            targets = [int(c["vmid"]) for c in data.get("containers", []) if c.get("workloads") and c.get("status", "running") == "running"]
+            for vmid in targets[:-1] if len(targets) > 2 else targets:
+                typer.echo(f"\n$ pvegpu reset {vmid}")
+                rc = do_reset(s, vmid, dry_run=False, json_out=False, verbose=False)
+                results.append(f"CT {vmid} {'clean' if rc == 0 else f'exit {rc}'}")
+                code = max(code, rc)
+            typer.echo("\n$ pvegpu audit")
+            typer.echo(audit_text(run_audit(pve=ports.pve, probe=ports.probe, host=ports.host).to_json()))
+    except _Terminated:
+        typer.echo("demo: terminated; simulated containers stopped and removed", err=True)
+        code = 143
     finally:
-        sim.teardown()
+        signal.signal(signal.SIGTERM, previous)
+        if sim is not None:
+            sim.teardown()
+    if code != 143:
+        typer.echo(f"\ndemo: {', '.join(results) or 'nothing to reset'}; simulated node removed (exit {code})")
     raise typer.Exit(code)
 
 
-def _install_ctx(need_root: bool) -> tuple[Settings, str, Any]:
-    import os
-
-    from .adapters.etcpve import EtcPve
-
-    s = _settings()
-    if need_root and os.geteuid() != 0:
-        raise E.UsageError("installing the guard needs root on the node", "`pct set --hookscript` is allowed for root@pam only; use sudo")
-    if not EtcPve.present(s.pve_root):
-        raise E.UsageError(f"{s.pve_root}/.vmlist not found: not a Proxmox VE node", "run it on the node that runs the containers")
-    node = EtcPve(s.pve_root, node=s.node).local_node() or ""
-    lister: Any = None
-    try:
-        from .adapters.factory import resolve_backend
-        from .adapters.pve import ProxmoxerPve, connect
-
-        backend = resolve_backend(s)
-        if backend:
-            api = ProxmoxerPve(connect(s.api, backend), node=node)
-
-            def _list(n: str, _api: Any = api) -> set[str] | None:
-                try:
-                    return set(_api.snippets(n, _STATE.get("storage", "local")))
-                except E.PvegpuError:
-                    return None
-
-            lister = _list
-    except E.PvegpuError:
-        lister = None
-    return s, node, lister
+# -- hook install | uninstall | status | allow-once --------------------------------------------------------
 
 
 def _print_plan(plan: Any) -> None:
@@ -200,81 +179,96 @@ def _print_plan(plan: Any) -> None:
 
 @hook_app.command("install")
 def hook_install(
-    vmids: list[str] = typer.Argument(None, help="containers to guard (default: every GPU container of this node)"),
+    vmids: list[str] = typer.Argument(None, metavar="[VMID]...", help="containers to guard (default: every GPU container of this node)"),
     storage: str = typer.Option("local", "--storage", help="snippets storage"),
     chain: bool = typer.Option(False, "--chain", help="keep an existing hookscript: run pvegpu's guard first, then it"),
 ) -> None:
     """Install the guard snippet and set it as the containers' hookscript (`pct set VMID --hookscript ...`)."""
     from . import install as ins
 
-    try:
-        _STATE["storage"] = storage
-        s, node, lister = _install_ctx(need_root=True)
-        plan = ins.install([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage,
-                           chain=chain, lister=lister)
-    except E.PvegpuError as exc:
-        _fail(exc)
+    s = _settings()
+    node, lister = wiring.install_context(s, storage, need_root=True)
+    plan = ins.install([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage, chain=chain, lister=lister)
     _print_plan(plan)
     raise typer.Exit(0 if plan.ok else 1)
 
 
 @hook_app.command("uninstall")
 def hook_uninstall(
-    vmids: list[str] = typer.Argument(None, help="containers to unguard (default: every guarded container of this node)"),
-    storage: str = typer.Option("local", "--storage"),
+    vmids: list[str] = typer.Argument(None, metavar="[VMID]...", help="containers to unguard (default: every guarded container of this node)"),
+    storage: str = typer.Option("local", "--storage", help="snippets storage"),
 ) -> None:
     """Remove the guard from the containers (restoring a chained hookscript) and the snippet once unused."""
     from . import install as ins
 
-    try:
-        s, node, _ = _install_ctx(need_root=True)
-        plan = ins.uninstall([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage)
-    except E.PvegpuError as exc:
-        _fail(exc)
+    s = _settings()
+    node, _ = wiring.install_context(s, storage, need_root=True)
+    plan = ins.uninstall([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage)
     _print_plan(plan)
     raise typer.Exit(0 if plan.ok else 1)
 
 
 @hook_app.command("status")
-def hook_status(storage: str = typer.Option("local", "--storage"), json_out: bool = typer.Option(False, "--json")) -> None:
+def hook_status(
+    storage: str = typer.Option("local", "--storage", help="snippets storage"),
+    json_out: bool = typer.Option(False, "--json", help="print the status as JSON"),
+) -> None:
     """Guarded and unguarded GPU containers of this node, and nodes missing the snippet. Exit 1 if anything needs attention."""
     from . import install as ins
 
-    try:
-        _STATE["storage"] = storage
-        s, node, lister = _install_ctx(need_root=False)
-        st = ins.status(pve_root=s.pve_root, node=node, storage_name=storage, lister=lister)
-    except E.PvegpuError as exc:
-        _fail(exc)
+    s = _settings()
+    node, lister = wiring.install_context(s, storage, need_root=False)
+    st = ins.status(pve_root=s.pve_root, node=node, storage_name=storage, lister=lister)
     if json_out:
-        typer.echo(json.dumps(st, indent=2))
+        _echo_json(st.to_json())
     else:
-        for row in st["containers"]:  # type: ignore[attr-defined]
-            typer.echo(f"CT {row['vmid']}: {row['state']}" + (f" ({row['hookscript']})" if row["hookscript"] else ""))
-        for p in st["problems"]:  # type: ignore[attr-defined]
+        for row in st.containers:
+            typer.echo(f"CT {row.vmid}: {row.state.value}" + (f" ({row.hookscript})" if row.hookscript else ""))
+        for p in st.problems:
             typer.echo(f"problem: {p}")
-    bad = st["problems"] or any(r["state"] != "guarded" for r in st["containers"])  # type: ignore[attr-defined]
-    raise typer.Exit(1 if bad else 0)
+    raise typer.Exit(0 if st.ok else 1)
 
 
 @hook_app.command("allow-once")
-def hook_allow_once(vmid: str = typer.Argument(..., help="container to let through the gate at its next start")) -> None:
+def hook_allow_once(vmid: str = typer.Argument(..., metavar="VMID", help="container to let through the gate at its next start")) -> None:
     """Let the next start of a container through the start gate once (token expires after gate.override_ttl)."""
-    from .hook import allow_once
+    from .adapters.override import allow_once
+    from .locate import find_guest
 
+    s = _settings()
+    n = check_vmid(vmid)
+    find_guest(n, wiring.gate_ports(s).pve)  # an unknown CT, a VM or one on another node: say so, write nothing
     try:
-        s = _settings()
-        path = allow_once(check_vmid(vmid), s)
-    except E.PvegpuError as exc:
-        _fail(exc)
+        path = allow_once(s.gate.override_dir, n)
     except OSError as exc:
-        _fail(E.UsageError(f"cannot write the override: {exc}", "run as root on the node"))
-    typer.echo(f"the next start of CT {vmid} passes the gate once ({path}, valid {s.gate.override_ttl:g} s)")
+        raise E.UsageError(f"cannot write the override in {s.gate.override_dir}: {exc.strerror or exc}", "run as root on the node") from None
+    typer.echo(f"the next start of CT {n} passes the gate once ({path}, valid {s.gate.override_ttl:g} s)")
 
 
-def run() -> None:
+# -- running it ---------------------------------------------------------------------------------------------
+
+
+def run(args: list[str], opts: wiring.GlobalOptions) -> int:
+    """Run the typer app on ``args`` (global options already taken off); errors rendered once, here."""
+    global _OPTS
+    _OPTS = opts
+    json_out = "--json" in args
     try:
-        app()
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
+        rv = app(args=args, prog_name="pvegpu", standalone_mode=False)
+        return int(rv or 0)
+    except typer_exc.Exit as exc:
+        return int(exc.exit_code)
+    except click_exc.NoArgsIsHelpError as exc:
+        return int(exc.exit_code) if exc.exit_code else 0
+    except click_exc.ClickException as exc:
+        sys.stderr.write(E.render(E.UsageError(exc.format_message(), "`pvegpu --help`, or `pvegpu COMMAND --help`")) + "\n")
+        return E.EXIT_USAGE
+    except typer_exc.Abort:
+        sys.stderr.write("aborted\n")
+        return 130
+    except E.PvegpuError as exc:
+        if json_out:
+            _echo_json(E.to_json(exc))
+        else:
+            sys.stderr.write(E.render(exc) + "\n")
+        return exc.exit_code

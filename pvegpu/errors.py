@@ -19,6 +19,7 @@ EXIT_PVE = 4  # Proxmox API / task failure (incl. lock, hookscript refusal)
 EXIT_GPU_UNKNOWN = 5  # a GPU could not be read (NVML missing, GPU lost)
 EXIT_HOLDERS_LEFT = 6  # container processes still hold the GPU (survivors, D state, respawn)
 EXIT_MEMORY_LEFT = 7  # memory still held with no holder in the container (leak / outside holder)
+EXIT_BUSY = 9  # another pvegpu reset of the same container is running
 EXIT_REFUSED = 10  # the start gate refuses
 
 
@@ -31,6 +32,14 @@ class PvegpuError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+
+
+class Relayed(PvegpuError):
+    """An error that crossed a process boundary (the gate's bounded child) with its exit code."""
+
+    def __init__(self, message: str, hint: str | None, exit_code: int) -> None:
+        super().__init__(message, hint)
+        self.exit_code = exit_code  # type: ignore[misc]
 
 
 class UsageError(PvegpuError):
@@ -67,7 +76,35 @@ class TaskTimeout(PveApiError):
     """A PVE task did not finish within its deadline."""
 
 
+class NotPveNodeError(NotFoundError):
+    """Neither ``/etc/pve`` nor a configured API: there is no Proxmox VE to ask (one message for every command)."""
+
+    def __init__(self, pve_root: str = "/etc/pve") -> None:
+        super().__init__(f"not a Proxmox VE node: {pve_root}/.vmlist not found and no API configured",
+                         "run it as root on a PVE node, set api.host and an API token (README 'API token'), or try `pvegpu demo`")
+
+
+class BusyError(PvegpuError):
+    """Another pvegpu reset of the same container holds its lock."""
+
+    exit_code = EXIT_BUSY
+
+
 class GpuQueryError(PvegpuError):
     """NVML could not be read: the answer is unknown, never zero."""
 
     exit_code = EXIT_GPU_UNKNOWN
+
+
+def render(exc: PvegpuError, prefix: str = "") -> str:
+    """The one rendering of an error for people: ``Error: ...`` and ``Hint: ...`` lines (``prefix`` first,
+    e.g. ``pvegpu: `` in a PVE task log)."""
+    lines = [f"{prefix}Error: {exc.message}"]
+    if exc.hint:
+        lines.append(f"{prefix}Hint: {exc.hint}")
+    return "\n".join(lines)
+
+
+def to_json(exc: PvegpuError) -> dict[str, object]:
+    """The same error for ``--json`` consumers."""
+    return {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}

@@ -1,89 +1,153 @@
 """The start gate: may container ``vmid`` start now onto its GPUs?
 
-Pure decision (``decide``) over the facts ``inspect_gpus`` gathers. Refuses when a GPU holds memory that
+``evaluate`` gathers the facts (``/etc/pve``, NVML, ``/proc``) through the ports; ``decide`` is the pure
+decision over them, shared by ``pvegpu check`` and the hookscript. It refuses when a GPU holds memory that
 live processes of other *running* containers do not account for, when NVML lists a pid that no longer
-exists, when a process still sits in this container, when the container is exclusive and shares a GPU,
-or when a GPU cannot be read (fail closed unless ``on_unknown = "allow"``).
+exists and no live holder elsewhere explains it, when a process still sits in this container, when this
+container or a running neighbour on the GPU is exclusive, or when a granted GPU cannot be read (fail closed
+unless ``on_unknown = "allow"``). A pvegpu reset in progress on the container also refuses.
 Manual equivalent: ``nvidia-smi --query-gpu=index,memory.used`` + ``--query-compute-apps=pid,used_memory``.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
-from .inspect import GpuFacts
-from .model import MIB, Place
+from .errors import GpuQueryError, PvegpuError
+from .inspect import GpuFacts, inspect_gpus
+from .locate import find_guest, granted_gpus
+from .lxcconf import parse_config
+from .model import MIB, GpuInfo, GpuSample, Place
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from collections.abc import Collection
+    from typing import Any
+
+    from .ports import GpuProbe, Host, PveReader
+
+
+class GateState(enum.StrEnum):
+    """One GPU's verdict for a start."""
+
+    CLEAN = "clean"
+    SHARED = "shared"  # in use by another running container: allowed (unless exclusive)
+    REFUSED = "refused"
+    UNKNOWN = "unknown"  # could not be read (refused unless on_unknown = allow)
 
 
 @dataclass(frozen=True)
 class GatePolicy:
+    """The gate's settings (``[gate]``), derived once by the composition root."""
+
     threshold_bytes: int = 64 * MIB
     on_unknown: str = "refuse"  # refuse | allow
-    exclusive: bool = False
+    exclusive_vmids: frozenset[int] = frozenset()
+    exclusive_tag: str = "gpu-exclusive"
+
+    def exclusive(self, vmid: int, tags: Collection[str]) -> bool:
+        return vmid in self.exclusive_vmids or (bool(self.exclusive_tag) and self.exclusive_tag in tags)
+
+    @property
+    def allow_unknown(self) -> bool:
+        return self.on_unknown == "allow"
 
 
 @dataclass
 class GateDecision:
     allow: bool
-    reasons: list[str] = field(default_factory=list)  # why refused (or warnings when allowed)
+    reasons: list[str] = field(default_factory=list)  # why refused (or remarks when allowed)
     fix: list[str] = field(default_factory=list)  # commands to run
-    per_gpu: dict[int, str] = field(default_factory=dict)  # minor -> "clean" | "shared" | "refused" | "unknown"
+    per_gpu: dict[int, GateState] = field(default_factory=dict)
+
+    def refuse(self, reason: str, fix: str | None = None) -> None:
+        self.allow = False
+        self.reasons.append(reason)
+        if fix and fix not in self.fix:
+            self.fix.append(fix)
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the decision needs besides the per-GPU facts (all read by ``evaluate``)."""
+
+    ct_pids: tuple[int, ...] = ()  # processes still in the container's cgroup
+    exclusive: bool = False  # this container is exclusive
+    exclusive_neighbours: frozenset[int] = frozenset()  # running containers on its GPUs that are exclusive
+    reset_running: bool = False  # a pvegpu reset of this container holds its lock
 
 
 def _mib(n: int | None) -> str:
     return "?" if n is None else f"{n / MIB:.0f} MiB"
 
 
-def decide(vmid: int, facts: dict[int, GpuFacts], ct_pids: list[int], policy: GatePolicy) -> GateDecision:
+def gpu_label(g: GpuInfo) -> str:
+    index = "?" if g.index < 0 else str(g.index)
+    return f"GPU {index} (/dev/nvidia{g.minor}, {g.uuid})" if g.minor >= 0 else "the GPUs (all granted)"
+
+
+def decide(vmid: int, facts: dict[int, GpuFacts], situation: Situation, policy: GatePolicy) -> GateDecision:
+    """The pure decision: facts in, verdict out (tested by table in tests/test_gate_decide.py)."""
     d = GateDecision(True)
-    if ct_pids:
-        d.allow = False
-        d.reasons.append(f"{len(ct_pids)} process(es) still sit in CT {vmid}'s cgroup (pids {', '.join(map(str, ct_pids[:8]))})")
-        d.fix.append(f"pvegpu reset {vmid} --no-restart")
+    if situation.reset_running:
+        d.refuse(f"a pvegpu reset of CT {vmid} is in progress", f"wait for it to finish (`pvegpu check {vmid}` says when)")
+    if situation.ct_pids:
+        pids = ", ".join(map(str, situation.ct_pids[:8]))
+        d.refuse(f"{len(situation.ct_pids)} process(es) still sit in CT {vmid}'s cgroup (pids {pids})", f"pvegpu reset {vmid} --no-restart")
     for minor, f in sorted(facts.items()):
-        g = f"GPU {f.gpu.index} (/dev/nvidia{minor}, {f.gpu.uuid})"
-        if not f.sample.known:
-            d.per_gpu[minor] = "unknown"
-            msg = f"{g} cannot be read: {f.sample.error}"
-            if policy.on_unknown == "allow":
-                d.reasons.append(msg + " (allowed: gate.on_unknown = allow)")
-            else:
-                d.allow = False
-                d.reasons.append(msg)
-                d.fix.append("check `nvidia-smi`; to start anyway set gate.on_unknown = \"allow\" in /etc/pvegpu/pvegpu.toml")
-            continue
-        state = "clean"
-        others = [h for h in f.other_holders if h.info.placement.place is Place.CONTAINER and "nvml" in h.via]
-        host_users = [h for h in f.other_holders if h.info.placement.place is not Place.CONTAINER and "nvml" in h.via]
-        if f.ghosts:
-            state = "refused"
-            d.reasons.append(f"{g}: NVML lists pid(s) {', '.join(map(str, f.ghosts))} that no longer exist (a child inherited the context, or a leak)")
-            d.fix.append("pvegpu audit   # find the unlisted holder; then `pvegpu reset <its CT>`")
-        res = f.residual_bytes
-        if host_users:
-            state = "refused"
-            names = ", ".join(f"pid {h.pid} ({h.info.comm})" for h in host_users)
-            d.reasons.append(f"{g} is used by host process(es) {names}, not by a container")
-        if res is None:
-            state = "refused"
-            d.reasons.append(f"{g}: {_mib(f.used_bytes)} used and other processes' usage is not reported (MIG?): cannot account for it")
-        elif res > policy.threshold_bytes:
-            state = "refused"
-            d.reasons.append(f"{g} holds {_mib(res)} that no running container accounts for (leftover or driver leak)")
-            d.fix.append(f"pvegpu reset {vmid} --no-restart   # or, with no holder left: stop all users, `nvidia-smi -r -i {f.gpu.index}`")
-        if others and state == "clean":
-            vmids = sorted({h.info.placement.vmid for h in others if h.info.placement.vmid})
-            if policy.exclusive:
-                state = "refused"
-                d.reasons.append(f"{g} is in use by CT {', '.join(map(str, vmids))} and CT {vmid} is exclusive")
-                d.fix.append(f"stop CT {', '.join(map(str, vmids))} first, or drop the exclusive policy")
-            else:
-                state = "shared"
-                d.reasons.append(f"{g} is shared with CT {', '.join(map(str, vmids))} ({_mib(f.foreign_bytes)}): allowed")
-        if state == "refused":
-            d.allow = False
-        d.per_gpu[minor] = state
+        d.per_gpu[minor] = _decide_gpu(vmid, f, situation, policy, d)
     return d
+
+
+def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: GateDecision) -> GateState:
+    g = gpu_label(f.gpu)
+    if not f.sample.known:
+        msg = f"{g} cannot be read: {f.sample.error}"
+        if policy.allow_unknown:
+            d.reasons.append(msg + " (allowed: gate.on_unknown = allow)")
+        else:
+            d.refuse(msg, "check `nvidia-smi`; to start anyway set gate.on_unknown = \"allow\" in /etc/pvegpu/pvegpu.toml")
+        return GateState.UNKNOWN
+    refused = False
+    neighbours = sorted({h.info.placement.vmid for h in f.other_holders
+                         if h.info.placement.place is Place.CONTAINER and h.info.placement.vmid and h.could_own_context})
+    host_users = [h for h in f.other_holders if h.info.placement.place is not Place.CONTAINER and "nvml" in h.via]
+    if f.unexplained_ghosts:
+        refused = True
+        d.refuse(f"{g}: NVML lists pid(s) {', '.join(map(str, f.unexplained_ghosts))} that no longer exist and no live process "
+                 "accounts for their memory (a leak, or a holder pvegpu cannot see)",
+                 "pvegpu audit   # find the holder; then `pvegpu reset <its CT>`")
+    if host_users:
+        refused = True
+        names = ", ".join(f"pid {h.pid} ({h.info.comm}, {h.info.placement.place.value})" for h in host_users)
+        d.refuse(f"{g} is used by process(es) outside any container: {names}")
+    res = f.residual_bytes
+    if res is None:
+        msg = f"{g}: {_mib(f.used_bytes)} used and other processes' usage is not reported (MIG?): cannot account for it"
+        if policy.allow_unknown:
+            d.reasons.append(msg + " (allowed: gate.on_unknown = allow)")
+        else:
+            refused = True
+            d.refuse(msg)
+    elif res > policy.threshold_bytes:
+        refused = True
+        d.refuse(f"{g} holds {_mib(res)} that no running container accounts for (leftover or driver leak)",
+                 f"pvegpu reset {vmid} --no-restart   # or, with no holder left: stop all users, `nvidia-smi -r -i {f.gpu.index}`")
+    if refused:
+        return GateState.REFUSED
+    if not neighbours:
+        return GateState.CLEAN
+    listed = ", ".join(map(str, neighbours))
+    if sit.exclusive:
+        d.refuse(f"{g} is in use by CT {listed} and CT {vmid} is exclusive", f"stop CT {listed} first, or drop the exclusive policy")
+        return GateState.REFUSED
+    if blocking := sorted(set(neighbours) & sit.exclusive_neighbours):
+        names = ", ".join(map(str, blocking))
+        d.refuse(f"{g} is in use by CT {names}, which is exclusive", f"stop CT {names} first, or drop its exclusive policy")
+        return GateState.REFUSED
+    d.reasons.append(f"{g} is shared with CT {listed} ({_mib(f.foreign_bytes)}): allowed")
+    return GateState.SHARED
 
 
 def paragraph(vmid: int, d: GateDecision) -> str:
@@ -91,5 +155,73 @@ def paragraph(vmid: int, d: GateDecision) -> str:
     if d.allow:
         extra = ("; " + "; ".join(d.reasons)) if d.reasons else ""
         return f"pvegpu: CT {vmid} may start: its GPUs are clean{extra}."
-    fix = ("; fix: " + "; ".join(dict.fromkeys(d.fix))) if d.fix else ""
+    fix = ("; fix: " + "; ".join(d.fix)) if d.fix else ""
     return f"pvegpu: refusing to start CT {vmid}: " + "; ".join(d.reasons) + fix + "."
+
+
+# -- gathering the facts ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GatePorts:
+    """The light ports the gate reads through: ``/etc/pve``, NVML (ctypes) and ``/proc``; never the API."""
+
+    pve: PveReader
+    probe: GpuProbe
+    host: Host
+    reset_running: Any = None  # callable vmid -> bool: does a pvegpu reset hold the container's lock?
+
+
+@dataclass
+class CheckResult:
+    vmid: int
+    decision: GateDecision
+    facts: dict[int, GpuFacts] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.decision
+        gpus = [{"index": f.gpu.index, "minor": m, "uuid": f.gpu.uuid, "state": d.per_gpu.get(m),
+                 "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB),
+                 "shared_with": sorted({h.info.placement.vmid for h in f.other_holders if h.info.placement.vmid}),
+                 "ghost_pids": f.ghosts} for m, f in sorted(self.facts.items())]
+        return {"vmid": self.vmid, "allow": d.allow, "reasons": d.reasons, "fix": d.fix, "gpus": gpus}
+
+
+def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:
+    """Decide whether CT ``vmid`` may start now (reads /etc/pve, NVML and /proc only)."""
+    guest = find_guest(vmid, ports.pve)
+    conf = parse_config(ports.pve.ct_config(guest))
+    if not conf.gpus.minors and not conf.gpus.all_gpus:
+        return CheckResult(vmid, GateDecision(True, ["no NVIDIA GPU in its configuration"]))
+    pids = ports.host.ct_pids(vmid)
+    try:
+        granted, _missing = granted_gpus(conf, ports.probe.gpus())
+    except GpuQueryError as exc:  # NVML cannot list the GPUs: each granted GPU is unknown, never clean
+        unknown = [GpuInfo(-1, m, "index unknown", "?") for m in sorted(conf.gpus.minors)] or [GpuInfo(-1, -1, "all GPUs", "?")]
+        facts = {g.minor: GpuFacts(g, GpuSample(g.minor, None, None, exc.message)) for g in unknown}
+    else:
+        facts = inspect_gpus(vmid, granted, host=ports.host, probe=ports.probe, ct_pids=pids)
+    situation = Situation(tuple(pids), policy.exclusive(vmid, conf.tags), _exclusive_neighbours(facts, ports.pve, policy),
+                          bool(ports.reset_running and ports.reset_running(vmid)))
+    return CheckResult(vmid, decide(vmid, facts, situation, policy), facts)
+
+
+def _exclusive_neighbours(facts: dict[int, GpuFacts], pve: PveReader, policy: GatePolicy) -> frozenset[int]:
+    """Running containers on these GPUs that are exclusive (by setting or PVE tag): they refuse sharers too."""
+    out: set[int] = set()
+    for vmid in {h.info.placement.vmid for f in facts.values() for h in f.other_holders
+                 if h.info.placement.place is Place.CONTAINER and h.info.placement.vmid}:
+        assert vmid is not None
+        if vmid in policy.exclusive_vmids:
+            out.add(vmid)
+            continue
+        if not policy.exclusive_tag:
+            continue
+        try:
+            guest = pve.where(vmid)
+            tags = parse_config(pve.ct_config(guest)).tags if guest is not None else ()
+        except PvegpuError:  # an unreadable neighbour config cannot make it exclusive
+            continue
+        if policy.exclusive_tag in tags:
+            out.add(vmid)
+    return frozenset(out)

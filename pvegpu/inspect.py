@@ -27,6 +27,7 @@ class GpuFacts:
     ct_holders: list[Holder] = field(default_factory=list)  # live, in the target container
     other_holders: list[Holder] = field(default_factory=list)  # live, elsewhere (never touched)
     ghosts: list[int] = field(default_factory=list)  # NVML-listed pids with no live process
+    ghost_owners: list[int] = field(default_factory=list)  # live unlisted holders credited with the ghosts' memory
     unreadable: list[int] = field(default_factory=list)  # container pids whose fds could not be read
     foreign_bytes: int | None = 0  # NVML memory of live processes outside the container
     ct_listed_bytes: int | None = 0  # NVML memory of live processes inside the container
@@ -34,6 +35,11 @@ class GpuFacts:
     @property
     def used_bytes(self) -> int | None:
         return self.sample.used_bytes
+
+    @property
+    def unexplained_ghosts(self) -> list[int]:
+        """Dead NVML-listed pids whose memory no live holder can own (a leak, or a holder pvegpu cannot see)."""
+        return [] if self.ghost_owners else self.ghosts
 
     @property
     def residual_bytes(self) -> int | None:
@@ -59,7 +65,11 @@ def inspect_gpus(
     """Facts per GPU minor for container ``vmid`` (None: no container is the target, as in audit).
 
     Scans the container's own processes plus every NVML-listed pid; ``whole_host`` scans every
-    process on the node (slower, used for diagnosis and audit).
+    process on the node (slower, used for diagnosis and audit). When NVML lists a dead pid (its context
+    was inherited by a child, which NVML never lists), the whole node is scanned for live holders that
+    map the device: their memory is theirs, credited to the target container if one of them is in it,
+    else to the neighbour or host process that holds it. Only a holder that could own a context (maps
+    the device, or is NVML-listed) can explain memory; an fd alone (an NVML client) never does.
     """
     gpus = list(gpus)
     minors = [g.minor for g in gpus]
@@ -70,13 +80,16 @@ def inspect_gpus(
         if ct_pids is None and vmid is not None:
             ct_pids = host.ct_pids(vmid)
         scan = set(listed) | set(ct_pids or ())
-    holdings = host.holdings(scan)
     infos: dict[int, ProcInfo | None] = {}
 
     def info(pid: int) -> ProcInfo | None:
         if pid not in infos:
             infos[pid] = host.describe(pid)
         return infos[pid]
+
+    if scan is not None and any(not _live(info(pid)) for pid in listed):
+        scan = None  # a dead pid is listed: its memory may be held by an unlisted child anywhere
+    holdings = host.holdings(scan)
 
     out: dict[int, GpuFacts] = {}
     for gpu in gpus:
@@ -93,11 +106,14 @@ def inspect_gpus(
             # elsewhere such holders (persistenced, DCGM) hold no GPU memory and are not listed
             if gpu.minor in held.minors or (CONTROL in held.minors and _in_ct(i, vmid)):
                 by_pid[pid] = (set(held.via), i)
+        ghost_bytes: int | None = 0
         for proc in sample.processes or ():
             i = info(proc.pid)
-            if i is None or i.state in ("Z", "X"):  # describe() just read it: no second look
+            if not _live(i):  # describe() just read it: no second look
                 facts.ghosts.append(proc.pid)
+                ghost_bytes = _add(ghost_bytes, proc.used_bytes)
                 continue
+            assert i is not None
             by_pid.setdefault(proc.pid, (set(), i))[0].add("nvml")
             if _in_ct(i, vmid):
                 facts.ct_listed_bytes = _add(facts.ct_listed_bytes, proc.used_bytes)
@@ -106,8 +122,29 @@ def inspect_gpus(
         for pid, (via, i) in sorted(by_pid.items()):
             holder = Holder(i, frozenset({gpu.minor}), frozenset(via))
             (facts.ct_holders if _in_ct(i, vmid) else facts.other_holders).append(holder)
+        if facts.ghosts:
+            _credit_ghosts(facts, ghost_bytes)
         out[gpu.minor] = facts
     return out
+
+
+def _unlisted(holders: list[Holder]) -> list[int]:
+    return [h.pid for h in holders if "nvml" not in h.via and "maps" in h.via]
+
+
+def _credit_ghosts(facts: GpuFacts, ghost_bytes: int | None) -> None:
+    """Give the memory of dead listed pids to the live unlisted holders that inherited it: the target's
+    own first (its reset must stop them), else those elsewhere (a neighbour's memory is not leftover)."""
+    if inside := _unlisted(facts.ct_holders):
+        facts.ghost_owners = inside
+        facts.ct_listed_bytes = _add(facts.ct_listed_bytes, ghost_bytes)
+    elif outside := _unlisted(facts.other_holders):
+        facts.ghost_owners = outside
+        facts.foreign_bytes = _add(facts.foreign_bytes, ghost_bytes)
+
+
+def _live(i: ProcInfo | None) -> bool:
+    return i is not None and i.state not in ("Z", "X")
 
 
 def _in_ct(info: ProcInfo, vmid: int | None) -> bool:

@@ -8,6 +8,7 @@ from starting).
 
 from __future__ import annotations
 
+import enum
 import importlib.util
 import os
 import re
@@ -233,7 +234,37 @@ def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str =
     return plan
 
 
-def status(*, pve_root: str, node: str, storage_name: str = "local", lister: SnippetLister | None = None) -> dict[str, object]:
+class GuardState(enum.StrEnum):
+    GUARDED = "guarded"
+    OTHER = "other hookscript"
+    UNGUARDED = "unguarded"
+
+
+@dataclass(frozen=True)
+class GuardRow:
+    vmid: int
+    state: GuardState
+    hookscript: str | None
+
+
+@dataclass
+class GuardStatus:
+    """``pvegpu hook status``: GPU containers of this node and whether the guard is on them."""
+
+    node: str
+    containers: list[GuardRow]
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(r.state is GuardState.GUARDED for r in self.containers)
+
+    def to_json(self) -> dict[str, object]:
+        return {"node": self.node, "problems": self.problems,
+                "containers": [{"vmid": r.vmid, "state": r.state.value, "hookscript": r.hookscript} for r in self.containers]}
+
+
+def status(*, pve_root: str, node: str, storage_name: str = "local", lister: SnippetLister | None = None) -> GuardStatus:
     """Guarded / unguarded GPU containers of this node, and nodes missing the snippet."""
     st = read_storage(pve_root, storage_name)
     rows = []
@@ -242,12 +273,12 @@ def status(*, pve_root: str, node: str, storage_name: str = "local", lister: Sni
         if not (conf.gpus.minors or conf.gpus.all_gpus):
             continue
         hs = conf.hookscript
-        state = "guarded" if _is_ours(hs, st.name) else ("other hookscript" if hs else "unguarded")
-        rows.append({"vmid": vmid, "state": state, "hookscript": hs})
+        state = GuardState.GUARDED if _is_ours(hs, st.name) else (GuardState.OTHER if hs else GuardState.UNGUARDED)
+        rows.append(GuardRow(vmid, state, hs))
     plan = Plan()
     local = os.path.join(st.path, "snippets", GUARD)
     if not os.access(local, os.X_OK):
         plan.warnings.append(f"this node ({node}) lacks an executable {local}")
     if not st.shared:
         _check_nodes(pve_root, node, {GUARD}, lister, plan)
-    return {"node": node, "containers": rows, "problems": plan.warnings}
+    return GuardStatus(node, rows, plan.warnings)

@@ -14,7 +14,7 @@ from .model import GpuInfo, Guest
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
-    from .ports import GpuProbe, PveApi
+    from .ports import GpuProbe, PveReader
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def check_vmid(text: str | int) -> int:
     return vmid
 
 
-def find_guest(vmid: int, pve: PveApi, *, require_local: bool = True) -> Guest:
+def find_guest(vmid: int, pve: PveReader, *, require_local: bool = True) -> Guest:
     """The container ``vmid``; refuses unknown ids, VMs, and (by default) other nodes, naming the node."""
     guest = pve.where(vmid)
     if guest is None:
@@ -65,7 +65,7 @@ def granted_gpus(config: CtConfig, node_gpus: list[GpuInfo]) -> tuple[tuple[GpuI
     return found, missing
 
 
-def locate(vmid: int, *, pve: PveApi, probe: GpuProbe, require_local: bool = True) -> Located:
+def locate(vmid: int, *, pve: PveReader, probe: GpuProbe, require_local: bool = True) -> Located:
     """Guest, parsed config and granted GPUs of container ``vmid``."""
     guest = find_guest(vmid, pve, require_local=require_local)
     config = parse_config(pve.ct_config(guest))

@@ -82,7 +82,7 @@ class Placement:
     vmid: int | None = None
 
 
-class SignalResult(str, enum.Enum):
+class SignalResult(enum.StrEnum):
     """What ``Host.signal`` did: a str enum, so JSON and logs show the plain word."""
 
     SENT = "sent"  # delivered through the pidfd
@@ -148,6 +148,12 @@ class Holder:
     @property
     def pid(self) -> int:
         return self.info.pid
+
+    @property
+    def could_own_context(self) -> bool:
+        """NVML lists it or it maps the device: it may hold GPU memory. An fd alone is an NVML client
+        (nvidia-persistenced, DCGM, exporters), which holds none."""
+        return "nvml" in self.via or "maps" in self.via
 
 
 @dataclass(frozen=True)

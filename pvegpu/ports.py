@@ -74,8 +74,8 @@ class Host(Protocol):
         ...
 
 
-class PveApi(Protocol):
-    """The Proxmox operations reset and audit need."""
+class PveReader(Protocol):
+    """The reads the start gate needs (``/etc/pve`` on the node): never the API, never a power action."""
 
     def local_node(self) -> str | None:
         """``hostname`` as PVE knows it, when running on a PVE node."""
@@ -92,6 +92,10 @@ class PveApi(Protocol):
     def ct_config(self, guest: Guest) -> str | Mapping[str, Any]:
         """``pvesh get /nodes/<node>/lxc/<vmid>/config --current 1``, or the raw ``.conf`` text when local."""
         ...
+
+
+class PveApi(PveReader, Protocol):
+    """The Proxmox operations reset and audit need."""
 
     def ct_status(self, guest: Guest) -> CtStatus:
         """``pvesh get /nodes/<node>/lxc/<vmid>/status/current``."""

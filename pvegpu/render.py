@@ -73,3 +73,23 @@ def audit_text(rep: dict[str, Any]) -> str:
     for p in rep["problems"]:
         lines.append(f"problem: {p}")
     return "\n".join(lines)
+
+
+def reset_human(r: ResetReport) -> str:
+    """The table, the dry-run plan, notes, the verdict line, the diagnosis and any "left stopped" warning."""
+    lines = [reset_table(r)]
+    for p in r.plan:
+        lines.append(f"  would: pid {p['pid']} ({p['comm']}, CT pid {p['ns_pid']}, {p['cgroup']}): {p['action']}")
+    lines.extend(f"note: {note}" for note in r.notes)
+    outcome = str(getattr(r.outcome, "value", r.outcome))
+    if outcome == "clean":
+        lines.append(f"CT {r.vmid}: GPU memory verified free in {r.elapsed:.2f} s" + (" (after a restart)" if r.restarted else ""))
+    elif outcome == "dry-run":
+        lines.append(f"CT {r.vmid}: dry run, nothing was signalled")
+    else:
+        lines.append(f"CT {r.vmid}: {outcome} after {r.elapsed:.2f} s")
+    for problem, action in r.diagnosis:
+        lines.append(f"  problem: {problem}\n     what to do: {action}")
+    if r.left_stopped:
+        lines.append(f"  CT {r.vmid} was left STOPPED; start it with `pct start {r.vmid}` once the GPU is clean.")
+    return "\n".join(lines)

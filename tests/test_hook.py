@@ -134,7 +134,7 @@ def test_allow_once_overrides_one_start_only(sim_node, guard, tmp_path):
     node = sim_node(scenario(gpu={"leak_mib": 2048}))
     env = {"PVEGPU_GATE_OVERRIDE_DIR": str(tmp_path / "once")}
     r = subprocess.run([sys.executable, "-m", "pvegpu", "hook", "allow-once", "129"], capture_output=True, text=True,
-                       env=dict(os.environ, **env), cwd=pvelike.REPO)
+                       env=dict(os.environ, PVEGPU_SIMULATE=node.root, **env), cwd=pvelike.REPO)
     assert r.returncode == 0, r.stderr
     first = hook(node, guard, **env)
     assert first.returncode == 0 and "allowed to start ONCE" in first.stdout and "2048 MiB" in first.stdout

@@ -15,6 +15,7 @@ from ..model import CtStatus, Guest
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -85,17 +86,24 @@ class EtcPve:
 
 
 class NodePve:
-    """Reads from ``/etc/pve`` when on the node; power actions and remote reads through the API."""
+    """Reads from ``/etc/pve`` when on the node; power actions and remote reads through the API.
 
-    def __init__(self, local: EtcPve | None, api: Any | None) -> None:
+    ``api`` is a factory: the API client is built (and, for https, the token read) on the first call that
+    needs it, so commands that only read on the node never touch it, and ones off the node can use it.
+    """
+
+    def __init__(self, local: EtcPve | None, api: Callable[[], Any] | None) -> None:
         self.local = local
-        self.api = api
+        self._factory = api
+        self._api: Any = None
 
     def _need_api(self, what: str) -> Any:
-        if self.api is None:
+        if self._api is None and self._factory is not None:
+            self._api = self._factory()
+        if self._api is None:
             raise PveApiError(f"{what} needs the Proxmox API, and none is configured",
                               "on the node run as root (api.backend=local uses pvesh), or set api.host and an API token")
-        return self.api
+        return self._api
 
     def local_node(self) -> str | None:
         return self.local.local_node() if self.local else self._need_api("finding the node").local_node()
@@ -112,9 +120,8 @@ class NodePve:
         return self._need_api("reading the config").ct_config(guest)
 
     def ct_status(self, guest: Guest) -> CtStatus:
-        if self.api is not None:
-            return self.api.ct_status(guest)
-        assert self.local is not None
+        if self._factory is not None or self.local is None:  # the API knows HA state; /etc/pve does not
+            return self._need_api("reading the status").ct_status(guest)  # type: ignore[no-any-return]
         return self.local.ct_status(guest)
 
     def ct_stop(self, guest: Guest) -> str:

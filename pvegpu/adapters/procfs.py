@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from ..cgroup import parse_cgroup
 from ..lxcconf import NVIDIA_MAJOR
-from ..model import CONTROL, Holding, Place, Placement, ProcIdentity, ProcInfo
+from ..model import CONTROL, Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
 
 _MAPS_GPU = re.compile(r"\s/dev/nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset)(?: \(deleted\))?$")
 CGROUP_ROOTS = ("", "unified", "systemd", "pids", "memory", "cpu", "devices", "freezer")
@@ -194,23 +194,23 @@ class ProcHost:
         parsed = parse_stat(text) if text else None
         return parsed is not None and parsed[3] == ident.start_ticks and parsed[1] not in ("Z", "X")
 
-    def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> str:
+    def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
         try:
             pidfd = os.pidfd_open(ident.pid)
         except ProcessLookupError:
-            return "gone"
+            return SignalResult.GONE
         try:
             # The pidfd pins the process; re-check identity now, so a recycled pid is never hit.
             info = self.describe(ident.pid)
             if info is None or info.ident != ident or info.state in ("Z", "X"):
-                return "gone"
+                return SignalResult.GONE
             if info.placement != Placement(Place.CONTAINER, vmid):
-                return "moved"
+                return SignalResult.MOVED
             if info.is_ct_init or info.pid == self.self_pid:
-                return "refused"
+                return SignalResult.REFUSED
             _signal.pidfd_send_signal(pidfd, sig)
-            return "sent"
+            return SignalResult.SENT
         except ProcessLookupError:
-            return "gone"
+            return SignalResult.GONE
         finally:
             os.close(pidfd)

@@ -1,0 +1,69 @@
+"""Run a function in a forked child under a deadline, answered over a private pipe.
+
+The start gate uses it so that a check stuck in the driver (a process in D state inside NVML) holds neither
+pvegpu nor PVE's output pipe: on expiry the parent answers, kills the child, and exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import time
+
+from ..errors import PvegpuError
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+
+def run_bounded(fn: Callable[[], Any], deadline: float) -> tuple[bool, dict[str, Any] | None]:
+    """(finished, answer). The answer is ``{"ok": result}`` (JSON-able), ``{"error": [message, hint, exit_code]}``
+    for a PvegpuError, or ``{"crash": "Type: text"}``. The child's stdio goes to /dev/null."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            os.close(r)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            try:
+                out: dict[str, Any] = {"ok": fn()}
+            except PvegpuError as exc:
+                out = {"error": [exc.message, exc.hint, exc.exit_code]}
+            except BaseException as exc:  # noqa: BLE001 - reported by the parent
+                out = {"crash": f"{type(exc).__name__}: {exc}"}
+            os.write(w, json.dumps(out).encode())
+        except BaseException:  # noqa: BLE001
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks: list[bytes] = []
+    end = time.monotonic() + deadline
+    try:
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+                return False, None
+            data = os.read(r, 65536)
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(r)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    if not chunks:
+        return True, {"crash": "the check ended without an answer"}
+    return True, dict(json.loads(b"".join(chunks)))

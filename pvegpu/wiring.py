@@ -1,0 +1,252 @@
+"""The composition root: the one place that reads the settings, builds the ports and derives the policies.
+
+Three sets of ports: the real node (``/etc/pve`` + the API, nvidia-ml-py, ``/proc``), the start gate's
+light path (``/etc/pve``, the ctypes NVML reader, ``/proc``; never the API), and the simulated node
+(``pvegpu demo``, tests). ``cli`` and ``hook`` call only this module; nothing below it imports it.
+The gate path imports this module too, so adapters are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from . import errors as E
+from .gate import GatePolicy, GatePorts
+from .model import MIB
+from .settings import Settings, load
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .model import GpuInfo, GpuSample
+    from .ports import EventLog, GpuProbe
+    from .reclaim import Ports, ResetPolicy
+
+
+@dataclass(frozen=True)
+class GlobalOptions:
+    """The options every command honours, wherever they stand on the line (see ``frontdoor``)."""
+
+    config: str | None = None
+    simulate: str | None = None
+
+
+def settings(opts: GlobalOptions, overrides: dict[str, Any] | None = None) -> Settings:
+    """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides."""
+    extra = dict(overrides or {})
+    if opts.simulate:
+        extra["simulate"] = opts.simulate
+    return load(opts.config, overrides=extra)
+
+
+# -- policies: every default comes from settings.py ------------------------------------------------------
+
+
+def reset_policy(s: Settings, *, dry_run: bool = False) -> ResetPolicy:
+    """``[reset]`` as the state machine's policy."""
+    from .reclaim import ResetPolicy
+
+    r = s.reset
+    return ResetPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, poll=r.poll, settle=r.settle, rounds=r.rounds,
+                       threshold_bytes=r.threshold_mib * MIB, restart=r.restart, dry_run=dry_run, task_timeout=r.task_timeout)
+
+
+def post_stop_policy(s: Settings) -> ResetPolicy:
+    """The post-stop reclaim: the reset policy, never restarting, with short waits (PVE waits for the hook)."""
+    from dataclasses import replace
+
+    p = reset_policy(s)
+    return replace(p, restart=False, grace=min(p.grace, 2.0), timeout=max(min(p.timeout, 2.0), p.settle + p.poll))
+
+
+def gate_policy(s: Settings) -> GatePolicy:
+    """``[gate]`` as the start gate's policy."""
+    g = s.gate
+    return GatePolicy(g.threshold_mib * MIB, g.on_unknown, frozenset(g.exclusive), g.exclusive_tag)
+
+
+# -- the start gate's light ports ------------------------------------------------------------------------
+
+
+class UnreadableGpus:
+    """A GpuProbe for when NVML itself cannot start: every GPU is unknown, never zero."""
+
+    def __init__(self, error: E.GpuQueryError) -> None:
+        self.error = error
+
+    def gpus(self) -> list[GpuInfo]:
+        raise self.error
+
+    def sample(self, minors: Any) -> dict[int, GpuSample]:
+        from .model import GpuSample
+
+        return {m: GpuSample(m, None, None, self.error.message) for m in minors}
+
+
+def gate_ports(s: Settings) -> GatePorts:
+    """``/etc/pve``, the ctypes NVML reader and ``/proc``: what the hookscript may touch."""
+    from .adapters.locks import reset_running
+
+    def running(vmid: int) -> bool:
+        return reset_running(s.reset.lock_dir, vmid)
+
+    if s.simulate:
+        pve, probe, host = _sim_ports(s)
+        return GatePorts(pve, probe, host, running)
+    from .adapters.etcpve import EtcPve
+    from .adapters.procfs import ProcHost
+
+    if not EtcPve.present(s.pve_root):
+        raise E.NotPveNodeError(s.pve_root)
+    return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(), ProcHost(), running)
+
+
+def _lite_nvml() -> GpuProbe:
+    try:
+        from .adapters.nvml_lite import NvmlLite
+
+        return NvmlLite()
+    except E.GpuQueryError as exc:
+        return UnreadableGpus(exc)
+
+
+def _sim_ports(s: Settings) -> tuple[Any, Any, Any]:
+    from .sim.scenario import SimNode
+
+    return SimNode(s.simulate).ports()
+
+
+# -- the real node -----------------------------------------------------------------------------------------
+
+
+def resolve_backend(s: Settings) -> str | None:
+    """local (pvesh as root on a node), https, or None when no API can be used."""
+    from .adapters.etcpve import EtcPve
+
+    if s.api.backend != "auto":
+        return s.api.backend
+    if s.api.host:
+        return "https"
+    if EtcPve.present(s.pve_root) and os.geteuid() == 0:
+        return "local"
+    return None
+
+
+def api_client(s: Settings, node: str = "") -> Any:
+    """A ProxmoxerPve for the configured backend, or None; connects on the first call that needs it."""
+    backend = resolve_backend(s)
+    if backend is None:
+        return None
+    from .adapters.pve import ProxmoxerPve, connect
+
+    cfg = s.api
+    if backend == "local":  # pvesh runs stop/start synchronously: never kill it before the task deadline
+        from dataclasses import replace
+
+        cfg = replace(cfg, timeout=max(cfg.timeout, s.reset.task_timeout + 10))
+    return ProxmoxerPve(connect(cfg, backend), node=node)
+
+
+def pve_port(s: Settings) -> Any:
+    """The PveApi: ``/etc/pve`` reads on the node, the API for power actions (and for reads off the node)."""
+    if s.simulate:
+        return _sim_ports(s)[0]
+    from .adapters.etcpve import EtcPve, NodePve
+
+    local = EtcPve(s.pve_root, node=s.node) if EtcPve.present(s.pve_root) else None
+    has_api = resolve_backend(s) is not None
+    if local is None and not has_api:
+        raise E.NotPveNodeError(s.pve_root)
+    node = s.node or (local.local_node() if local else "") or ""
+    return NodePve(local, (lambda: api_client(s, node)) if has_api else None)
+
+
+class LazyNvml:
+    """nvidia-ml-py, opened on the first reading (so a bad vmid is reported before NVML is touched) and
+    closed by ``close()``: a resident NVML client would block ``nvidia-smi -r`` and show up as a holder."""
+
+    def __init__(self) -> None:
+        self._probe: Any = None
+
+    def _open(self) -> Any:
+        if self._probe is None:
+            from .adapters.nvml import NvmlProbe
+
+            self._probe = NvmlProbe()
+        return self._probe
+
+    def gpus(self) -> list[GpuInfo]:
+        return list(self._open().gpus())
+
+    def sample(self, minors: Any) -> dict[int, GpuSample]:
+        return dict(self._open().sample(minors))
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+
+@dataclass
+class Node:
+    """Open ports of one command run: ``with wiring.node(s) as ports:`` releases NVML at the end."""
+
+    ports: Ports
+    closers: tuple[Any, ...] = ()
+
+    def __enter__(self) -> Ports:
+        return self.ports
+
+    def __exit__(self, *exc: object) -> None:
+        for close in self.closers:
+            close()
+
+
+def node(s: Settings, log: EventLog | None = None) -> Node:
+    """Ports for reset and audit: the simulated node, or this node."""
+    from .adapters.clock import SystemClock
+    from .ports import NullLog
+    from .reclaim import Ports
+
+    if s.simulate:
+        pve, probe, host = _sim_ports(s)
+        return Node(Ports(pve, probe, host, SystemClock(), log or NullLog()))
+    from .adapters.procfs import ProcHost
+
+    pve = pve_port(s)
+    nvml = LazyNvml()
+    return Node(Ports(pve, nvml, ProcHost(), SystemClock(), log or NullLog()), (nvml.close,))
+
+
+def ct_lock(s: Settings, vmid: int, wait: float) -> Any:
+    """The per-container reset lock (``/run/lock/pvegpu/<vmid>.lock``), as a context manager."""
+    from .adapters.locks import ct_lock as lock
+
+    return lock(s.reset.lock_dir, vmid, wait)
+
+
+def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str, Any]:
+    """(this node's name, a per-node snippet lister or None) for ``hook install | uninstall | status``."""
+    from .adapters.etcpve import EtcPve
+
+    if need_root and os.geteuid() != 0:
+        raise E.UsageError("installing the guard needs root on the node", "`pct set --hookscript` is allowed for root@pam only; run it as root")
+    if not EtcPve.present(s.pve_root):
+        raise E.NotPveNodeError(s.pve_root)
+    name = EtcPve(s.pve_root, node=s.node).local_node() or ""
+    try:
+        api = api_client(s, name)
+    except E.PvegpuError:
+        api = None
+    if api is None:
+        return name, None
+
+    def lister(n: str) -> set[str] | None:
+        try:
+            return set(api.snippets(n, storage))
+        except E.PvegpuError:
+            return None
+
+    return name, lister
