@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 import typer.exceptions as typer_exc
+from typer.core import TyperCommand, TyperGroup
 from typer._click import exceptions as click_exc
 
 from . import errors as E
@@ -24,10 +25,34 @@ from .settings import ApiSettings, GateSettings, ResetSettings
 _R, _G, _A = ResetSettings(), GateSettings(), ApiSettings()
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
-app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, context_settings=CONTEXT,
+
+def _plain(params: list[Any]) -> list[Any]:
+    """Flags show no ``<bool>`` type in help: a flag takes no value."""
+    for p in params:
+        if getattr(p, "is_flag", False):
+            p.display_type_rich = lambda ctx: None
+    return params
+
+
+class _Command(TyperCommand):
+    """Help as admins read it: ``pvegpu reset [OPTIONS] VMID``, flags without a type."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [p.strip("{}") for p in super().collect_usage_pieces(ctx)]
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain(super().get_params(ctx))
+
+
+app = typer.Typer(cls=_Group, add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, context_settings=CONTEXT,
                   help="Verified GPU reclaim, start gate and audit for Proxmox VE LXC containers.\n\n"
                        "Global options (anywhere on the line): --config FILE, --version, -h/--help.")
-hook_app = typer.Typer(no_args_is_help=True, context_settings=CONTEXT,
+hook_app = typer.Typer(cls=_Group, no_args_is_help=True, context_settings=CONTEXT,
                        help="The start gate. As PVE calls it: `pvegpu hook VMID PHASE` (PHASE: pre-start, post-start, pre-stop, "
                             "post-stop; pre-start exits 10 to refuse a start). Manage it with install, uninstall, status, allow-once.")
 app.add_typer(hook_app, name="hook")
@@ -66,7 +91,7 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
     return int(report.exit_code)
 
 
-@app.command("reset")
+@app.command("reset", cls=_Command)
 def reset_cmd(
     vmid: str = typer.Argument(..., metavar="VMID", help="container id, e.g. 129"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show what would be signalled and why; signal nothing"),
@@ -83,7 +108,7 @@ def reset_cmd(
     raise typer.Exit(do_reset(s, check_vmid(vmid), dry_run=dry_run, json_out=json_out, verbose=verbose))
 
 
-@app.command("check", add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@app.command("check", cls=_Command, add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 def check_cmd(ctx: typer.Context) -> None:
     """May the container start now? `pvegpu check VMID [--json]`: exit 0 yes, 10 refused (the hookscript's decision)."""
     from . import hook
@@ -94,7 +119,7 @@ def check_cmd(ctx: typer.Context) -> None:
 # -- audit --------------------------------------------------------------------------------------------------
 
 
-@app.command("audit")
+@app.command("audit", cls=_Command)
 def audit_cmd(
     cluster: bool = typer.Option(False, "--cluster", help="configuration of every node (runtime is this node's only)"),
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
@@ -121,7 +146,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
-@app.command("demo")
+@app.command("demo", cls=_Command)
 def demo_cmd(
     scenario: str | None = typer.Option(None, "--scenario", metavar="FILE", help="a scenario JSON file (default: the built-in one)"),
     grace: float = typer.Option(1.0, "--grace", metavar="SECONDS", help="SIGTERM grace in the demo (short, so the demo is quick)"),
@@ -177,7 +202,7 @@ def _print_plan(plan: Any) -> None:
         typer.echo(f"warning: {line}", err=True)
 
 
-@hook_app.command("install")
+@hook_app.command("install", cls=_Command)
 def hook_install(
     vmids: list[str] = typer.Argument(None, metavar="[VMID]...", help="containers to guard (default: every GPU container of this node)"),
     storage: str = typer.Option("local", "--storage", help="snippets storage"),
@@ -193,7 +218,7 @@ def hook_install(
     raise typer.Exit(0 if plan.ok else 1)
 
 
-@hook_app.command("uninstall")
+@hook_app.command("uninstall", cls=_Command)
 def hook_uninstall(
     vmids: list[str] = typer.Argument(None, metavar="[VMID]...", help="containers to unguard (default: every guarded container of this node)"),
     storage: str = typer.Option("local", "--storage", help="snippets storage"),
@@ -208,7 +233,7 @@ def hook_uninstall(
     raise typer.Exit(0 if plan.ok else 1)
 
 
-@hook_app.command("status")
+@hook_app.command("status", cls=_Command)
 def hook_status(
     storage: str = typer.Option("local", "--storage", help="snippets storage"),
     json_out: bool = typer.Option(False, "--json", help="print the status as JSON"),
@@ -229,7 +254,7 @@ def hook_status(
     raise typer.Exit(0 if st.ok else 1)
 
 
-@hook_app.command("allow-once")
+@hook_app.command("allow-once", cls=_Command)
 def hook_allow_once(vmid: str = typer.Argument(..., metavar="VMID", help="container to let through the gate at its next start")) -> None:
     """Let the next start of a container through the start gate once (token expires after gate.override_ttl)."""
     from .adapters.override import allow_once

@@ -1,0 +1,103 @@
+"""The layering holds: the core never imports an adapter, the simulated node or the edges; adapters never
+import the simulated node; the start gate's path stays free of the heavy libraries."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import pvelike
+
+PKG = os.path.join(pvelike.REPO, "pvegpu")
+EDGE = {"cli", "hook", "frontdoor", "__main__", "wiring", "logs", "install"}  # the composition root and what calls it
+HEAVY = ("typer", "rich", "proxmoxer", "structlog", "pydantic", "requests", "pynvml", "urllib3")
+
+
+def _modules() -> dict[str, set[str]]:
+    """dotted module name -> absolute names of the pvegpu modules it imports (anywhere in the file)."""
+    out: dict[str, set[str]] = {}
+    for dirpath, _dirs, files in os.walk(PKG):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, f), pvelike.REPO)[:-3].replace(os.sep, ".")
+            name = rel.removesuffix(".__init__")
+            package = name if f == "__init__.py" else name.rpartition(".")[0]
+            tree = ast.parse(open(os.path.join(dirpath, f), encoding="utf-8").read())
+            deps: set[str] = set()
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom):
+                    base = package.split(".")
+                    if node.level:
+                        base = base[: len(base) - node.level + 1]
+                        target = ".".join(base + ([node.module] if node.module else []))
+                    else:
+                        target = node.module or ""
+                    deps.add(target)
+                    deps.update(f"{target}.{a.name}" for a in node.names)
+                elif isinstance(node, ast.Import):
+                    deps.update(a.name for a in node.names)
+            out[name] = {d for d in deps if d.startswith("pvegpu")}
+    return out
+
+
+def _layer(name: str) -> str:
+    parts = name.split(".")
+    if len(parts) > 1 and parts[1] in ("adapters", "sim"):
+        return parts[1]
+    if len(parts) > 1 and parts[1] in EDGE:
+        return "edge"
+    return "core"
+
+
+def _hits(deps: set[str], layers: set[str]) -> list[str]:
+    mods = _modules()
+    return sorted(d for d in deps if d in mods and _layer(d) in layers)
+
+
+def test_core_imports_no_adapter_sim_or_edge():
+    """No core module (locate, inspect, reclaim, gate, audit, ...) imports adapters/, sim/, cli, hook or wiring."""
+    bad = {m: _hits(d, {"adapters", "sim", "edge"}) for m, d in _modules().items() if _layer(m) == "core"}
+    assert not {m: h for m, h in bad.items() if h}
+
+
+def test_adapters_import_no_sim_and_no_edge():
+    """adapters/ never imports sim/ or the edges (the arrow that ran back up a layer is gone)."""
+    bad = {m: _hits(d, {"sim", "edge"}) for m, d in _modules().items() if _layer(m) == "adapters"}
+    assert not {m: h for m, h in bad.items() if h}
+
+
+def test_sim_imports_no_edge():
+    """sim/ builds on the core and the adapters, never on cli, hook or wiring."""
+    bad = {m: _hits(d, {"edge"}) for m, d in _modules().items() if _layer(m) == "sim"}
+    assert not {m: h for m, h in bad.items() if h}
+
+
+def test_only_wiring_reads_settings_among_edges():
+    """cli and hook get their settings and ports from wiring; neither calls settings.load nor builds an adapter."""
+    mods = _modules()
+    for name in ("pvegpu.cli", "pvegpu.hook"):
+        assert "pvegpu.settings.load" not in mods[name], name
+        assert not [d for d in mods[name] if d.startswith("pvegpu.adapters.") and d.count(".") > 2 and not d.endswith(
+            ("child.run_bounded", "override.allow_once", "override.take"))], name
+
+
+@pytest.mark.parametrize("argv", [["check", "129"], ["hook", "129", "pre-start"], ["check", "129", "--json"]])
+def test_gate_path_imports_no_heavy_library(tmp_path, argv):
+    """`pvegpu check` and `pvegpu hook VMID PHASE` on a PVE-like node import none of typer, rich, proxmoxer,
+    structlog, pydantic, requests, pynvml (nor typing at run time, without a settings file)."""
+    root = pvelike.etc_pve(str(tmp_path / "pve"), "n1", {129: "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"})
+    code = ("import sys, json; from pvegpu.frontdoor import main; rc = main(sys.argv[1:]); "
+            "print(json.dumps([rc, sorted(m for m in sys.modules)]), file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {pvelike.REPO!r}); " + code,
+                        *argv], capture_output=True, text=True, timeout=60,
+                       env={"PATH": pvelike.PVE_PATH, "LC_ALL": "C", "PVEGPU_PVE_ROOT": root, "PVEGPU_RESET_LOCK_DIR": str(tmp_path / "lock")})
+    rc, loaded = json.loads(r.stderr.strip().splitlines()[-1])
+    assert rc in (0, 10), r.stderr
+    assert not [m for m in loaded if m.split(".")[0] in HEAVY], [m for m in loaded if m.split(".")[0] in HEAVY]
+    assert "typing" not in loaded
