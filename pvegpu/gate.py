@@ -201,6 +201,10 @@ def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:
         facts = {g.minor: GpuFacts(g, GpuSample(g.minor, None, None, exc.message)) for g in unknown}
     else:
         facts = inspect_gpus(vmid, granted, host=ports.host, probe=ports.probe, ct_pids=pids)
+        failed = list(getattr(ports.probe, "failed", ()))
+        for m in _missing if failed else ():  # a granted GPU NVML could not list: unknown, never clean
+            g = GpuInfo(-1, m, "index unknown", "?")
+            facts[m] = GpuFacts(g, GpuSample(m, None, None, "not listed by NVML (" + "; ".join(failed) + ")"))
     situation = Situation(tuple(pids), policy.exclusive(vmid, conf.tags), _exclusive_neighbours(facts, ports.pve, policy),
                           bool(ports.reset_running and ports.reset_running(vmid)))
     return CheckResult(vmid, decide(vmid, facts, situation, policy), facts)

@@ -65,3 +65,69 @@ def test_demo_runs_clean():
     r = subprocess.run([sys.executable, "-m", "pvegpu", "demo"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("GPU memory verified free") == 2 and "(after a restart)" in r.stdout
+
+
+def test_second_reset_of_same_container_waits_then_refuses(sim_node, tmp_path):
+    """One reset per container: while CT 129's lock is held, another reset gives up after reset.lock_wait (exit 9)."""
+    import os
+
+    from pvegpu.adapters.locks import ct_lock
+
+    node = sim_node({"node": "s", "gpus": [GPU], "containers": [{"vmid": 129, "gpus": [0], "workloads": []}]})
+    env = dict(os.environ, PVEGPU_RESET_LOCK_DIR=str(tmp_path), PVEGPU_RESET_LOCK_WAIT="0.3")
+    with ct_lock(str(tmp_path), 129, wait=0):
+        r = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "reset", "129"], capture_output=True, text=True,
+                           cwd=REPO, timeout=60, env=env)
+    assert r.returncode == 9 and "another pvegpu reset of CT 129 is running" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "reset", "129"], capture_output=True, text=True,
+                       cwd=REPO, timeout=60, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_unknown_guest_is_reported_before_nvml_is_opened(tmp_path):
+    """On a node, reset of an unknown guest says so (exit 3) without first failing on NVML (exit 5)."""
+    from tests import pvelike
+
+    root = pvelike.etc_pve(str(tmp_path / "pve"), "n1", {129: "dev0: /dev/nvidia0\n"}, vms=(200,))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'pve_root = "{root}"\n[api]\nbackend = "https"\nhost = "127.0.0.1"\n[reset]\nlock_dir = "{tmp_path}/lock"\n')
+    for vmid, text in (("999", "no guest 999"), ("200", "VM, not an LXC")):
+        r = subprocess.run([sys.executable, "-m", "pvegpu", "--config", str(cfg), "reset", vmid], capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert r.returncode == 3 and text in r.stderr, r.stderr
+
+
+def test_demo_killed_with_sigterm_cleans_up():
+    """`pvegpu demo` killed with SIGTERM stops its workloads (even SIGTERM-ignoring ones) and removes its node."""
+    import os
+    import re
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-m", "pvegpu", "demo", "--grace", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=REPO)
+    root = None
+    deadline = time.monotonic() + 60
+    assert p.stdout is not None
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if m := re.search(r"in (/\S+pvegpu-sim-\S+):", line):
+            root = m.group(1)
+        if line.startswith("$ pvegpu reset"):
+            break
+    assert root is not None
+    sids = [json.load(open(os.path.join(root, "cts", f)))["sid"] for f in os.listdir(os.path.join(root, "cts"))]
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 143
+    assert not os.path.exists(root)
+    alive = [pid for pid in os.listdir("/proc") if pid.isdigit() and _sid(pid) in sids]
+    assert alive == []
+
+
+def _sid(pid: str) -> int | None:
+    try:
+        text = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()
+    return int(fields[3]) if fields[0] not in ("Z", "X") else None

@@ -161,3 +161,58 @@ def test_post_stop_logs_and_optionally_reclaims(sim_node, guard):
     from pvegpu.sim.nvml import SimNvml
 
     assert SimNvml(node.state).sample([0])[0].used_bytes == 0  # the orphan's 1 GiB is back
+
+
+def test_only_granted_gpus_count(sim_node, guard):
+    """A lost GPU the container is not granted does not refuse its start; a lost granted one does (fail
+    closed), and gate.on_unknown = allow lets that through too."""
+    gpus = [GPU, {"minor": 1, "index": 1, "stand_in": "/dev/full", "lost": True}]
+    node = sim_node({"node": "pve-sim", "gpus": gpus, "containers": [
+        {"vmid": 129, "status": "stopped", "gpus": [0]}, {"vmid": 130, "status": "stopped", "gpus": [1]}]})
+    r = hook(node, guard)
+    assert r.returncode == 0 and "may start" in r.stdout, r.stderr
+    r = hook(node, guard, vmid=130)
+    assert r.returncode == 10 and "GPU is lost" in r.stderr
+    r = hook(node, guard, vmid=130, PVEGPU_GATE_ON_UNKNOWN="allow")
+    assert r.returncode == 0 and "allowed" in r.stdout
+
+
+def test_exclusive_neighbour_refuses_a_sharer(sim_node, guard):
+    """Exclusivity holds both ways: a running exclusive container on the GPU refuses another's start."""
+    node = sim_node({"node": "pve-sim", "gpus": [GPU], "containers": [
+        {"vmid": 129, "status": "stopped", "gpus": [0]},
+        {"vmid": 131, "status": "running", "gpus": [0], "config": "arch: amd64\ndev0: /dev/nvidia0,gid=44\ntags: gpu-exclusive\n",
+         "workloads": [{"kind": "simple", "gpu": 0, "mib": 512}]}]})
+    r = hook(node, guard)
+    assert r.returncode == 10 and "CT 131, which is exclusive" in r.stderr, r.stdout + r.stderr
+
+
+def test_gate_says_reset_in_progress(sim_node, guard, tmp_path):
+    """While a pvegpu reset holds the container's lock, the gate refuses with that reason instead of judging."""
+    from pvegpu.adapters.locks import ct_lock
+
+    node = sim_node(scenario())
+    with ct_lock(str(tmp_path / "lock"), 129, wait=0):
+        r = hook(node, guard, PVEGPU_RESET_LOCK_DIR=str(tmp_path / "lock"))
+    assert r.returncode == 10 and "reset of CT 129 is in progress" in r.stderr
+    assert hook(node, guard, PVEGPU_RESET_LOCK_DIR=str(tmp_path / "lock")).returncode == 0
+
+
+def test_allow_once_refuses_an_unknown_container(sim_node, tmp_path):
+    """allow-once for a guest that does not exist (or is a VM) writes nothing and exits 3."""
+    import subprocess
+    import sys
+
+    node = sim_node(scenario())
+    env = dict(os.environ, PVEGPU_SIMULATE=node.root, PVEGPU_GATE_OVERRIDE_DIR=str(tmp_path / "once"))
+    r = subprocess.run([sys.executable, "-m", "pvegpu", "hook", "allow-once", "555"], capture_output=True, text=True, env=env, cwd=pvelike.REPO)
+    assert r.returncode == 3 and "no guest 555" in r.stderr
+    assert not (tmp_path / "once" / "555").exists()
+
+
+def test_incomplete_override_token_is_not_honoured(sim_node, guard, tmp_path):
+    """An empty token (a failed write) does not let a start through."""
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    (tmp_path / "once").mkdir()
+    (tmp_path / "once" / "129").write_text("")
+    assert hook(node, guard, PVEGPU_GATE_OVERRIDE_DIR=str(tmp_path / "once")).returncode == 10

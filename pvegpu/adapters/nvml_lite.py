@@ -56,6 +56,7 @@ class NvmlLite:
         self.lib.nvmlErrorString.restype = ctypes.c_char_p
         self._check(self.lib.nvmlInit_v2(), "NVML could not start")
         self._handles: dict[int, ctypes.c_void_p] = {}
+        self.failed: list[str] = []  # GPUs left out of the last gpus(): why
 
     def _err(self, rc: int) -> str:
         return (self.lib.nvmlErrorString(rc) or b"error %d" % rc).decode()
@@ -76,19 +77,29 @@ class NvmlLite:
         raise GpuQueryError(f"the driver's NVML lacks {names[0]}", "driver too old for pvegpu")
 
     def gpus(self) -> list[GpuInfo]:
+        """Every GPU NVML can name. One that cannot be read (lost, fallen off the bus) is left out and named in
+        ``self.failed``, so it does not hide the others; only when none can be read does this raise."""
         count = ctypes.c_uint()
         self._check(self.lib.nvmlDeviceGetCount_v2(ctypes.byref(count)), "NVML could not count the GPUs")
-        out = []
+        out, self.failed = [], []
         for i in range(count.value):
-            h = ctypes.c_void_p()
-            self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)), f"GPU {i}")
-            minor, buf, name = ctypes.c_uint(), ctypes.create_string_buffer(96), ctypes.create_string_buffer(96)
-            self._check(self.lib.nvmlDeviceGetMinorNumber(h, ctypes.byref(minor)), f"GPU {i} minor number")
-            self._check(self.lib.nvmlDeviceGetUUID(h, buf, 96), f"GPU {i} UUID")
-            self.lib.nvmlDeviceGetName(h, name, 96)
-            self._handles[minor.value] = h
-            out.append(GpuInfo(i, minor.value, buf.value.decode(), "", name.value.decode()))
+            try:
+                out.append(self._gpu(i))
+            except GpuQueryError as exc:
+                self.failed.append(exc.message)
+        if count.value and not out:
+            raise GpuQueryError("no GPU can be read: " + "; ".join(self.failed), _HINT)
         return out
+
+    def _gpu(self, i: int) -> GpuInfo:
+        h = ctypes.c_void_p()
+        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)), f"GPU {i}")
+        minor, buf, name = ctypes.c_uint(), ctypes.create_string_buffer(96), ctypes.create_string_buffer(96)
+        self._check(self.lib.nvmlDeviceGetMinorNumber(h, ctypes.byref(minor)), f"GPU {i} minor number")
+        self._handles[minor.value] = h
+        uuid = buf.value.decode() if self.lib.nvmlDeviceGetUUID(h, buf, 96) == SUCCESS else "?"
+        self.lib.nvmlDeviceGetName(h, name, 96)
+        return GpuInfo(i, minor.value, uuid, "", name.value.decode())
 
     def _used(self, h: ctypes.c_void_p) -> int:
         try:

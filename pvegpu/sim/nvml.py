@@ -30,14 +30,17 @@ def proc_alive(pid: int, start: int) -> bool:
 class SimNvml:
     def __init__(self, state: SimState) -> None:
         self.state = state
+        self.failed: list[str] = []
 
     def gpus(self) -> list[GpuInfo]:
+        """Every GPU but a ``lost`` one, which NVML cannot even name (``failed`` says so)."""
         gpus = self.state.gpus()
         if not gpus:
             raise GpuQueryError("NVML could not start: no GPU in the simulated node", "add gpus to the scenario")
+        self.failed = [f"GPU {g.get('index', i)}: GPU is lost" for i, g in enumerate(gpus) if g.get("lost")]
         return [GpuInfo(int(g.get("index", i)), int(g["minor"]), str(g.get("uuid", f"GPU-sim-{g['minor']}")),
                         str(g.get("bus_id", f"0000:{0x41 + int(g['minor']):02x}:00.0")), str(g.get("name", "Simulated GPU")),
-                        int(g.get("total_mib", 81920)) * MIB) for i, g in enumerate(gpus)]
+                        int(g.get("total_mib", 81920)) * MIB) for i, g in enumerate(gpus) if not g.get("lost")]
 
     def live_contexts(self) -> list[dict[str, object]]:
         holders = self.state.holders()
@@ -61,8 +64,8 @@ class SimNvml:
         out: dict[int, GpuSample] = {}
         for minor in minors:
             g = gpus.get(minor)
-            if g is None:
-                out[minor] = GpuSample(minor, None, None, "NVML: GPU not found")
+            if g is None or g.get("lost"):
+                out[minor] = GpuSample(minor, None, None, "NVML: GPU not found" if g is None else "NVML: GPU is lost")
                 continue
             if g.get("hang"):
                 time.sleep(float(g["hang"]))
