@@ -14,8 +14,8 @@ from typing import Any
 
 import typer
 import typer.exceptions as typer_exc
-from typer.core import TyperCommand, TyperGroup
 from typer._click import exceptions as click_exc
+from typer.core import TyperCommand, TyperGroup
 
 from . import errors as E
 from . import wiring
