@@ -82,7 +82,7 @@ class Placement:
     vmid: int | None = None
 
 
-class SignalResult(str, enum.Enum):
+class SignalResult(enum.StrEnum):
     """What ``Host.signal`` did: a str enum, so JSON and logs show the plain word."""
 
     SENT = "sent"  # delivered through the pidfd
