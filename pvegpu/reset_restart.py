@@ -53,8 +53,8 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int, GpuFac
     r.ct_state, r.left_stopped = "stopped", True  # until the start is confirmed
     facts, verdict = verify_stopped(run)
     if verdict is not Verified.CLEAN:
-        run.step("restart", "held", f"CT {run.vmid} left stopped: its GPU is still not clean after the stop")
-        r.diagnosis.append((f"CT {run.vmid} was left STOPPED: its GPU is not clean even with the container stopped",
+        run.step("restart", "held", f"CT {run.vmid} left stopped: its GPU is still not verified clean after the stop")
+        r.diagnosis.append((f"CT {run.vmid} was left STOPPED: its GPU is not verified clean even with the container stopped",
                             f"deal with what is listed here, then start it: `pct start {run.vmid}`"))
         return facts, verdict
     start(run, ha=status.ha_managed)

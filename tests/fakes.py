@@ -1,7 +1,7 @@
 """Stateful in-memory fakes for the reset state machine, driven by a fake clock (no real sleeping).
 
 FakeHost: processes that die some ticks after a signal (or ignore SIGTERM, or sit in D state, or get
-respawned by their container's init). FakeProbe: CUDA contexts that live while any holder lives, the
+respawned by their parent: the container's init or a supervisor). FakeProbe: CUDA contexts that live while any holder lives, the
 owner's pid listed even after it died. FakePve: guests, locks, HA, tasks that can fail.
 """
 
@@ -55,7 +55,9 @@ class FakeProc:
     state: str = "S"  # D: uninterruptible, never dies
     exit_delay: float = 0.1  # seconds from signal to death
     init: bool = False
-    respawn: dict[str, Any] | None = None  # init restarts a copy of it on death
+    respawn: dict[str, Any] | None = None  # its parent restarts a copy on death: FakeProc fields, plus
+    # "times" (how many copies, default: forever) and "delay" (seconds from death to the copy)
+    respawned: bool = False  # a copy started by its parent: gets a fresh CUDA context
     start: int = 0
     dies_at: float | None = None
     ppid: int | None = None  # default: the container's init (the host's pid 1 for host processes)
@@ -68,6 +70,7 @@ class FakeHost:
         self.pids = itertools.count(5000)
         self.self_pid = 1
         self.signals: list[tuple[int, str]] = []
+        self.pending: list[tuple[float, FakeProc]] = []  # (when, dead original): copies a parent will start
         clock.listeners.append(self._tick)
 
     def add(self, vmid: int | None, **kw: Any) -> FakeProc:
@@ -82,8 +85,22 @@ class FakeHost:
         for p in list(self.procs.values()):
             if p.dies_at is not None and t >= p.dies_at:
                 del self.procs[p.pid]
-                if p.respawn is not None and p.ppid in self.procs:  # its parent (a supervisor) starts a copy
-                    self.add(p.vmid, minors=set(p.minors), respawn=p.respawn, ppid=p.ppid, **p.respawn)
+                if p.respawn is not None:
+                    self.pending.append((t + p.respawn.get("delay", 0.0), p))
+        for when, p in list(self.pending):
+            if t >= when:
+                self.pending.remove((when, p))
+                self._respawn(p)
+
+    def _respawn(self, p: FakeProc) -> None:
+        """The parent (if still alive) starts a copy of ``p``."""
+        assert p.respawn is not None
+        if p.ppid not in self.procs:
+            return
+        kw = {k: v for k, v in p.respawn.items() if k not in ("times", "delay")}
+        times = p.respawn.get("times")
+        again = p.respawn if times is None else ({**p.respawn, "times": times - 1} if times > 1 else None)
+        self.add(p.vmid, minors=set(p.minors), respawn=again, ppid=p.ppid, respawned=True, **kw)
 
     def kill_ct(self, vmid: int) -> None:
         for p in [p for p in self.procs.values() if p.vmid == vmid]:
@@ -129,6 +146,7 @@ class FakeProbe:
         self.contexts: list[dict[str, Any]] = []  # {gpu, bytes, owner, holders: set}
         self.leak: dict[int, int] = {}
         self.fail: set[int] = set()
+        self.read_secs = 0.0  # each sample() takes this long (fake clock): the state is the one at its start
 
     def context(self, gpu: int, mib: int, owner: FakeProc, *others: FakeProc) -> None:
         self.contexts.append({"gpu": gpu, "bytes": mib * MIB, "owner": owner.pid, "holders": {owner.pid, *(o.pid for o in others)}})
@@ -140,7 +158,7 @@ class FakeProbe:
         self.contexts = [c for c in self.contexts if c["holders"] & set(self.host.procs)]
         # a respawned holder gets a fresh context
         for p in self.host.procs.values():
-            if p.respawn and not any(p.pid in c["holders"] for c in self.contexts):
+            if p.respawned and not any(p.pid in c["holders"] for c in self.contexts):
                 self.contexts.append({"gpu": min(p.minors), "bytes": 1024 * MIB,
                                       "owner": p.pid, "holders": {p.pid}})
         out = {}
@@ -151,6 +169,8 @@ class FakeProbe:
             cs = [c for c in self.contexts if c["gpu"] == m]
             out[m] = GpuSample(m, sum(c["bytes"] for c in cs) + self.leak.get(m, 0),
                                tuple(NvmlProcess(c["owner"], c["bytes"]) for c in cs))
+        if self.read_secs:
+            self.host.clock.sleep(self.read_secs)
         return out
 
 
@@ -172,6 +192,7 @@ class FakePve:
         self.calls: list[str] = []
         self.broken: dict[str, int] = {}
         self.later: list[tuple[float, Any]] = []  # (when, effect): HA acting, tasks ending
+        self.stopped_at: dict[int, float] = {}  # vmid -> fake time the CT last stopped
         self.clock.listeners.append(self._tick)
 
     def _tick(self, t: float) -> None:
@@ -231,6 +252,7 @@ class FakePve:
     def _stop_now(self, vmid: int) -> None:
         self.host.kill_ct(vmid)
         self.status[vmid]["status"] = "stopped"
+        self.stopped_at[vmid] = self.clock.t
 
     def _start_now(self, vmid: int) -> None:
         self.status[vmid]["status"] = "running"
