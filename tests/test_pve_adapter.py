@@ -117,6 +117,15 @@ def test_start_error_hookscript_refusal_reported(pve):
     with pytest.raises(TaskFailed) as exc:
         wait(a, a.ct_start(G), "start")
     assert "hookscript error for 129 on pre-start" in exc.value.message and "pvegpu check 129" in exc.value.hint
+    assert any("hookscript error for 129" in line for line in exc.value.log_tail)  # the task log's tail travels with it
+
+
+def test_node_pve_without_api_cannot_wait_for_a_task():
+    """NodePve with only /etc/pve refuses to wait for a task with the 'no API' error, not a traceback."""
+    from pvegpu.adapters.etcpve import NodePve
+
+    with pytest.raises(PveApiError, match="needs the Proxmox API"):
+        NodePve(None, None).wait_task("pve1", "UPID:pve1:0:0:0:vzstop:129:root@pam:", timeout=1, what="stop task of CT 129")
 
 
 @pytest.mark.fakepve(time_scale=0.05)
