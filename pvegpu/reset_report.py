@@ -14,6 +14,8 @@ from .ports import Clock, EventLog, GpuProbe, Host, NullLog, PveApi
 
 @dataclass(frozen=True)
 class ResetPolicy:
+    """How hard and how long ``pvegpu reset`` tries (``[reset]`` in the settings, ``--timeout``/``--grace``)."""
+
     grace: float = 10.0  # seconds between SIGTERM and SIGKILL
     kill_wait: float = 5.0  # seconds to wait for SIGKILLed processes to go
     timeout: float = 30.0  # seconds to wait for the memory after the last signal / the stop

@@ -6,6 +6,7 @@ import pytest
 
 from pvegpu import errors as E
 from pvegpu.reclaim import Ports, ResetPolicy, reset
+from pvegpu.render import reset_json, reset_table
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
 
@@ -377,6 +378,7 @@ def test_memory_back_inside_the_last_settle_window_is_not_verified(node):
     r = run(node, restart=False, timeout=1.0, settle=0.25)
     assert r.outcome == "not verified" and r.exit_code == E.EXIT_GPU_UNKNOWN
     assert any("less than 0.25 s before" in d for d, _ in r.diagnosis)
+    assert "NOT verified" in reset_table(r) and reset_json(r)["outcome"] == "not verified"
 
 
 def test_timeout_shorter_than_settle_never_exits_clean(node):
@@ -404,8 +406,6 @@ def test_left_stopped_with_memory_back_in_the_last_settle_window_is_not_exit_0(n
 
 def test_failed_start_task_log_tail_in_report_and_json(node):
     """The log tail of a failed start task is in the diagnosis and in the JSON report."""
-    from pvegpu.render import reset_json
-
     _, _, _, pve = node
     _init_holds_gpu(node)
     pve.status[129]["start_error"] = "hookscript error for 129 on pre-start: exit code 10"
