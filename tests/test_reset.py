@@ -490,3 +490,38 @@ def test_whole_reset_stays_within_its_budget_with_slow_reads(node):
     r = run(node, **pol)
     assert r.elapsed <= ResetPolicy(**pol).budget + 3.0
     assert r.restarted and r.exit_code == 0
+
+
+def test_start_task_status_unreadable_but_ct_running_is_not_left_stopped(node):
+    """The start worked but its task status cannot be read: the CT's state is read (running), so it is
+    reported restarted and not left stopped, with the failed read named (exit 4)."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    start = pve.ct_start
+
+    def ct_start(g):
+        upid = start(g)
+        pve.broken["task_status"] = -1
+        return upid
+
+    pve.ct_start = ct_start
+    r = run(node, timeout=1.0)
+    assert pve.calls == ["stop 129", "start 129"] and pve.status[129]["status"] == "running"
+    assert r.restarted and not r.left_stopped and r.ct_state == "running" and r.exit_code == E.EXIT_PVE
+
+
+def test_ha_start_acting_late_reports_stopped_with_start_pending(node):
+    """HA has not started the CT when state_wait ends: it is reported STOPPED, its start still pending."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    pve.status[129]["ha"] = True
+    start = pve.ct_start
+
+    def ct_start(g):
+        pve.status[129]["ha_delay"] = 1000
+        return start(g)
+
+    pve.ct_start = ct_start
+    r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
+    assert r.left_stopped and r.ct_state == "stopped" and not r.restarted and r.exit_code == E.EXIT_PVE
+    assert any("left STOPPED (its start was requested" in d for d, _ in r.diagnosis)
