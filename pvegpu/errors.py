@@ -64,16 +64,20 @@ class PveApiError(PvegpuError):
     exit_code = EXIT_PVE
 
 
-class TaskFailed(PveApiError):
-    """A PVE task ended with an exitstatus other than OK (log tail attached)."""
+class TaskError(PveApiError):
+    """A PVE task did not end OK; ``log_tail`` holds the last lines of its log (may be empty)."""
 
     def __init__(self, message: str, hint: str | None = None, log_tail: tuple[str, ...] = ()) -> None:
         super().__init__(message, hint)
         self.log_tail = log_tail
 
 
-class TaskTimeout(PveApiError):
-    """A PVE task did not finish within its deadline."""
+class TaskFailed(TaskError):
+    """A PVE task ended with an exitstatus other than OK or WARNINGS."""
+
+
+class TaskTimeout(TaskError):
+    """A PVE task did not finish within its deadline (it may still be running)."""
 
 
 class NotPveNodeError(NotFoundError):

@@ -6,7 +6,7 @@ from typing import Any
 
 from .inspect import GpuFacts
 from .model import MIB
-from .reclaim import ResetReport
+from .reclaim import ResetOutcome, ResetReport
 
 
 def _mib(n: int | None) -> str:
@@ -28,8 +28,9 @@ def _facts_json(f: GpuFacts) -> dict[str, Any]:
 
 def reset_json(r: ResetReport) -> dict[str, Any]:
     return {
-        "vmid": r.vmid, "node": r.node, "outcome": r.outcome, "exit_code": r.exit_code,
+        "vmid": r.vmid, "node": r.node, "outcome": r.outcome.value, "exit_code": r.exit_code,
         "elapsed_s": round(r.elapsed, 3), "restarted": r.restarted, "left_stopped": r.left_stopped,
+        "ct_state": r.ct_state, "task_log": r.task_log, "respawns": r.respawns,
         "gpus": r.gpus,
         "before": [_facts_json(f) for _, f in sorted(r.before.items())],
         "after": [_facts_json(f) for _, f in sorted(r.after.items())],
@@ -46,7 +47,8 @@ def reset_table(r: ResetReport) -> str:
         if b is None or a is None:
             continue
         others = ", ".join(sorted({f"CT {h.info.placement.vmid}" if h.info.placement.vmid else "host" for h in a.other_holders})) or "-"
-        state = "(dry run)" if r.outcome == "dry-run" else ("clean" if r.outcome.startswith("clean") else "NOT clean")
+        state = {ResetOutcome.DRY_RUN: "(dry run)", ResetOutcome.NOT_VERIFIED: "NOT verified"}.get(
+            r.outcome, "clean" if r.outcome.verified_clean else "NOT clean")
         rows.append((str(b.gpu.index), str(minor), _mib(b.used_bytes), _mib(a.used_bytes),
                      f"{len(b.ct_holders)} -> {len(a.ct_holders)}", others, state))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

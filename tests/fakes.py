@@ -1,7 +1,7 @@
 """Stateful in-memory fakes for the reset state machine, driven by a fake clock (no real sleeping).
 
 FakeHost: processes that die some ticks after a signal (or ignore SIGTERM, or sit in D state, or get
-respawned by their container's init). FakeProbe: CUDA contexts that live while any holder lives, the
+respawned by their parent: the container's init or a supervisor). FakeProbe: CUDA contexts that live while any holder lives, the
 owner's pid listed even after it died. FakePve: guests, locks, HA, tasks that can fail.
 """
 
@@ -12,7 +12,23 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any
 
-from pvegpu.model import MIB, CtStatus, GpuInfo, GpuSample, Guest, Holding, NvmlProcess, Place, Placement, ProcIdentity, ProcInfo
+from pvegpu.adapters.tasks import wait_task
+from pvegpu.errors import PveApiError
+from pvegpu.model import (
+    MIB,
+    CtStatus,
+    GpuInfo,
+    GpuSample,
+    Guest,
+    Holding,
+    NvmlProcess,
+    Place,
+    Placement,
+    ProcIdentity,
+    ProcInfo,
+    SignalResult,
+    TaskResult,
+)
 
 
 class FakeClock:
@@ -39,9 +55,12 @@ class FakeProc:
     state: str = "S"  # D: uninterruptible, never dies
     exit_delay: float = 0.1  # seconds from signal to death
     init: bool = False
-    respawn: dict[str, Any] | None = None  # init restarts a copy of it on death
+    respawn: dict[str, Any] | None = None  # its parent restarts a copy on death: FakeProc fields, plus
+    # "times" (how many copies, default: forever) and "delay" (seconds from death to the copy)
+    respawned: bool = False  # a copy started by its parent: gets a fresh CUDA context
     start: int = 0
     dies_at: float | None = None
+    ppid: int | None = None  # default: the container's init (the host's pid 1 for host processes)
 
 
 class FakeHost:
@@ -51,11 +70,14 @@ class FakeHost:
         self.pids = itertools.count(5000)
         self.self_pid = 1
         self.signals: list[tuple[int, str]] = []
+        self.pending: list[tuple[float, FakeProc]] = []  # (when, dead original): copies a parent will start
         clock.listeners.append(self._tick)
 
     def add(self, vmid: int | None, **kw: Any) -> FakeProc:
         p = FakeProc(next(self.pids), vmid, **kw)
         p.start = int(self.clock.t * 100) + p.pid
+        if p.ppid is None:
+            p.ppid = next((q.pid for q in self.procs.values() if q.init and q.vmid == vmid), 1) if vmid and not p.init else 1
         self.procs[p.pid] = p
         return p
 
@@ -63,8 +85,22 @@ class FakeHost:
         for p in list(self.procs.values()):
             if p.dies_at is not None and t >= p.dies_at:
                 del self.procs[p.pid]
-                if p.respawn is not None and any(q.init and q.vmid == p.vmid for q in self.procs.values()):
-                    self.add(p.vmid, minors=set(p.minors), respawn=p.respawn, **p.respawn)
+                if p.respawn is not None:
+                    self.pending.append((t + p.respawn.get("delay", 0.0), p))
+        for when, p in list(self.pending):
+            if t >= when:
+                self.pending.remove((when, p))
+                self._respawn(p)
+
+    def _respawn(self, p: FakeProc) -> None:
+        """The parent (if still alive) starts a copy of ``p``."""
+        assert p.respawn is not None
+        if p.ppid not in self.procs:
+            return
+        kw = {k: v for k, v in p.respawn.items() if k not in ("times", "delay")}
+        times = p.respawn.get("times")
+        again = p.respawn if times is None else ({**p.respawn, "times": times - 1} if times > 1 else None)
+        self.add(p.vmid, minors=set(p.minors), respawn=again, ppid=p.ppid, respawned=True, **kw)
 
     def kill_ct(self, vmid: int) -> None:
         for p in [p for p in self.procs.values() if p.vmid == vmid]:
@@ -76,7 +112,7 @@ class FakeHost:
             return None
         place = Placement(Place.CONTAINER, p.vmid) if p.vmid else Placement(Place.HOST)
         return ProcInfo(ProcIdentity(pid, p.start), p.comm, p.state, place, f"/lxc/{p.vmid}/ns" if p.vmid else "/",
-                        1 if p.init else pid - 4000, p.init)
+                        1 if p.init else pid - 4000, p.init, ppid=p.ppid)
 
     def ct_pids(self, vmid: int) -> list[int]:
         return sorted(p.pid for p in self.procs.values() if p.vmid == vmid)
@@ -89,18 +125,18 @@ class FakeHost:
         p = self.procs.get(ident.pid)
         return p is not None and p.start == ident.start_ticks
 
-    def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> str:
+    def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
         p = self.procs.get(ident.pid)
         if p is None or p.start != ident.start_ticks:
-            return "gone"
+            return SignalResult.GONE
         if p.vmid != vmid:
-            return "moved"
+            return SignalResult.MOVED
         if p.init:
-            return "refused"
+            return SignalResult.REFUSED
         self.signals.append((p.pid, signal.Signals(sig).name))
         if p.state != "D" and (sig == signal.SIGKILL or p.on_term == "exit"):
             p.dies_at = min(p.dies_at or 1e18, self.clock.t + p.exit_delay)
-        return "sent"
+        return SignalResult.SENT
 
 
 class FakeProbe:
@@ -110,6 +146,7 @@ class FakeProbe:
         self.contexts: list[dict[str, Any]] = []  # {gpu, bytes, owner, holders: set}
         self.leak: dict[int, int] = {}
         self.fail: set[int] = set()
+        self.read_secs = 0.0  # each sample() takes this long (fake clock): the state is the one at its start
 
     def context(self, gpu: int, mib: int, owner: FakeProc, *others: FakeProc) -> None:
         self.contexts.append({"gpu": gpu, "bytes": mib * MIB, "owner": owner.pid, "holders": {owner.pid, *(o.pid for o in others)}})
@@ -121,7 +158,7 @@ class FakeProbe:
         self.contexts = [c for c in self.contexts if c["holders"] & set(self.host.procs)]
         # a respawned holder gets a fresh context
         for p in self.host.procs.values():
-            if p.respawn and not any(p.pid in c["holders"] for c in self.contexts):
+            if p.respawned and not any(p.pid in c["holders"] for c in self.contexts):
                 self.contexts.append({"gpu": min(p.minors), "bytes": 1024 * MIB,
                                       "owner": p.pid, "holders": {p.pid}})
         out = {}
@@ -132,18 +169,49 @@ class FakeProbe:
             cs = [c for c in self.contexts if c["gpu"] == m]
             out[m] = GpuSample(m, sum(c["bytes"] for c in cs) + self.leak.get(m, 0),
                                tuple(NvmlProcess(c["owner"], c["bytes"]) for c in cs))
+        if self.read_secs:
+            self.host.clock.sleep(self.read_secs)
         return out
 
 
 class FakePve:
+    """Guests with locks and HA, and tasks that take fake-clock time. Knobs per CT (``status[vmid]``):
+    ``stop_secs``/``start_secs`` (task duration; the CT changes state when the task ends), ``stop_error``/
+    ``start_error`` (the task ends with that exitstatus, the CT unchanged), ``ha`` (the task only requests
+    the state; HA acts ``ha_delay`` seconds later), ``lock``. ``broken[name]``: that many calls of method
+    ``name`` raise PveApiError (-1: every call), e.g. ``broken["task_status"] = -1``."""
+
     def __init__(self, host: FakeHost, node: str = "pve1") -> None:
         self.host = host
+        self.clock = host.clock
         self.node = node
         self.guests_: dict[int, Guest] = {}
         self.configs: dict[int, str] = {}
         self.status: dict[int, dict[str, Any]] = {}
         self.tasks: dict[str, dict[str, Any]] = {}
         self.calls: list[str] = []
+        self.broken: dict[str, int] = {}
+        self.later: list[tuple[float, Any]] = []  # (when, effect): HA acting, tasks ending
+        self.stopped_at: dict[int, float] = {}  # vmid -> fake time the CT last stopped
+        self.clock.listeners.append(self._tick)
+
+    def _tick(self, t: float) -> None:
+        due = [(at, fn) for at, fn in self.later if at <= t]
+        self.later = [(at, fn) for at, fn in self.later if at > t]
+        for _, fn in sorted(due, key=lambda e: e[0]):
+            fn()
+
+    def _at(self, delay: float, fn: Any) -> None:
+        if delay <= 0:
+            fn()
+        else:
+            self.later.append((self.clock.t + delay, fn))
+
+    def _check(self, name: str) -> None:
+        n = self.broken.get(name, 0)
+        if n:
+            self.broken[name] = n - 1 if n > 0 else n
+            raise PveApiError(f"{name}: 500 fake failure", "fake hint")
 
     def add_ct(self, vmid: int, minors: tuple[int, ...] = (0,), node: str | None = None, **status: Any) -> None:
         self.guests_[vmid] = Guest(vmid, node or self.node, "lxc")
@@ -163,33 +231,60 @@ class FakePve:
         return self.configs[g.vmid]
 
     def ct_status(self, g: Guest) -> CtStatus:
+        self._check("ct_status")
         s = self.status[g.vmid]
         return CtStatus(s["status"], bool(s.get("ha")), s.get("lock"))
 
-    def _task(self, kind: str, exitstatus: str, g: Guest) -> str:
+    def _task(self, kind: str, g: Guest, secs: float, exitstatus: str, effect: Any) -> str:
         upid = f"UPID:{self.node}:0000{len(self.tasks):04X}:00000001:00000001:{kind}:{g.vmid}:root@pam:"
-        self.tasks[upid] = {"status": "stopped", "exitstatus": exitstatus, "log": [exitstatus]}
+        task: dict[str, Any] = {"status": "running", "exitstatus": None, "log": [f"{kind} {g.vmid}"]}
+        self.tasks[upid] = task
+
+        def end() -> None:
+            task.update(status="stopped", exitstatus=exitstatus)
+            task["log"].append("TASK OK" if exitstatus == "OK" else f"TASK ERROR: {exitstatus}")
+            if exitstatus == "OK":
+                effect()
+
+        self._at(secs, end)
         return upid
+
+    def _stop_now(self, vmid: int) -> None:
+        self.host.kill_ct(vmid)
+        self.status[vmid]["status"] = "stopped"
+        self.stopped_at[vmid] = self.clock.t
+
+    def _start_now(self, vmid: int) -> None:
+        self.status[vmid]["status"] = "running"
+        self.host.add(vmid, init=True, comm="init")
 
     def ct_stop(self, g: Guest) -> str:
         self.calls.append(f"stop {g.vmid}")
-        self.host.kill_ct(g.vmid)
-        self.status[g.vmid]["status"] = "stopped"
-        return self._task("vzstop", "OK", g)
+        self._check("ct_stop")
+        s = self.status[g.vmid]
+        if s.get("ha"):  # the task only asks HA; HA acts later
+            return self._task("hastop", g, 0, "OK", lambda: self._at(s.get("ha_delay", 0), lambda: self._stop_now(g.vmid)))
+        return self._task("vzstop", g, s.get("stop_secs", 0), s.get("stop_error") or "OK", lambda: self._stop_now(g.vmid))
 
     def ct_start(self, g: Guest) -> str:
         self.calls.append(f"start {g.vmid}")
-        err = self.status[g.vmid].get("start_error")
-        if not err:
-            self.status[g.vmid]["status"] = "running"
-            self.host.add(g.vmid, init=True, comm="init")
-        return self._task("vzstart", err or "OK", g)
+        self._check("ct_start")
+        s = self.status[g.vmid]
+        if s.get("ha") and not s.get("start_error"):
+            return self._task("hastart", g, 0, "OK", lambda: self._at(s.get("ha_delay", 0), lambda: self._start_now(g.vmid)))
+        return self._task("vzstart", g, s.get("start_secs", 0), s.get("start_error") or "OK", lambda: self._start_now(g.vmid))
 
     def task_status(self, node: str, upid: str) -> dict[str, Any]:
-        return self.tasks[upid]
+        self._check("task_status")
+        return dict(self.tasks[upid])
 
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
-        return self.tasks[upid]["log"]
+        self._check("task_log")
+        return list(self.tasks[upid]["log"])
+
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
+        return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), self.clock,
+                         node=node, upid=upid, timeout=timeout, what=what)
 
 
 class FdBackedProbe:

@@ -11,8 +11,10 @@ import shutil
 import subprocess
 import time
 
+from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable
-from pvegpu.model import CtStatus, Guest
+from pvegpu.adapters.tasks import wait_task
+from pvegpu.model import CtStatus, Guest, TaskResult
 
 FULL = os.stat("/dev/full").st_rdev
 TABLE = DeviceTable({(os.major(FULL), os.minor(FULL)): 0})
@@ -120,3 +122,7 @@ class LxcPve:
 
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         return [self.tasks[upid]]
+
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
+        return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), SystemClock(),
+                         node=node, upid=upid, timeout=timeout, what=what)

@@ -7,11 +7,9 @@ import requests
 import responses
 from proxmoxer import ProxmoxAPI
 
-from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.pve import ProxmoxerPve, read_token
 from pvegpu.errors import ConfigError, PveApiError, TaskFailed, TaskTimeout
 from pvegpu.model import Guest
-from pvegpu.reclaim import Ports, ResetPolicy, Resetter
 
 BASE = "https://pve.test:8006/api2/json"
 G = Guest(129, "pve1", "lxc")
@@ -68,10 +66,8 @@ def pve(fakepve, fakepve_cafile):
     return fakepve, ProxmoxerPve(api, node="pve1")
 
 
-def waiter(adapter, task_timeout=10.0):
-    r = Resetter(129, Ports(adapter, None, None, SystemClock()), ResetPolicy(task_timeout=task_timeout))  # type: ignore[arg-type]
-    r.located = type("L", (), {"guest": G})()
-    return r
+def wait(adapter, upid, what, task_timeout=10.0):
+    return adapter.wait_task("pve1", upid, timeout=task_timeout, what=f"{what} task of CT 129")
 
 
 def test_token_auth_config_and_stop_start_tasks(pve):
@@ -79,10 +75,9 @@ def test_token_auth_config_and_stop_start_tasks(pve):
     fake, a = pve
     assert a.where(129) == Guest(129, "pve1", "lxc", "llm129")
     assert a.ct_config(G)["dev0"] == "/dev/nvidia0,gid=44"
-    w = waiter(a)
-    w._task(a.ct_stop(G), "stop")
+    assert wait(a, a.ct_stop(G), "stop").exitstatus == "OK"
     assert a.ct_status(G).status == "stopped"
-    w._task(a.ct_start(G), "start")
+    wait(a, a.ct_start(G), "start")
     assert a.ct_status(G).status == "running"
 
 
@@ -98,12 +93,12 @@ def test_bad_token_is_auth_error(pve, fakepve_cafile):
 def test_not_running_and_locked(pve):
     """Stopping a stopped CT and starting a locked one are PveApiErrors with PVE's wording."""
     fake, a = pve
-    waiter(a)._task(a.ct_stop(G), "stop")
+    wait(a, a.ct_stop(G), "stop")
     with pytest.raises(PveApiError, match="not running"):
         a.ct_stop(G)
     fake.ct129.lock = "backup"
     with pytest.raises(PveApiError, match="locked"):  # at the POST, or as the task's failure
-        waiter(a)._task(a.ct_start(G), "start")
+        wait(a, a.ct_start(G), "start")
 
 
 def test_did_not_stop_task_failure(pve):
@@ -111,17 +106,26 @@ def test_did_not_stop_task_failure(pve):
     fake, a = pve
     fake.fail("POST", "/nodes/pve1/lxc/129/status/stop", error="did_not_stop")
     with pytest.raises((TaskFailed, PveApiError)):
-        waiter(a)._task(a.ct_stop(G), "stop")
+        wait(a, a.ct_stop(G), "stop")
 
 
 def test_start_error_hookscript_refusal_reported(pve):
     """A start whose task ends with the guard's refusal is reported as that refusal, with the check hint."""
     fake, a = pve
-    waiter(a)._task(a.ct_stop(G), "stop")
+    wait(a, a.ct_stop(G), "stop")
     fake.ct129.start_error = "hookscript error for 129 on pre-start: command '/var/lib/vz/snippets/pvegpu-guard 129 pre-start' failed: exit code 10"
     with pytest.raises(TaskFailed) as exc:
-        waiter(a)._task(a.ct_start(G), "start")
+        wait(a, a.ct_start(G), "start")
     assert "hookscript error for 129 on pre-start" in exc.value.message and "pvegpu check 129" in exc.value.hint
+    assert any("hookscript error for 129" in line for line in exc.value.log_tail)  # the task log's tail travels with it
+
+
+def test_node_pve_without_api_cannot_wait_for_a_task():
+    """NodePve with only /etc/pve refuses to wait for a task with the 'no API' error, not a traceback."""
+    from pvegpu.adapters.etcpve import NodePve
+
+    with pytest.raises(PveApiError, match="needs the Proxmox API"):
+        NodePve(None, None).wait_task("pve1", "UPID:pve1:0:0:0:vzstop:129:root@pam:", timeout=1, what="stop task of CT 129")
 
 
 @pytest.mark.fakepve(time_scale=0.05)
@@ -130,7 +134,7 @@ def test_slow_task_times_out(pve):
     fake, a = pve
     fake.ct129.stop_secs = 100
     with pytest.raises(TaskTimeout, match="still running"):
-        waiter(a, task_timeout=0.5)._task(a.ct_stop(G), "stop")
+        wait(a, a.ct_stop(G), "stop", task_timeout=0.5)
 
 
 def _token_file(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 
 from pvegpu import errors as E
 from pvegpu.reclaim import Ports, ResetPolicy, reset
+from pvegpu.render import reset_json, reset_table
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
 
@@ -217,3 +218,310 @@ def test_foreign_unlisted_holder_does_not_get_the_target_restarted(node):
     assert r.exit_code == E.EXIT_MEMORY_LEFT
     assert any(f"pid {child.pid}" in d and "CT 130" in d for d, _ in r.diagnosis)
     assert any(s.name == "restart" and s.outcome == "skipped" for s in r.steps)
+
+
+# -- waiting for PVE tasks (adapters/tasks.py through FakePve.wait_task) -----------------------------
+
+def _guest(pve, vmid=129):
+    return pve.where(vmid)
+
+
+def test_wait_task_failure_carries_the_log_tail(node):
+    """A stop task that ends with an error raises TaskFailed with PVE's message and the task log's tail."""
+    _, _, _, pve = node
+    pve.status[129]["stop_error"] = "container did not stop"
+    upid = pve.ct_stop(_guest(pve))
+    with pytest.raises(E.TaskFailed) as exc:
+        pve.wait_task("pve1", upid, timeout=5, what="stop task of CT 129")
+    assert "stop task of CT 129 failed: container did not stop" in exc.value.message
+    assert exc.value.log_tail[-1] == "TASK ERROR: container did not stop"
+
+
+def test_wait_task_unreadable_log_is_added_to_the_failure_not_replacing_it(node):
+    """When the log of a failed task cannot be read, the task's own failure stays the message, the log
+    error is added to it."""
+    _, _, _, pve = node
+    pve.status[129]["stop_error"] = "container did not stop"
+    pve.broken["task_log"] = -1
+    upid = pve.ct_stop(_guest(pve))
+    with pytest.raises(E.TaskFailed) as exc:
+        pve.wait_task("pve1", upid, timeout=5, what="stop task of CT 129")
+    msg = exc.value.message
+    assert msg.startswith("stop task of CT 129 failed: container did not stop") and "log could not be read" in msg
+
+
+def test_wait_task_times_out_within_its_deadline_even_with_slow_status_reads(node):
+    """A task slower than the timeout raises TaskTimeout; with status reads taking 3 s each, the wait ends
+    at most one read after the deadline."""
+    clock, _, _, pve = node
+    pve.status[129]["stop_secs"] = 1000
+    upid = pve.ct_stop(_guest(pve))
+    slow = pve.task_status
+
+    def task_status(node_, upid_):
+        clock.sleep(3.0)
+        return slow(node_, upid_)
+
+    pve.task_status = task_status
+    t0 = clock.t
+    with pytest.raises(E.TaskTimeout, match="still running after 10 s"):
+        pve.wait_task("pve1", upid, timeout=10, what="stop task of CT 129")
+    assert clock.t - t0 <= 10 + 3.0 + 0.2
+
+
+def test_warnings_exitstatus_is_success(node):
+    """A task that ends with 'WARNINGS: n' is a success for wait_task."""
+    _, _, _, pve = node
+    pve.status[129]["stop_error"] = "WARNINGS: 2"
+    upid = pve.ct_stop(_guest(pve))
+    assert pve.wait_task("pve1", upid, timeout=5, what="stop").exitstatus == "WARNINGS: 2"
+
+
+# -- after a stop was requested, the container's state is always found out and reported (issue 8.1) ---
+
+def _init_holds_gpu(node):
+    """The CT's init holds the GPU: only a restart can free it."""
+    _, host, probe, _ = node
+    init = next(p for p in host.procs.values() if p.vmid == 129 and p.init)
+    init.minors = {0}
+    probe.context(0, 700, init)
+    return init
+
+
+def test_stop_slower_than_task_timeout_is_reported_as_maybe_stopped(node):
+    """A stop task still running after task_timeout may stop the CT after pvegpu exits: left_stopped,
+    a step and a diagnosis line say so, exit 4."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    pve.status[129]["stop_secs"] = 1000
+    r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
+    assert r.left_stopped and r.ct_state == "running" and r.exit_code == E.EXIT_PVE and not r.restarted
+    assert any("stop task is still running" in d for d, _ in r.diagnosis)
+    assert any(s.name == "restart" and s.outcome == "left stopped" for s in r.steps)
+
+
+def test_stop_that_lands_after_task_timeout_is_found_and_verified(node):
+    """A stop that completes after task_timeout but within state_wait is seen: the CT is reported STOPPED
+    (not started again after a failed stop), its GPU verified clean, exit 4."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    pve.status[129]["stop_secs"] = 12
+    r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
+    assert pve.calls == ["stop 129"] and r.left_stopped and r.ct_state == "stopped"
+    assert r.outcome == "clean, but the restart failed" and r.exit_code == E.EXIT_PVE
+    assert any("left STOPPED" in d and "pct start 129" in a for d, a in r.diagnosis)
+
+
+def test_task_status_read_failing_after_a_successful_stop_reports_stopped(node):
+    """The stop worked but its task status cannot be read: the CT's real state (stopped) is read and
+    reported, not assumed; exit 4."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    pve.broken["task_status"] = -1
+    r = run(node, timeout=1.0)
+    assert pve.status[129]["status"] == "stopped"
+    assert r.left_stopped and r.ct_state == "stopped" and r.exit_code == E.EXIT_PVE
+    assert any("read task status" in d or "task_status" in d for d, _ in r.diagnosis)
+    assert any("left STOPPED" in d for d, _ in r.diagnosis)
+
+
+def test_ha_acting_late_is_reported(node):
+    """HA acts on the stop request later than task_timeout: the CT is still running now, but HA will stop
+    it, and the report says so (left_stopped, HA named, exit 4)."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    pve.status[129].update(ha=True, ha_delay=1000)
+    r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
+    assert r.left_stopped and r.exit_code == E.EXIT_PVE
+    assert any("HA" in d and "stop it" in d for d, _ in r.diagnosis)
+
+
+def test_status_read_failing_after_the_stop_reports_unknown_state(node):
+    """After the stop, status/current cannot be read: the CT is reported as possibly stopped (state
+    unknown), never silently running; exit 4."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    pve.status[129]["ha"] = True
+    stop = pve.ct_stop
+
+    def ct_stop(g):
+        upid = stop(g)
+        pve.broken["ct_status"] = -1
+        return upid
+
+    pve.ct_stop = ct_stop
+    r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
+    assert r.left_stopped and r.ct_state == "unknown" and r.exit_code == E.EXIT_PVE
+    assert any("may be STOPPED" in d for d, _ in r.diagnosis)
+
+
+# -- never exit 0 unless verified clean (issue 8.1) ---------------------------------------------------
+
+def _leak_until(node, when):
+    """Leftover memory with no holder, gone at fake time ``when(pve)`` (None: not yet)."""
+    clock, _, probe, pve = node
+    probe.leak[0] = 2048 * 1024 * 1024
+
+    def tick(t):
+        at = when(pve)
+        if at is not None and t >= at:
+            probe.leak.pop(0, None)
+
+    clock.listeners.append(tick)
+
+
+def test_memory_back_inside_the_last_settle_window_is_not_verified(node):
+    """Memory that comes back less than `settle` before the deadline is not verified: exit 5, never 0."""
+    clock = node[0]
+    t0 = clock.t
+    _leak_until(node, lambda pve: t0 + 0.9)
+    r = run(node, restart=False, timeout=1.0, settle=0.25)
+    assert r.outcome == "not verified" and r.exit_code == E.EXIT_GPU_UNKNOWN
+    assert any("less than 0.25 s before" in d for d, _ in r.diagnosis)
+    assert "NOT verified" in reset_table(r) and reset_json(r)["outcome"] == "not verified"
+
+
+def test_timeout_shorter_than_settle_never_exits_clean(node):
+    """With --timeout shorter than settle the memory can never be verified: exit 5, no restart."""
+    _, host, probe, pve = node
+    p = host.add(129, minors={0})
+    probe.context(0, 1024, p)
+    r = run(node, timeout=0.1, settle=0.25)
+    assert r.exit_code == E.EXIT_GPU_UNKNOWN and r.outcome == "not verified" and pve.calls == []
+    assert any("not longer than settle" in d for d, _ in r.diagnosis)
+
+
+def test_left_stopped_with_memory_back_in_the_last_settle_window_is_not_exit_0(node):
+    """After the stop, memory that returns inside the last settle window leaves the CT stopped, and the
+    exit code says the GPU is not verified (not 0 'clean')."""
+    _init_holds_gpu(node)
+    _leak_until(node, lambda pve: pve.stopped_at[129] + 0.9 if 129 in pve.stopped_at else None)
+    r = run(node, timeout=1.0, settle=0.25)
+    assert node[3].calls == ["stop 129"] and r.left_stopped
+    assert r.exit_code == E.EXIT_GPU_UNKNOWN and r.outcome == "not verified"
+    assert any("left STOPPED" in d for d, _ in r.diagnosis)
+
+
+# -- a failed task's log tail is in the report (issue 8.5) ---------------------------------------------
+
+def test_failed_start_task_log_tail_in_report_and_json(node):
+    """The log tail of a failed start task is in the diagnosis and in the JSON report."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    pve.status[129]["start_error"] = "hookscript error for 129 on pre-start: exit code 10"
+    r = run(node, timeout=1.0)
+    assert r.task_log[-1] == "TASK ERROR: hookscript error for 129 on pre-start: exit code 10"
+    assert any("log ends with" in d and "TASK ERROR" in d for d, _ in r.diagnosis)
+    j = reset_json(r)
+    assert j["task_log"] == r.task_log and j["left_stopped"] is True and j["ct_state"] == "stopped"
+
+
+def test_failed_stop_with_unreadable_log_keeps_the_reason(node):
+    """A failed stop whose log cannot be read still reports why it failed ('container did not stop')."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    pve.status[129]["stop_error"] = "container did not stop"
+    pve.broken["task_log"] = -1
+    r = run(node, timeout=1.0)
+    assert r.exit_code == E.EXIT_PVE and not r.left_stopped and r.ct_state == "running"
+    assert any("container did not stop" in d and "log could not be read" in d for d, _ in r.diagnosis)
+
+
+# -- respawns are reported with the parent that started them (issue 7.8) -------------------------------
+
+def test_respawn_reported_with_its_parent_even_when_clean(node):
+    """A supervisor restarts the holder once; the next round stops the copy and the GPU is clean, and the
+    report still says a respawn happened and names the supervisor."""
+    _, host, probe, _ = node
+    sup = host.add(129, comm="supervisord")
+    p = host.add(129, minors={0}, respawn={"times": 1}, ppid=sup.pid)
+    probe.context(0, 1024, p)
+    r = run(node)
+    assert r.outcome == "clean" and r.exit_code == 0
+    assert [e["parent_pid"] for e in r.respawns] == [sup.pid]
+    assert any(s.name == "respawn" and s.outcome == "seen" for s in r.steps)
+    assert any(f"pid {sup.pid} (supervisord" in n for n in r.notes)
+
+
+def test_respawn_inside_the_settle_window_is_reported(node):
+    """A copy that appears while clean is settling (supervisor restart delay 0.1 s < settle) is caught,
+    stopped and reported with its parent."""
+    _, host, probe, _ = node
+    sup = host.add(129, comm="supervisord")
+    p = host.add(129, minors={0}, respawn={"times": 1, "delay": 0.1}, ppid=sup.pid)
+    probe.context(0, 1024, p)
+    r = run(node, settle=0.25)
+    assert r.outcome == "clean"
+    assert [e["parent_comm"] for e in r.respawns] == ["supervisord"]
+    assert len([s for s in r.steps if s.name == "round"]) == 2
+
+
+def test_endless_respawn_diagnosis_names_the_parent(node):
+    """When rounds run out against a respawning holder, the diagnosis names the parent that restarts it."""
+    _, host, probe, _ = node
+    sup = host.add(129, comm="supervisord")
+    p = host.add(129, minors={0}, respawn={}, ppid=sup.pid)
+    probe.context(0, 1024, p)
+    r = run(node, rounds=2, restart=False, timeout=1.0)
+    assert r.exit_code == E.EXIT_HOLDERS_LEFT
+    assert any(f"started again by pid {sup.pid} (supervisord" in d for d, _ in r.diagnosis)
+
+
+# -- deadlines hold when GPU reads are slow (issue 8.7) -----------------------------------------------
+
+def test_verify_ends_within_one_read_of_its_deadline_with_slow_reads(node):
+    """With every NVML reading taking 3 s and --timeout 2, verify gives up at most one read after 2 s."""
+    _, _, probe, _ = node
+    probe.leak[0] = 1 << 30
+    probe.read_secs = 3.0
+    r = run(node, restart=False, timeout=2.0)
+    v = next(s for s in r.steps if s.name == "verify")
+    assert v.outcome == "timeout" and v.detail["seconds"] <= 2.0 + 3.0 + 0.05
+    assert r.exit_code == E.EXIT_MEMORY_LEFT
+
+
+def test_whole_reset_stays_within_its_budget_with_slow_reads(node):
+    """A respawning holder, slow reads and a restart: the reset still ends within ResetPolicy.budget."""
+    _, host, probe, _ = node
+    p = host.add(129, minors={0}, respawn={})
+    probe.context(0, 1024, p)
+    probe.read_secs = 3.0
+    pol = dict(rounds=2, grace=1.0, kill_wait=1.0, timeout=8.0, task_timeout=5.0, state_wait=2.0)
+    r = run(node, **pol)
+    assert r.elapsed <= ResetPolicy(**pol).budget + 3.0
+    assert r.restarted and r.exit_code == 0
+
+
+def test_start_task_status_unreadable_but_ct_running_is_not_left_stopped(node):
+    """The start worked but its task status cannot be read: the CT's state is read (running), so it is
+    reported restarted and not left stopped, with the failed read named (exit 4)."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    start = pve.ct_start
+
+    def ct_start(g):
+        upid = start(g)
+        pve.broken["task_status"] = -1
+        return upid
+
+    pve.ct_start = ct_start
+    r = run(node, timeout=1.0)
+    assert pve.calls == ["stop 129", "start 129"] and pve.status[129]["status"] == "running"
+    assert r.restarted and not r.left_stopped and r.ct_state == "running" and r.exit_code == E.EXIT_PVE
+
+
+def test_ha_start_acting_late_reports_stopped_with_start_pending(node):
+    """HA has not started the CT when state_wait ends: it is reported STOPPED, its start still pending."""
+    _, _, _, pve = node
+    _init_holds_gpu(node)
+    pve.status[129]["ha"] = True
+    start = pve.ct_start
+
+    def ct_start(g):
+        pve.status[129]["ha_delay"] = 1000
+        return start(g)
+
+    pve.ct_start = ct_start
+    r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
+    assert r.left_stopped and r.ct_state == "stopped" and not r.restarted and r.exit_code == E.EXIT_PVE
+    assert any("left STOPPED (its start was requested" in d for d, _ in r.diagnosis)

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ..errors import ConfigError, PveApiError
-from ..model import CtStatus, Guest
+from ..model import CtStatus, Guest, TaskResult
+from ..ports import Clock
 from ..settings import ApiSettings
 
 T = TypeVar("T")
@@ -154,6 +155,14 @@ class ProxmoxerPve:
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         rows = self._call("read task log", lambda: self.api.nodes(node).tasks(upid).log.get(start=0, limit=limit))
         return [str(r.get("t", "")) for r in rows]
+
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, clock: Clock | None = None) -> TaskResult:
+        """``pvesh get /nodes/<node>/tasks/<upid>/status`` until it stops (bounded); TaskFailed/TaskTimeout with the log tail."""
+        from .clock import SystemClock
+        from .tasks import wait_task
+
+        return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), clock or SystemClock(),
+                         node=node, upid=upid, timeout=timeout, what=what)
 
     def snippets(self, node: str, storage: str) -> set[str]:
         """``pvesh get /nodes/<node>/storage/<storage>/content --content snippets``: file names there."""

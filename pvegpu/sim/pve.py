@@ -16,10 +16,12 @@ import sys
 import time
 from typing import Any
 
+from ..adapters.clock import SystemClock
 from ..adapters.etcpve import EtcPve
+from ..adapters.tasks import wait_task
 from ..errors import PveApiError
 from ..lxcconf import parse_config
-from ..model import CtStatus, Guest
+from ..model import CtStatus, Guest, TaskResult
 from .state import SimState, read_json, write_json
 from .workload import start_ticks
 
@@ -58,6 +60,11 @@ class SimPve(EtcPve):
 
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         return list(self._find(upid)["log"])[-limit:]
+
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
+        """Tasks of the simulated node end at once; the shared loop still reads their status and log."""
+        return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), SystemClock(),
+                         node=node, upid=upid, timeout=timeout, what=what)
 
     def _check(self, guest: Guest, ct: dict[str, Any]) -> None:
         if ct.get("lock"):

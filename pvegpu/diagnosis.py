@@ -1,0 +1,91 @@
+"""Why a reset did not end clean, and what the admin can do about it (pure: facts in, advice out)."""
+
+from __future__ import annotations
+
+from . import errors as E
+from .inspect import GpuFacts
+from .model import MIB
+
+
+def mib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / MIB:.0f} MiB"
+
+
+def restart_would_not_help(facts: dict[int, GpuFacts]) -> str | None:
+    """Why restarting the target cannot fix what is left (None: it may). A restart is for residue of the
+    target itself; it must not stop an innocent container for another workload's holder."""
+    if any(not f.sample.known for f in facts.values()):
+        return "a GPU cannot be read, so the result could not be verified"
+    if any(f.ct_holders or f.unreadable for f in facts.values()):
+        return None
+    unlisted = sorted({h.pid for f in facts.values() for h in f.other_holders if "nvml" not in h.via})
+    if unlisted:
+        return (f"the memory left is likely held by process(es) {', '.join(map(str, unlisted))} outside this container "
+                "that NVML does not list (fork-inherited contexts)")
+    return None
+
+
+def exit_for(facts: dict[int, GpuFacts]) -> int:
+    """The exit code for a GPU that is not clean: unknown (5), holders left (6), memory left (7)."""
+    if any(not f.sample.known for f in facts.values()):
+        return E.EXIT_GPU_UNKNOWN
+    if any(f.ct_holders or f.unreadable for f in facts.values()):
+        return E.EXIT_HOLDERS_LEFT
+    return E.EXIT_MEMORY_LEFT
+
+
+def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: int) -> list[tuple[str, str]]:
+    """What is left on each GPU, and what the admin can do about it."""
+    out: list[tuple[str, str]] = []
+    for f in facts.values():
+        g = f"GPU minor {f.gpu.minor}"
+        if not f.sample.known:
+            out.append((f"{g} could not be read: {f.sample.error}", "check `nvidia-smi`; `dmesg | grep -i xid` (GPU lost?)"))
+            continue
+        for h in f.ct_holders:
+            if h.info.state == "D":
+                out.append((f"pid {h.pid} ({h.info.comm}) in CT {vmid} is stuck in the driver (state D) on {g}",
+                            "no signal can stop it and a container stop will likely hang; check `dmesg | grep -i xid`; a host reboot is the reliable fix"))
+            elif h.info.is_ct_init:
+                out.append((f"the init of CT {vmid} (pid {h.pid}, {h.info.comm}) holds {g}; pvegpu never signals a container's init",
+                            f"restart the container: `pvegpu reset {vmid}` without --no-restart, or `pct reboot {vmid}`"))
+            else:
+                out.append((f"pid {h.pid} ({h.info.comm}, CT pid {h.info.ns_pid}) in CT {vmid} still holds {g} (state {h.info.state})",
+                            f"a service may be restarting it: `pct exec {vmid} -- systemctl list-units --state=running`; or let pvegpu restart the CT"))
+        for pid in f.unreadable:
+            out.append((f"could not read the open files of pid {pid} in CT {vmid}", "run pvegpu as root"))
+        for h in f.other_holders:
+            where = f"CT {h.info.placement.vmid}" if h.info.placement.vmid else "the host"
+            out.append((f"{g} is also used by pid {h.pid} ({h.info.comm}) in {where}; not touched", "that is another workload; leave it or deal with it there"))
+        for pid in f.ghosts:
+            out.append((f"NVML still lists pid {pid} on {g}, which no longer exists",
+                        "an unlisted process inherited its GPU context, or the driver has not let go; `fuser -v /dev/nvidia*` on the host"))
+        res = f.residual_bytes
+        if res is not None and res > threshold and not f.ct_holders and not f.other_holders:
+            out.append((f"{g} still has {mib(res)} allocated with no holder anywhere: a driver-level leak",
+                        f"stop every container using it, then `nvidia-smi -pm 0; nvidia-smi -r -i {f.gpu.index}`, or reboot the host"))
+        elif res is None and f.sample.known:
+            out.append((f"{g}: memory of other processes is not reported (MIG?), so leftovers cannot be measured", "check with `nvidia-smi`"))
+    return out
+
+
+def diagnose_respawns(vmid: int, respawns: list[dict[str, object]]) -> list[tuple[str, str]]:
+    """One line per parent that kept restarting holders, with how to stop it."""
+    out: list[tuple[str, str]] = []
+    for by in sorted({str(r["by"]) for r in respawns}):
+        pids = ", ".join(str(r["pid"]) for r in respawns if r["by"] == by)
+        init = any(r["parent_is_ct_init"] for r in respawns if r["by"] == by)
+        action = (f"a service restarts it: `pct exec {vmid} -- systemctl list-units --state=running`, stop or disable that unit"
+                  if init else f"stop or reconfigure that supervisor inside CT {vmid} (`pct exec {vmid} -- ps -ef`), or let pvegpu restart the CT")
+        out.append((f"GPU holder(s) {pids} in CT {vmid} were started again by {by} after pvegpu stopped them", action))
+    return out
+
+
+def diagnose_unsettled(settle: float, timeout: float) -> tuple[str, str]:
+    """The memory came back too close to the deadline to be verified."""
+    if timeout <= settle:
+        return (f"the memory could not be verified: --timeout {timeout:g} s is not longer than settle {settle:g} s",
+                "give a --timeout longer than reset.settle")
+    return (f"the memory came back, but less than {settle:g} s before the {timeout:g} s wait ended, so it is not verified "
+            "(a supervisor may be restarting the workload)",
+            "run `pvegpu reset` again, or raise --timeout")

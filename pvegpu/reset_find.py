@@ -1,0 +1,47 @@
+"""Find what a reset acts on: the container, its GPUs, their holders; and, for --dry-run, the plan.
+
+Manual equivalent: ``pct config 129 | grep nvidia``, ``nvidia-smi --query-compute-apps=pid,used_memory``
+and ``fuser -v /dev/nvidia*`` matched against ``/sys/fs/cgroup/lxc/129``.
+"""
+
+from __future__ import annotations
+
+from . import errors as E
+from .inspect import GpuFacts
+from .locate import locate
+from .reset_report import ResetOutcome
+from .reset_run import ResetRun
+from .reset_stop import describe
+
+
+def find(run: ResetRun) -> dict[int, GpuFacts]:
+    """Locate the container and its granted GPUs, and take the first reading (``report.before``)."""
+    r = run.report
+    run.located = loc = locate(run.vmid, pve=run.p.pve, probe=run.p.probe)
+    r.node, r.gpus = loc.guest.node, [g.minor for g in loc.gpus]
+    r.notes.extend(loc.config.gpus.notes)
+    for m in loc.missing_minors:
+        r.notes.append(f"config grants /dev/nvidia{m} but this node has no GPU with minor {m}")
+    if not loc.gpus:
+        raise E.NotFoundError(f"none of CT {run.vmid}'s GPUs exist on this node",
+                              "compare `pct config %d` with `nvidia-smi -q | grep Minor`" % run.vmid)
+    run.step("locate", "ok", f"CT {run.vmid} on {loc.guest.node}: GPU minor(s) {', '.join(map(str, r.gpus))}",
+             node=loc.guest.node, minors=r.gpus)
+    facts = r.before = run.inspect()
+    return facts
+
+
+def plan(run: ResetRun, facts: dict[int, GpuFacts]) -> None:
+    """--dry-run: what each holder would get, and why; nothing is signalled."""
+    r = run.report
+    targets = run.killable(facts)
+    for _pid, h in sorted(targets.items()):
+        r.plan.append(describe(h) | {"action": "SIGTERM, then SIGKILL after grace"})
+    for f in facts.values():
+        for h in f.ct_holders:
+            if h.info.is_ct_init:
+                r.plan.append(describe(h) | {"action": "none: container init; only a restart stops it"})
+        for h in f.other_holders:
+            r.plan.append(describe(h) | {"action": "none: outside CT %d" % run.vmid})
+    run.step("dry-run", "ok", f"would signal {len(targets)} process(es); nothing was signalled")
+    r.after, r.outcome, r.exit_code = facts, ResetOutcome.DRY_RUN, E.EXIT_OK

@@ -1,0 +1,82 @@
+"""The values of ``pvegpu reset``: its policy, its outcome, its report, and the ports it runs on."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import errors as E
+from .inspect import GpuFacts
+from .model import MIB, Step
+from .ports import Clock, EventLog, GpuProbe, Host, NullLog, PveApi
+
+
+@dataclass(frozen=True)
+class ResetPolicy:
+    """How hard and how long ``pvegpu reset`` tries (``[reset]`` in the settings, ``--timeout``/``--grace``)."""
+
+    grace: float = 10.0  # seconds between SIGTERM and SIGKILL
+    kill_wait: float = 5.0  # seconds to wait for SIGKILLed processes to go
+    timeout: float = 30.0  # seconds to wait for the memory after the last signal / the stop
+    poll: float = 0.05  # seconds between readings
+    settle: float = 0.25  # clean must hold this long (a respawning unit restarts within ~0.1 s)
+    rounds: int = 3  # signal rounds against respawning holders
+    threshold_bytes: int = 64 * MIB  # residual v2 'used' still counted as clean
+    restart: bool = True
+    dry_run: bool = False
+    task_timeout: float = 120.0  # seconds for each PVE stop/start task (and for HA to act on it)
+    state_wait: float = 15.0  # seconds to poll the CT's state after a failed stop/start to learn where it is
+
+    @property
+    def budget(self) -> float:
+        """The overall deadline of one reset, in seconds: every phase's own bound, added up."""
+        reclaim = self.rounds * (self.grace + self.kill_wait) + (self.rounds + 1) * self.timeout
+        restart = 4 * self.task_timeout + 2 * self.state_wait + self.timeout if self.restart else 0.0
+        return reclaim + restart
+
+
+class ResetOutcome(enum.StrEnum):
+    """The verdict of a reset, as the CLI, the JSON and the hook show it (plain words in f-strings and JSON)."""
+
+    CLEAN = "clean"  # verified: no holder, memory back, held for ``settle``
+    CLEAN_RESTART_FAILED = "clean, but the restart failed"  # verified while stopped; the start (or the stop's bookkeeping) failed
+    NOT_VERIFIED = "not verified"  # clean at the deadline, but not for ``settle`` (or never read)
+    NOT_CLEAN = "not clean"
+    DRY_RUN = "dry-run"
+
+    @property
+    def verified_clean(self) -> bool:
+        return self in (ResetOutcome.CLEAN, ResetOutcome.CLEAN_RESTART_FAILED)
+
+
+@dataclass
+class ResetReport:
+    vmid: int
+    node: str = ""
+    gpus: list[int] = field(default_factory=list)  # minors
+    before: dict[int, GpuFacts] = field(default_factory=dict)
+    after: dict[int, GpuFacts] = field(default_factory=dict)
+    steps: list[Step] = field(default_factory=list)
+    signalled: list[dict[str, object]] = field(default_factory=list)
+    plan: list[dict[str, Any]] = field(default_factory=list)  # --dry-run
+    outcome: ResetOutcome = ResetOutcome.NOT_CLEAN
+    exit_code: int = E.EXIT_FAILURE
+    diagnosis: list[tuple[str, str]] = field(default_factory=list)  # (problem, what to do)
+    notes: list[str] = field(default_factory=list)
+    restarted: bool = False
+    pve_error: int | None = None  # exit code of a failed restart step
+    left_stopped: bool = False  # the CT is, or may end up, stopped because pvegpu asked for a stop
+    ct_state: str | None = None  # the CT's last state read after a stop was requested (running/stopped/unknown)
+    task_log: list[str] = field(default_factory=list)  # the last lines of a failed or timed-out PVE task's log
+    respawns: list[dict[str, object]] = field(default_factory=list)  # holders that appeared after a round, with their parent
+    elapsed: float = 0.0
+
+
+@dataclass
+class Ports:
+    pve: PveApi
+    probe: GpuProbe
+    host: Host
+    clock: Clock
+    log: EventLog = field(default_factory=NullLog)

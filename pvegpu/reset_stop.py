@@ -1,0 +1,114 @@
+"""Stop a container's GPU holders: SIGTERM, SIGKILL after the grace period, round after round.
+
+Manual equivalent: ``pct exec 129 -- kill <pid>``; ``sleep 10``; ``pct exec 129 -- kill -9 <pid>``; and
+again for whatever a supervisor starts in its place. Signals go through pidfds (``Host.signal``).
+"""
+
+from __future__ import annotations
+
+import signal
+
+from .inspect import GpuFacts
+from .model import Holder, ProcIdentity, SignalResult
+from .reset_run import ResetRun
+from .reset_verify import Verified, verify
+
+
+def describe(h: Holder) -> dict[str, object]:
+    """A holder as the report and the event log show it."""
+    return {"pid": h.pid, "ns_pid": h.info.ns_pid, "comm": h.info.comm, "cgroup": h.info.cgroup,
+            "state": h.info.state, "via": sorted(h.via)}
+
+
+def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int, GpuFacts], Verified]:
+    """Signal rounds until no payload holder is left, then verify; holders that appear after a round are
+    respawns (reported with their parent) and fought for ``rounds`` rounds in all. Only SIGKILL survivors
+    left, rounds used up, or the overall deadline passed: NOT_CLEAN, for the restart phase to judge."""
+    pol = run.policy
+    rounds = 0
+    tried: set[ProcIdentity] = set()
+    while True:
+        killable = run.killable(facts)
+        fresh = [h for _, h in sorted(killable.items()) if h.info.ident not in tried]
+        if fresh:
+            if rounds:
+                report_respawns(run, fresh, rounds)
+            if rounds >= pol.rounds:
+                run.step("respawn", "failed", f"holders still appear after {rounds} round(s)", pids=[h.pid for h in fresh])
+                return facts, Verified.NOT_CLEAN
+            if run.deadline.expired():
+                run.step("deadline", "failed", f"the reset's overall deadline ({pol.budget:g} s) passed before round {rounds + 1}")
+                return facts, Verified.NOT_CLEAN
+            rounds += 1
+            tried.update(h.info.ident for h in fresh)
+            signal_round(run, rounds, fresh)
+            facts = run.inspect()
+            continue
+        if killable:  # only processes that already survived SIGKILL are left: signalling again is pointless
+            return facts, Verified.NOT_CLEAN
+        facts, verdict = verify(run, facts, run.deadline.within(pol.timeout))
+        if verdict is not Verified.HOLDERS:
+            return facts, verdict
+
+
+def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> None:
+    """SIGTERM to every target, SIGKILL to those still there after ``grace``; survivors are named."""
+    pol = run.policy
+    run.step("round", "start", f"round {n}: {len(targets)} holder(s) in CT {run.vmid}", pids=[h.pid for h in targets])
+    live = send(run, targets, signal.SIGTERM)
+    live = wait_gone(run, live, pol.grace)
+    if live:
+        live = send(run, live, signal.SIGKILL)
+        live = wait_gone(run, live, pol.kill_wait)
+    for h in live:
+        d = run.p.host.describe(h.pid)
+        state = d.state if d else "?"
+        run.step("survivor", "failed", f"pid {h.pid} ({h.info.comm}) survived SIGKILL, state {state}", pid=h.pid, state=state)
+
+
+def send(run: ResetRun, targets: list[Holder], sig: int) -> list[Holder]:
+    """``kill -SIG`` each target through its pidfd; returns those the signal reached."""
+    name = signal.Signals(sig).name
+    sent: list[Holder] = []
+    for h in targets:
+        res = SignalResult(run.p.host.signal(h.info.ident, sig, run.vmid))
+        entry = describe(h) | {"signal": name, "result": res.value, "t": round(run.clock.monotonic(), 3)}
+        run.report.signalled.append(entry)
+        run.p.log.info("reset.signal", vmid=run.vmid, **entry)
+        run.step("signal", res.value, f"{name} → pid {h.pid} ({h.info.comm}, CT pid {h.info.ns_pid}): {res.value}",
+                 pid=h.pid, signal=name)
+        if res is SignalResult.SENT:
+            sent.append(h)
+    return sent
+
+
+def wait_gone(run: ResetRun, live: list[Holder], seconds: float) -> list[Holder]:
+    """Those of ``live`` still alive after at most ``seconds`` (never past the overall deadline)."""
+    deadline = run.deadline.within(seconds)
+    while True:
+        live = [h for h in live if run.p.host.alive(h.info.ident)]
+        if not live or deadline.expired():
+            return live
+        deadline.pause(run.policy.poll)
+
+
+def report_respawns(run: ResetRun, fresh: list[Holder], after_round: int) -> None:
+    """Holders that were not there before the last round: say so, and name the parent that started them."""
+    host = run.p.host
+    for h in fresh:
+        parent = host.describe(h.info.ppid) if h.info.ppid else None
+        if parent is None:
+            by = f"parent pid {h.info.ppid} (gone)" if h.info.ppid else "an unknown parent"
+        elif parent.is_ct_init:
+            by = f"the container's init (pid {parent.pid}, {parent.comm})"
+        else:
+            by = f"pid {parent.pid} ({parent.comm}, CT pid {parent.ns_pid})"
+        entry: dict[str, object] = {
+            "pid": h.pid, "ns_pid": h.info.ns_pid, "comm": h.info.comm, "after_round": after_round,
+            "parent_pid": h.info.ppid, "parent_comm": parent.comm if parent else None,
+            "parent_is_ct_init": bool(parent and parent.is_ct_init), "by": by,
+        }
+        run.report.respawns.append(entry)
+        msg = f"pid {h.pid} ({h.info.comm}, CT pid {h.info.ns_pid}) appeared after round {after_round}, started by {by}: a supervisor restarts the workload"
+        run.step("respawn", "seen", msg, pid=h.pid, parent=h.info.ppid)
+        run.report.notes.append(msg)

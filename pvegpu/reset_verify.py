@@ -1,0 +1,74 @@
+"""Verify with host NVML that a container's GPU memory is back, and stays back for ``settle`` seconds.
+
+Manual equivalent: ``watch -n 0.05 nvidia-smi --query-compute-apps=pid,used_memory`` until nothing of
+the container is listed and ``nvidia-smi -q -d MEMORY`` shows the memory free.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from .inspect import GpuFacts
+from .reset_run import Deadline, ResetRun
+
+
+class Verified(enum.Enum):
+    """What one verify phase found."""
+
+    CLEAN = "clean"  # clean, and it held for ``settle``
+    UNSETTLED = "unsettled"  # clean when the deadline came, but not yet for ``settle``
+    NOT_CLEAN = "not clean"  # not clean when the deadline came
+    HOLDERS = "holders"  # payload holders (re)appeared: signal them first
+
+
+def is_clean(facts: GpuFacts, threshold: int) -> bool:
+    """The verified-clean predicate for one GPU after a reset."""
+    return (
+        facts.sample.known
+        and not facts.ct_holders
+        and not facts.ghosts
+        and not facts.unreadable
+        and facts.residual_bytes is not None
+        and facts.residual_bytes <= threshold
+    )
+
+
+def all_clean(facts: dict[int, GpuFacts], threshold: int) -> bool:
+    return all(is_clean(f, threshold) for f in facts.values())
+
+
+def verify(run: ResetRun, facts: dict[int, GpuFacts], deadline: Deadline) -> tuple[dict[int, GpuFacts], Verified]:
+    """Read until clean has held for ``settle``, holders appear, or ``deadline`` passes.
+
+    Clean counts from the end of the first clean reading to the start of the latest one, so a slow read
+    never stretches it; the deadline is checked after every read. Memory that comes back inside the last
+    settle window is UNSETTLED, never CLEAN.
+    """
+    clock, pol = run.clock, run.policy
+    t0 = read_start = read_end = clock.monotonic()
+    clean_since: float | None = None
+    while True:
+        if all_clean(facts, pol.threshold_bytes):
+            if clean_since is None:
+                clean_since = read_end
+            if max(0.0, read_start - clean_since) >= pol.settle:
+                run.step("verify", "clean", f"NVML agrees: memory back after {clean_since - t0:.3f} s (held for {pol.settle:g} s)",
+                         seconds=round(clean_since - t0, 3))
+                return facts, Verified.CLEAN
+        else:
+            clean_since = None
+            if run.killable(facts):
+                return facts, Verified.HOLDERS
+        if deadline.expired():
+            waited = clock.monotonic() - t0
+            if clean_since is not None:
+                held = max(0.0, read_start - clean_since)
+                run.step("verify", "unsettled", f"clean for only {held:.3f} s of the {pol.settle:g} s settle when the wait "
+                         f"ended after {waited:.3f} s: not verified", seconds=round(waited, 3), held=round(held, 3))
+                return facts, Verified.UNSETTLED
+            run.step("verify", "timeout", f"not clean after {waited:.3f} s", seconds=round(waited, 3))
+            return facts, Verified.NOT_CLEAN
+        deadline.pause(pol.poll)
+        read_start = clock.monotonic()
+        facts = run.inspect()
+        read_end = clock.monotonic()
