@@ -1,0 +1,202 @@
+"""Which GPUs one process holds, proven by device number and bounded in cost.
+
+Manual equivalents: ``ls -l /proc/<pid>/fd`` and ``stat -L -c %t:%T /proc/<pid>/fd/*`` (open device
+nodes), ``cat /proc/<pid>/maps`` and ``stat -L /proc/<pid>/map_files/<start>-<end>`` (mapped ones);
+together what ``fuser -v /dev/nvidia*`` reports.
+
+Rules a tenant cannot bend:
+
+- A holding is a *character device number* (``st_rdev``) that the DeviceTable names, never path text:
+  a plain file called ``/dev/nvidia7`` or a mapping whose path contains ``" /dev/nvidia3"`` holds nothing,
+  and a ``mknod`` copy or bind mount of a real node (another path, the same number) still counts.
+- fds first; ``maps`` is read only when the fds show no GPU, streamed line by line, and each mapped
+  file is stat'ed once per scan (cached by the device and inode the kernel writes in ``maps``).
+- Every process has a budget (fds, maps lines and bytes, wall time). A process that runs over it is
+  reported with ``via = {"unreadable", "budget"}`` and whatever it was already seen to hold: unknown
+  for that process, never "holds nothing", and never a failure of the whole scan.
+- A process whose main thread exited while other threads run has an empty ``fd`` directory and no
+  ``map_files``; its threads' ``task/<tid>/fd`` are scanned, and mappings that cannot be proven make it
+  ``unreadable``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ..lxcconf import NVIDIA_MAJOR
+from ..model import CONTROL, Holding
+
+UNREADABLE = "unreadable"  # via: this process could not be fully read (permissions, or over budget)
+BUDGET = "budget"  # via, with UNREADABLE: the per-process scan budget ran out
+
+
+def control_majors(proc: str = "/proc") -> frozenset[int]:
+    """Dynamic majors of nvidia-uvm and nvidia-caps (``grep nvidia /proc/devices``)."""
+    try:
+        with open(f"{proc}/devices", encoding="utf-8") as f:
+            return frozenset(int(p[0]) for line in f if len(p := line.split()) == 2 and p[0].isdigit()
+                             and p[1].startswith(("nvidia-uvm", "nvidia-caps")))
+    except OSError:
+        return frozenset()
+
+
+class DeviceTable:
+    """Which character device numbers stand for which GPU minor.
+
+    On a node: major 195 minors 0-253 are GPUs; 195:254 (modeset), 195:255 (nvidiactl) and the dynamic
+    majors of nvidia-uvm and nvidia-caps are CONTROL nodes (no particular GPU). Tests and the simulated
+    node pass their own stand-in numbers, which is also what PVE's ``devN`` mknod copies are: another
+    path and inode, the same device number.
+    """
+
+    def __init__(self, gpus: Mapping[tuple[int, int], int] | None = None, control: frozenset[int] | None = None,
+                 proc: str = "/proc") -> None:
+        self._explicit = dict(gpus) if gpus is not None else None
+        self._control = control if control is not None else (control_majors(proc) if gpus is None else frozenset())
+
+    def gpu_minor(self, rdev: int) -> int | None:
+        """The GPU minor a device number stands for, CONTROL for the shared control nodes, else None."""
+        major, minor = os.major(rdev), os.minor(rdev)
+        if self._explicit is not None:
+            return self._explicit.get((major, minor))
+        if major == NVIDIA_MAJOR:
+            return minor if minor < 254 else CONTROL
+        return CONTROL if major in self._control else None
+
+    def of_stat(self, st: os.stat_result) -> int | None:
+        """The GPU minor (or CONTROL) of a stat result, None unless it is a character device in the table."""
+        return self.gpu_minor(st.st_rdev) if stat.S_ISCHR(st.st_mode) else None
+
+
+@dataclass(frozen=True)
+class ScanBudget:
+    """What one process may cost the scan. Real CUDA jobs stay far below; a hostile tenant does not."""
+
+    fds: int = 65_536  # open fds stat'ed
+    map_lines: int = 100_000  # lines of /proc/<pid>/maps read
+    map_bytes: int = 16 * 1024 * 1024  # bytes of /proc/<pid>/maps read (long paths)
+    seconds: float = 0.5  # wall time for the whole process
+
+
+class _OverBudget(Exception):
+    pass
+
+
+class ProcessScan:
+    """Scan of processes, each against the budget; ``cache`` (mapped file -> GPU minor) is shared by one whole scan."""
+
+    def __init__(self, devices: DeviceTable, budget: ScanBudget, cache: dict[tuple[str, str], int | None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.devices = devices
+        self.budget = budget
+        self.cache = cache
+        self._now = clock
+        self._deadline = 0.0
+        self._fds = 0
+
+    def run(self, proc: str, pid: int, leader_zombie: bool = False) -> Holding | None:
+        """The process's holding, None when it holds no GPU (or is gone)."""
+        minors: set[int] = set()
+        via: set[str] = set()
+        self._deadline = self._now() + self.budget.seconds
+        self._fds = 0
+        try:
+            fd_dirs = self._fd_dirs(proc, pid, leader_zombie)
+            if fd_dirs is None:
+                return None
+            for d in fd_dirs:
+                if self._scan_fds(d, minors):
+                    via.add("fd")
+            if not any(m >= 0 for m in minors):
+                unproven = self._scan_maps(proc, pid, leader_zombie, minors, via)
+                if unproven:
+                    via.add(UNREADABLE)
+        except PermissionError:
+            via.add(UNREADABLE)
+        except _OverBudget:
+            via.update((UNREADABLE, BUDGET))
+        if not minors and UNREADABLE not in via:
+            return None
+        return Holding(pid, frozenset(minors), frozenset(via))
+
+    def _check(self) -> None:
+        if self._now() > self._deadline:
+            raise _OverBudget
+
+    def _fd_dirs(self, proc: str, pid: int, leader_zombie: bool) -> list[str] | None:
+        base = f"{proc}/{pid}"
+        if not leader_zombie:
+            return [f"{base}/fd"] if os.path.exists(base) else None
+        try:  # the leader's fd table left with it; every live thread may have its own
+            return [f"{base}/task/{tid}/fd" for tid in os.listdir(f"{base}/task") if tid.isdigit()]
+        except FileNotFoundError:
+            return None
+
+    def _scan_fds(self, fd_dir: str, minors: set[int]) -> bool:
+        found = False
+        try:
+            entries = os.scandir(fd_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        with entries:
+            for entry in entries:
+                self._fds += 1
+                if self._fds > self.budget.fds:
+                    raise _OverBudget
+                if self._fds % 256 == 0:
+                    self._check()
+                try:
+                    m = self.devices.of_stat(os.stat(entry.path))
+                except OSError:
+                    continue
+                if m is not None:
+                    minors.add(m)
+                    found = True
+        return found
+
+    def _scan_maps(self, proc: str, pid: int, leader_zombie: bool, minors: set[int], via: set[str]) -> bool:
+        """Mapped GPU device nodes, by device number; True when some mapping could not be proven either way."""
+        maps = f"{proc}/{pid}/maps"
+        if leader_zombie:
+            tids = [t for t in os.listdir(f"{proc}/{pid}/task") if t.isdigit() and t != str(pid)]
+            if not tids:
+                return False
+            maps = f"{proc}/{pid}/task/{tids[0]}/maps"
+        unproven = False
+        lines = size = 0
+        try:
+            f = open(maps, "rb", buffering=65536)  # noqa: SIM115 (closed below; streamed, never read whole)
+        except FileNotFoundError:
+            return False
+        with f:
+            for line in f:
+                lines += 1
+                size += len(line)
+                if lines > self.budget.map_lines or size > self.budget.map_bytes:
+                    raise _OverBudget
+                if lines % 256 == 0:
+                    self._check()
+                fields = line.split(maxsplit=5)
+                if len(fields) < 5 or fields[4] == b"0":
+                    continue  # anonymous memory, stack, heap, vdso
+                key = (fields[3].decode("ascii", "replace"), fields[4].decode("ascii", "replace"))
+                if key in self.cache:
+                    m = self.cache[key]
+                else:
+                    try:
+                        st = os.stat(f"{proc}/{pid}/map_files/{fields[0].decode('ascii', 'replace')}")
+                    except FileNotFoundError:
+                        unproven = unproven or leader_zombie  # gone since, or no map_files for this leader
+                        continue
+                    except PermissionError:
+                        unproven = True
+                        continue
+                    m = self.cache[key] = self.devices.of_stat(st)
+                if m is not None:
+                    minors.add(m)
+                    via.add("maps")
+        return unproven
