@@ -7,18 +7,23 @@ Not part of the pure core (the core never reads ``/proc``); a leaf with no pvegp
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections import namedtuple
 
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate reads /proc through this module
+if TYPE_CHECKING:
+    from typing import NamedTuple
 
-class Stat(NamedTuple):
-    """The fields pvegpu uses; ``comm`` is raw (unescaped) bytes: escape before showing it."""
+    class Stat(NamedTuple):
+        """The fields pvegpu uses; ``comm`` is raw (unescaped) bytes: escape before showing it."""
 
-    comm: bytes
-    state: str  # R S D Z T t X I ...
-    ppid: int  # field 4
-    sid: int  # field 6 (session id)
-    threads: int  # field 20 (num_threads)
-    start_ticks: int  # field 22 (starttime, clock ticks after boot)
+        comm: bytes
+        state: str  # R S D Z T t X I ...
+        ppid: int  # field 4
+        sid: int  # field 6 (session id)
+        threads: int  # field 20 (num_threads)
+        start_ticks: int  # field 22 (starttime, clock ticks after boot)
+else:
+    Stat = namedtuple("Stat", "comm state ppid sid threads start_ticks")
 
 
 def parse_stat(data: bytes | str) -> Stat | None:

@@ -24,11 +24,14 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..lxcconf import NVIDIA_MAJOR
 from ..model import CONTROL, Holding
+
+TYPE_CHECKING = False  # typing is not imported at run time (start gate path)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 UNREADABLE = "unreadable"  # via: this process could not be fully read (permissions, or over budget)
 BUDGET = "budget"  # via, with UNREADABLE: the per-process scan budget ran out
@@ -76,10 +79,10 @@ class DeviceTable:
 class ScanBudget:
     """What one process may cost the scan. Real CUDA jobs stay far below; a hostile tenant does not."""
 
-    fds: int = 65_536  # open fds stat'ed
+    fds: int = 32_768  # open fds stat'ed
     map_lines: int = 100_000  # lines of /proc/<pid>/maps read
     map_bytes: int = 16 * 1024 * 1024  # bytes of /proc/<pid>/maps read (long paths)
-    seconds: float = 0.5  # wall time for the whole process
+    seconds: float = 0.25  # wall time for the whole process
 
 
 class _OverBudget(Exception):

@@ -13,14 +13,32 @@ from __future__ import annotations
 
 import os
 import signal as _signal
-from collections.abc import Iterable
-from typing import Protocol
 
 from ..cgroup import UNKNOWN, parse_cgroup
 from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
 from ..procstat import Stat, read_stat
 from ..safetext import escape
 from .devscan import DeviceTable, ProcessScan, ScanBudget, control_majors
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate scans through this module
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Protocol
+
+    class Boundary(Protocol):
+        """Where containers begin and end on this node (a strategy passed to ProcHost)."""
+
+        def place(self, pid: int, st: Stat) -> tuple[Placement, str]:
+            """The process's placement and the raw (unescaped) path or note that decided it."""
+            ...
+
+        def view(self, pid: int, placement: Placement, nspid: list[int]) -> tuple[int | None, bool]:
+            """(pid inside the container's PID namespace, whether it is the container's own init)."""
+            ...
+
+        def members(self, vmid: int) -> Iterable[int]:
+            """Candidate pids of the container (ProcHost re-checks each by ``place``)."""
+            ...
 
 __all__ = ["CgroupBoundary", "DeviceTable", "ProcHost", "ScanBudget", "control_majors", "parse_status"]
 
@@ -59,22 +77,6 @@ def parse_status(data: bytes) -> tuple[list[int], int | None, int]:
         except (ValueError, IndexError):
             continue
     return nspid, uid, threads
-
-
-class Boundary(Protocol):
-    """Where containers begin and end on this node (a strategy passed to ProcHost)."""
-
-    def place(self, pid: int, st: Stat) -> tuple[Placement, str]:
-        """The process's placement and the raw (unescaped) path or note that decided it."""
-        ...
-
-    def view(self, pid: int, placement: Placement, nspid: list[int]) -> tuple[int | None, bool]:
-        """(pid inside the container's PID namespace, whether it is the container's own init)."""
-        ...
-
-    def members(self, vmid: int) -> Iterable[int]:
-        """Candidate pids of the container (ProcHost re-checks each by ``place``)."""
-        ...
 
 
 class CgroupBoundary:
