@@ -90,6 +90,29 @@ def scan(budget: ScanBudget, n: int, watch: int | None) -> tuple[float, float, s
     return statistics.median(times), max(times), seen, count
 
 
+def fake_fd_rows(top: str, n: int) -> list[tuple[str, str, float, float, str, int]]:
+    """Scan one process of a /proc-like tree whose fd directory holds 400,000 links (a stand-in when
+    RLIMIT_NOFILE cannot be raised). Only that process is scanned, so compare with the row above it."""
+    pid = 4_000_000
+    fd_dir = os.path.join(top, "proc", str(pid), "fd")
+    os.makedirs(fd_dir)
+    for i in range(400_000):
+        os.symlink("/dev/null", os.path.join(fd_dir, str(i)))
+    with open(os.path.join(top, "proc", str(pid), "maps"), "w"):
+        pass
+    rows = []
+    for label, budget in (("default", ScanBudget()), ("unbounded", UNBOUNDED)):
+        times, seen = [], "-"
+        for _ in range(n):
+            host = ProcHost(TABLE, proc=os.path.join(top, "proc"), budget=budget)
+            t = time.perf_counter()
+            held = host.holdings([pid])
+            times.append(time.perf_counter() - t)
+            seen = "+".join(sorted(held[pid].via)) if pid in held else "holds nothing"
+        rows.append(("400,000 fd links (one pid)", label, statistics.median(times), max(times), seen, 1))
+    return rows
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     top = tempfile.mkdtemp(prefix="pvegpu-bench-scan-")
@@ -114,6 +137,8 @@ def main() -> None:
         finally:
             fds.kill()
             fds.wait()
+        if int(opened) < 400_000:  # the same fd directory, as a /proc tree of 400,000 fd links to /dev/null
+            rows += fake_fd_rows(top, n)
     finally:
         shutil.rmtree(top, ignore_errors=True)
     print(f"{'scenario':30} {'budget':10} {'median s':>9} {'max s':>7}  {'procs':>5}  co-tenant seen as")

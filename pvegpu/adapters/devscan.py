@@ -22,6 +22,7 @@ Rules a tenant cannot bend:
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from dataclasses import dataclass
@@ -33,6 +34,9 @@ TYPE_CHECKING = False  # typing is not imported at run time (start gate path)
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+# start-end perms offset dev inode: file-backed lines only (inode 0 is anonymous memory, heap, stack)
+_MAPS_LINE = re.compile(rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+:[0-9a-f]+) ([1-9][0-9]*) ", re.M)
+_CHUNK = 65536
 UNREADABLE = "unreadable"  # via: this process could not be fully read (permissions, or over budget)
 BUDGET = "budget"  # via, with UNREADABLE: the per-process scan budget ran out
 
@@ -92,7 +96,7 @@ class _OverBudget(Exception):
 class ProcessScan:
     """Scan of processes, each against the budget; ``cache`` (mapped file -> GPU minor) is shared by one whole scan."""
 
-    def __init__(self, devices: DeviceTable, budget: ScanBudget, cache: dict[tuple[str, str], int | None],
+    def __init__(self, devices: DeviceTable, budget: ScanBudget, cache: dict[tuple[bytes, bytes], int | None],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.devices = devices
         self.budget = budget
@@ -118,7 +122,9 @@ class ProcessScan:
                 unproven = self._scan_maps(proc, pid, leader_zombie, minors, via)
                 if unproven:
                     via.add(UNREADABLE)
-        except PermissionError:
+        except (ProcessLookupError, FileNotFoundError):  # exited mid-scan (ESRCH on a read of maps)
+            pass
+        except OSError:  # EACCES, EIO...: what cannot be read is unknown, never "holds nothing"
             via.add(UNREADABLE)
         except _OverBudget:
             via.update((UNREADABLE, BUDGET))
@@ -162,44 +168,57 @@ class ProcessScan:
         return found
 
     def _scan_maps(self, proc: str, pid: int, leader_zombie: bool, minors: set[int], via: set[str]) -> bool:
-        """Mapped GPU device nodes, by device number; True when some mapping could not be proven either way."""
+        """Mapped GPU device nodes, by device number; True when some mapping could not be proven either way.
+
+        Streamed in chunks; each distinct mapped file (device and inode, as the kernel writes them in the
+        line) is stat'ed through ``map_files`` once per scan, whatever its path text says.
+        """
         maps = f"{proc}/{pid}/maps"
         if leader_zombie:
             tids = [t for t in os.listdir(f"{proc}/{pid}/task") if t.isdigit() and t != str(pid)]
             if not tids:
                 return False
             maps = f"{proc}/{pid}/task/{tids[0]}/maps"
-        unproven = False
-        lines = size = 0
         try:
-            f = open(maps, "rb", buffering=65536)  # noqa: SIM115 (closed below; streamed, never read whole)
+            f = open(maps, "rb", buffering=0)  # noqa: SIM115 (closed below; streamed, never read whole)
         except FileNotFoundError:
             return False
+        files: dict[tuple[bytes, bytes], bytes] = {}  # (dev, inode) -> one range that maps it
+        lines = size = 0
+        rest = b""
         with f:
-            for line in f:
-                lines += 1
-                size += len(line)
+            while chunk := f.read(_CHUNK):
+                size += len(chunk)
+                lines += chunk.count(b"\n")
                 if lines > self.budget.map_lines or size > self.budget.map_bytes:
                     raise _OverBudget
-                if lines % 256 == 0:
-                    self._check()
-                fields = line.split(maxsplit=5)
-                if len(fields) < 5 or fields[4] == b"0":
-                    continue  # anonymous memory, stack, heap, vdso
-                key = (fields[3].decode("ascii", "replace"), fields[4].decode("ascii", "replace"))
-                if key in self.cache:
-                    m = self.cache[key]
-                else:
-                    try:
-                        st = os.stat(f"{proc}/{pid}/map_files/{fields[0].decode('ascii', 'replace')}")
-                    except FileNotFoundError:
-                        unproven = unproven or leader_zombie  # gone since, or no map_files for this leader
-                        continue
-                    except PermissionError:
-                        unproven = True
-                        continue
-                    m = self.cache[key] = self.devices.of_stat(st)
-                if m is not None:
-                    minors.add(m)
-                    via.add("maps")
+                self._check()
+                data = rest + chunk
+                cut = data.rfind(b"\n") + 1
+                rest = data[cut:]
+                for rng, dev, ino in _MAPS_LINE.findall(data, 0, cut):
+                    files.setdefault((dev, ino), rng)
+        return self._prove(proc, pid, leader_zombie, files, minors, via)
+
+    def _prove(self, proc: str, pid: int, leader_zombie: bool, files: dict[tuple[bytes, bytes], bytes],
+               minors: set[int], via: set[str]) -> bool:
+        unproven = False
+        for n, (key, rng) in enumerate(files.items()):
+            if n % 256 == 255:
+                self._check()
+            if key in self.cache:
+                m = self.cache[key]
+            else:
+                try:
+                    st = os.stat(f"{proc}/{pid}/map_files/{rng.decode('ascii')}")
+                except FileNotFoundError:
+                    unproven = unproven or leader_zombie  # unmapped since, or no map_files for a dead leader
+                    continue
+                except PermissionError:
+                    unproven = True
+                    continue
+                m = self.cache[key] = self.devices.of_stat(st)
+            if m is not None:
+                minors.add(m)
+                via.add("maps")
         return unproven
