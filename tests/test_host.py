@@ -161,3 +161,24 @@ def test_signal_returns_the_typed_result(sleeper):
     host = ProcHost(TABLE)
     res = host.signal(host.describe(sleeper.pid).ident, signal.SIGKILL, 129)
     assert res is SignalResult.MOVED and f"{res}" == "moved"
+
+
+def test_simulated_host_changes_only_the_boundary():
+    """The simulated host is ProcHost with a Boundary strategy: it overrides none of ProcHost's methods."""
+    from pvegpu.sim.host import SessionHost
+
+    overridden = {n for n in vars(SessionHost) if callable(vars(SessionHost)[n]) and n != "__init__"}
+    assert not overridden & set(vars(ProcHost))
+
+
+def test_shared_readers_are_stdlib_leaves():
+    """procstat and safetext (shared by adapters, sim and renderers) import nothing of pvegpu and no typing at run time."""
+    import ast
+
+    for mod in ("procstat", "safetext"):
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pvegpu", f"{mod}.py")
+        tree = ast.parse(open(path).read())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "." for n in top if isinstance(n, ast.ImportFrom)}
+        assert names <= {"__future__", "collections"}, (mod, names)
