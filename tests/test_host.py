@@ -182,3 +182,15 @@ def test_shared_readers_are_stdlib_leaves():
         names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module or "." for n in top if isinstance(n, ast.ImportFrom)}
         assert names <= {"__future__", "collections"}, (mod, names)
+
+
+def test_simulated_host_fills_the_same_fields(sim_node):
+    """On the simulated node a workload is placed in its CT by session, and ppid, uid and cmdline are filled as on a node."""
+    node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/full"}], "containers": [
+        {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}]}]})
+    _pve, _nvml, host = node.ports()
+    pids = host.ct_pids(129)
+    [init] = [i for p in pids if (i := host.describe(p)).is_ct_init]
+    [holder] = [host.describe(p) for p in host.holdings(pids)]
+    assert holder.placement.vmid == 129 and not holder.is_ct_init and holder.ppid == init.pid
+    assert holder.uid == os.getuid() and "pvegpu.sim" in holder.cmdline
