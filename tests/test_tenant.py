@@ -155,6 +155,37 @@ def test_process_whose_main_thread_exited_is_a_live_holder():
         pvelike.destroy_ct(vmid)
 
 
+_MAPPED_THREAD_HOLDER = r"""
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open('/dev/zero', os.O_RDWR)
+assert libc.mmap(None, 4096, 3, 2, fd, 0) not in (None, 2**64 - 1)
+os.close(fd)  # mapped only
+threading.Thread(target=lambda: time.sleep(120)).start()
+print('ok', flush=True)
+libc.syscall({nr}, 0)
+"""
+
+
+def test_mapping_of_a_process_whose_main_thread_exited_is_unknown_not_nothing():
+    """With the leader gone, map_files cannot prove a mapping: the process is 'unreadable', never 'holds nothing'."""
+    nr = {"x86_64": 60, "aarch64": 93}.get(os.uname().machine)
+    if nr is None:
+        pytest.skip("SYS_exit number unknown for this architecture")
+    p = subprocess.Popen([sys.executable, "-c", _MAPPED_THREAD_HOLDER.format(nr=nr)], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == b"ok"
+        _wait(lambda: open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", "the main thread to exit")
+        host = ProcHost(DeviceTable({(os.major(ZERO), os.minor(ZERO)): 2}))
+        assert host.alive(host.describe(p.pid).ident)
+        assert "unreadable" in host.holdings([p.pid])[p.pid].via
+    finally:
+        p.kill()
+        p.wait()
+
+
 _MAPPER = r"""
 import ctypes, os, sys, time
 libc = ctypes.CDLL(None)

@@ -211,8 +211,10 @@ class ProcessScan:
             else:
                 try:
                     st = os.stat(f"{proc}/{pid}/map_files/{rng.decode('ascii')}")
-                except FileNotFoundError:
-                    unproven = unproven or leader_zombie  # unmapped since, or no map_files for a dead leader
+                except (FileNotFoundError, ProcessLookupError):
+                    if not leader_zombie:
+                        continue  # unmapped since, or the process is gone
+                    unproven = True  # a dead leader has no map_files (ESRCH): the mapping cannot be proven
                     continue
                 except PermissionError:
                     unproven = True
