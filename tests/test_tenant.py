@@ -112,6 +112,26 @@ def test_unreadable_cgroup_is_unknown_never_host(tmp_path):
     assert info.placement.place is Place.UNKNOWN and not info.is_ct_init
 
 
+def test_member_with_unreadable_placement_stays_listed_but_is_never_signalled(tmp_path):
+    """A pid the CT's cgroupfs lists whose /proc/<pid>/cgroup cannot be read is kept in ct_pids as UNKNOWN, never signalled."""
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    (cg / "lxc" / "777" / "ns").mkdir(parents=True)
+    (cg / "cgroup.procs").write_text("")
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (cg / "lxc" / "777" / "ns" / "cgroup.procs").write_text(f"{p.pid}\n")
+        (proc / str(p.pid)).mkdir(parents=True)
+        with open(f"/proc/{p.pid}/stat", "rb") as f:
+            (proc / str(p.pid) / "stat").write_bytes(f.read())
+        host = ProcHost(TABLE, proc=str(proc), cgroup_root=str(cg))
+        assert host.ct_pids(777) == [p.pid] and host.describe(p.pid).placement.place is Place.UNKNOWN
+        assert host.signal(host.describe(p.pid).ident, signal.SIGKILL, 777) is SignalResult.MOVED
+        assert p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
+
+
 _THREAD_HOLDER = r"""
 import ctypes, os, threading, time
 fd = os.open('/dev/full', os.O_RDONLY)

@@ -118,8 +118,12 @@ class CgroupBoundary:
             for dirpath, _dirs, _files in os.walk(top):
                 text = _read_bytes(os.path.join(dirpath, "cgroup.procs")) or b""
                 pids.update(int(x) for x in text.split() if x.isdigit())
-        if not found_dir and not self._cgroupfs_mounted():
-            pids.update(int(n) for n in os.listdir(self.proc) if n.isdigit())  # no cgroupfs: ask every process
+        if not found_dir and not self._cgroupfs_mounted():  # no cgroupfs: ask every process (placed, not unknown)
+            want = Placement(Place.CONTAINER, vmid)
+            for name in os.listdir(self.proc):
+                st = read_stat(name, self.proc) if name.isdigit() else None
+                if st is not None and self.place(int(name), st)[0] == want:
+                    pids.add(int(name))
         return pids
 
     def _cgroupfs_mounted(self) -> bool:
@@ -185,9 +189,12 @@ class ProcHost:
         return [int(n) for n in os.listdir(self.proc) if n.isdigit()]
 
     def ct_pids(self, vmid: int) -> list[int]:
+        """Live members of the container. A member (listed by the CT's own cgroupfs) whose placement cannot be
+        read is kept, with placement UNKNOWN: it is not known to be elsewhere, so it is never left out (the
+        gate refuses a start while one sits there), and ``signal`` still never touches it."""
         want = Placement(Place.CONTAINER, vmid)
-        return sorted(p for p in set(self.boundary.members(vmid))
-                      if (i := self.describe(p)) is not None and i.placement == want and i.state not in DEAD)
+        return sorted(p for p in set(self.boundary.members(vmid)) if (i := self.describe(p)) is not None
+                      and (i.placement == want or i.placement.place is Place.UNKNOWN) and i.state not in DEAD)
 
     def holdings(self, pids: Iterable[int] | None = None) -> dict[int, Holding]:
         """Holdings per pid; see devscan for the rules (device numbers, budget, threads of a dead leader)."""
