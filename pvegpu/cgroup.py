@@ -1,8 +1,17 @@
-"""Map ``/proc/<pid>/cgroup`` text to a Proxmox guest.
+"""Map ``/proc/<pid>/cgroup`` to a Proxmox guest, by the prefix the host created.
 
 PVE (lxc >= 4) puts container payload under ``/lxc/<vmid>/ns/...`` and the lxc-start monitor
 under ``/lxc.monitor/<vmid>``; QEMU guests run in ``/qemu.slice/<vmid>.scope``. On cgroup v1 or
 hybrid hosts there is one line per hierarchy; all of them must agree.
+
+Tenant-proof rules (``cat /proc/<pid>/cgroup`` by hand shows the same lines):
+
+- Lines are split on ``\\n`` only. The kernel refuses ``\\n`` in cgroup names but allows ``\\r``,
+  ``\\v``, ``\\f``, ``\\x1c``-``\\x1e`` and U+0085, which ``str.splitlines`` would also break on: a tenant
+  could then forge a second line such as ``0::/lxc.monitor/730`` inside its own cgroup's name.
+- Only the *leading* components decide: ``/lxc/<vmid>/`` was made by the host, and everything the
+  tenant can create lies below it, so a nested cgroup named ``lxc.monitor`` or ``730`` changes nothing.
+- A file that cannot be read, or whose hierarchies disagree, is ``Place.UNKNOWN``: never the host.
 """
 
 from __future__ import annotations
@@ -11,15 +20,16 @@ import re
 
 from .model import Place, Placement
 
-_CT = re.compile(r"^/lxc/(\d+)(?:/|$)")
-_MONITOR = re.compile(r"^/lxc\.monitor/(\d+)(?:/|$)")
-_VM = re.compile(r"^/qemu\.slice/(\d+)\.scope(?:/|$)")
+_CT = re.compile(r"/lxc/(\d+)(?:/|\Z)")
+_MONITOR = re.compile(r"/lxc\.monitor/(\d+)(?:/|\Z)")
+_VM = re.compile(r"/qemu\.slice/(\d+)\.scope(?:/|\Z)")
 
 HOST = Placement(Place.HOST)
+UNKNOWN = Placement(Place.UNKNOWN)
 
 
 def placement_of_path(path: str) -> Placement:
-    """Classify one cgroup path (the third field of a ``/proc/<pid>/cgroup`` line)."""
+    """Classify one cgroup path (the third field of a ``/proc/<pid>/cgroup`` line) by its leading components."""
     if m := _MONITOR.match(path):
         return Placement(Place.MONITOR, int(m.group(1)))
     if m := _CT.match(path):
@@ -29,25 +39,28 @@ def placement_of_path(path: str) -> Placement:
     return HOST
 
 
-def parse_cgroup(text: str) -> tuple[Placement, str]:
-    """Placement of a process from its whole ``/proc/<pid>/cgroup`` file, and the path that decided it.
+def parse_cgroup(text: str | bytes) -> tuple[Placement, str]:
+    """Placement of a process from its whole ``/proc/<pid>/cgroup`` file, and the raw path that decided it.
 
-    A guest placement on any hierarchy wins over "host" (hybrid hosts leave some controllers at /),
-    a monitor placement wins over a container one, and conflicting vmids make it host (untouchable).
+    A guest placement on any hierarchy wins over "host" (hybrid hosts leave some controllers at /);
+    guest placements that disagree make it UNKNOWN; an empty or malformed file is UNKNOWN too.
     """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogateescape")
     found: list[tuple[Placement, str]] = []
-    for line in text.splitlines():
+    lines = 0
+    for line in text.split("\n"):  # never splitlines(): see the module docstring
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
-        place = placement_of_path(parts[2].strip())
+        lines += 1
+        place = placement_of_path(parts[2])
         if place.place is not Place.HOST:
-            found.append((place, parts[2].strip()))
+            found.append((place, parts[2]))
+    if not lines:
+        return UNKNOWN, "?"
     if not found:
         return HOST, "/"
-    if any(p.place is Place.MONITOR for p, _ in found):
-        return next((p, s) for p, s in found if p.place is Place.MONITOR)
-    kinds = {(p.place, p.vmid) for p, _ in found}
-    if len(kinds) > 1:
-        return HOST, found[0][1]
+    if len({p for p, _ in found}) > 1:
+        return UNKNOWN, found[0][1]
     return found[0]

@@ -74,6 +74,7 @@ class Place(enum.Enum):
     MONITOR = "monitor"  # /lxc.monitor/<vmid>: the lxc-start monitor, never touched
     VM = "vm"  # /qemu.slice/<vmid>.scope
     HOST = "host"  # anything else
+    UNKNOWN = "unknown"  # /proc/<pid>/cgroup unreadable or self-contradicting: never "host", never "clean"
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class ProcInfo:
     state: str  # R S D Z T ...
     placement: Placement
     cgroup: str
-    ns_pid: int | None  # pid inside its innermost PID namespace
+    ns_pid: int | None  # pid inside the container's PID namespace (not a nested one's); None outside a CT
     is_ct_init: bool = False  # PID 1 of its container
     ppid: int | None = None  # parent pid on the host (stat field 4), to name who respawned a holder
     uid: int | None = None  # real uid on the host (``/proc/<pid>/status`` Uid:), for audit

@@ -128,15 +128,69 @@ def test_device_table_classifies_nvidia_numbers(tmp_path):
 
 
 def test_maps_only_holder_found(tmp_path):
-    """A process that only has /dev/nvidia* mapped (no fd) is found through /proc/<pid>/maps."""
+    """A process with GPU nodes only mapped (no fd) is found through maps + map_files by device number;
+    a mapped plain file whose path reads /dev/nvidia5 is not."""
     from pvegpu.model import CONTROL
 
+    zero, null = os.stat("/dev/zero").st_rdev, os.stat("/dev/null").st_rdev
+    table = DeviceTable({(os.major(FULL), os.minor(FULL)): 3, (os.major(zero), os.minor(zero)): CONTROL,
+                         (os.major(null), os.minor(null)): CONTROL})
     pid = tmp_path / "4242"
     (pid / "fd").mkdir(parents=True)
-    (pid / "maps").write_text(
-        "7f0000000000-7f0000200000 rw-s 00000000 00:05 1043 /dev/nvidia3\n"
-        "7f0000200000-7f0000400000 rw-s 00000000 00:05 1041 /dev/nvidiactl\n"
-        "7f0000400000-7f0000600000 rw-s 00000000 00:05 1050 /dev/nvidia-uvm (deleted)\n"
-        "7f0000600000-7f0000800000 r--p 00000000 08:01 99 /usr/lib/libcuda.so.1\n")
-    held = ProcHost(TABLE, proc=str(tmp_path)).holdings([4242])[4242]
+    (pid / "map_files").mkdir()
+    fake = tmp_path / "nvidia5"
+    fake.write_bytes(b"x")
+    ranges = {"7f0000000000-7f0000200000": ("1043 /dev/nvidia3", "/dev/full"),
+              "7f0000200000-7f0000400000": ("1041 /dev/nvidiactl", "/dev/zero"),
+              "7f0000400000-7f0000600000": ("1050 /dev/nvidia-uvm (deleted)", "/dev/null"),
+              "7f0000600000-7f0000800000": ("1060 /dev/nvidia5", str(fake)),
+              "7f0000800000-7f0000a00000": ("99 /usr/lib/libcuda.so.1", str(fake))}
+    lines = []
+    for rng, (tail, target) in ranges.items():
+        (pid / "map_files" / rng).symlink_to(target)
+        lines.append(f"{rng} rw-s 00000000 00:05 {tail}\n")
+    (pid / "maps").write_text("".join(lines))
+    held = ProcHost(table, proc=str(tmp_path)).holdings([4242])[4242]
     assert held.minors == {3, CONTROL} and held.via == {"maps"}
+
+
+def test_signal_returns_the_typed_result(sleeper):
+    """ProcHost.signal answers with SignalResult members (plain words in JSON and logs)."""
+    from pvegpu.model import SignalResult
+
+    host = ProcHost(TABLE)
+    res = host.signal(host.describe(sleeper.pid).ident, signal.SIGKILL, 129)
+    assert res is SignalResult.MOVED and f"{res}" == "moved"
+
+
+def test_simulated_host_changes_only_the_boundary():
+    """The simulated host is ProcHost with a Boundary strategy: it overrides none of ProcHost's methods."""
+    from pvegpu.sim.host import SessionHost
+
+    overridden = {n for n in vars(SessionHost) if callable(vars(SessionHost)[n]) and n != "__init__"}
+    assert not overridden & set(vars(ProcHost))
+
+
+def test_shared_readers_are_stdlib_leaves():
+    """procstat and safetext (shared by adapters, sim and renderers) import nothing of pvegpu and no typing at run time."""
+    import ast
+
+    for mod in ("procstat", "safetext"):
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pvegpu", f"{mod}.py")
+        tree = ast.parse(open(path).read())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "." for n in top if isinstance(n, ast.ImportFrom)}
+        assert names <= {"__future__", "collections"}, (mod, names)
+
+
+def test_simulated_host_fills_the_same_fields(sim_node):
+    """On the simulated node a workload is placed in its CT by session, and ppid, uid and cmdline are filled as on a node."""
+    node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/full"}], "containers": [
+        {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}]}]})
+    _pve, _nvml, host = node.ports()
+    pids = host.ct_pids(129)
+    [init] = [i for p in pids if (i := host.describe(p)).is_ct_init]
+    [holder] = [host.describe(p) for p in host.holdings(pids)]
+    assert holder.placement.vmid == 129 and not holder.is_ct_init and holder.ppid == init.pid
+    assert holder.uid == os.getuid() and "pvegpu.sim" in holder.cmdline

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -124,9 +125,47 @@ def test_cgroup_qemu_scope_and_host():
     assert parse_cgroup("0::/lxcfoo/129\n")[0].place is Place.HOST
 
 
-def test_cgroup_conflicting_vmids_is_host():
-    """Lines that disagree about the container make the process untouchable (host)."""
-    assert parse_cgroup("4:memory:/lxc/129/ns\n0::/lxc/130/ns\n")[0].place is Place.HOST
+def test_cgroup_conflicting_vmids_is_unknown():
+    """Lines that disagree about the container make the placement unknown: untouchable, and never "host"."""
+    assert parse_cgroup("4:memory:/lxc/129/ns\n0::/lxc/130/ns\n")[0].place is Place.UNKNOWN
+    assert parse_cgroup("")[0].place is Place.UNKNOWN
+
+
+@pytest.mark.parametrize("brk", ["\r", "\v", "\f", "\x1c", "\x1d", "\x1e", "\u0085", "\u2028"])
+def test_cgroup_name_with_line_breaks_cannot_forge_a_line(brk):
+    """Only \\n ends a line: a tenant cgroup named 'x<brk>0::/lxc.monitor/730' or 'x<brk>0::/' stays in its CT."""
+    for tail in ("0::/lxc.monitor/730", "0::/", "0::/lxc/731/ns"):
+        placement, path = parse_cgroup(f"0::/lxc/129/ns/x{brk}{tail}\n")
+        assert placement == Placement(Place.CONTAINER, 129) and path.endswith(tail)
+    assert parse_cgroup(f"0::/lxc/129/ns/x{brk}\n".encode())[0] == Placement(Place.CONTAINER, 129)
+
+
+def test_cgroup_placement_by_leading_components_only():
+    """A nested cgroup named like another guest deep in a tenant's tree does not move the process."""
+    assert parse_cgroup("0::/lxc/129/ns/lxc/130/ns\n")[0] == Placement(Place.CONTAINER, 129)
+    assert parse_cgroup("0::/lxc/129/ns/lxc.monitor/130\n")[0] == Placement(Place.CONTAINER, 129)
+    assert parse_cgroup("0::/system.slice/x/lxc/129/ns\n")[0].place is Place.HOST
+
+
+def test_stat_reader_handles_hostile_comm():
+    """comm with spaces, ')' and a newline does not shift the fields of /proc/<pid>/stat."""
+    from pvegpu.procstat import parse_stat
+
+    tail = b"S 7 8 9 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 3 0 12345 1 2 3"
+    st = parse_stat(b"42 (a) S 1 (b\n c) " + tail)
+    assert st is not None and st.comm == b"a) S 1 (b\n c" and (st.state, st.ppid, st.sid) == ("S", 7, 9)
+    assert (st.threads, st.start_ticks) == (3, 12345)
+    assert parse_stat(b"42 (x) S 1") is None and parse_stat(b"garbage") is None
+
+
+def test_escape_makes_tenant_text_printable():
+    """Control and non-printable characters (and bad UTF-8) come out as \\xNN / \\uNNNN; backslash doubled."""
+    from pvegpu.safetext import escape
+
+    assert escape("a\x1b[2J\r\n\t\\b") == "a\\x1b[2J\\x0d\\x0a\\x09\\\\b"
+    assert escape("\u202eevil\u0085\U000e0041") == "\\u202eevil\\x85\\U000e0041"
+    assert escape(b"ok\xff\xc3\xa9") == "ok\\xffé"
+    assert escape("x" * 20, limit=5) == "xxxxx..."
 
 
 @given(st.text())
@@ -134,6 +173,17 @@ def test_parsers_never_raise(text):
     """Arbitrary text never crashes either parser."""
     parse_cgroup(text)
     parse_config(text)
+
+
+@given(st.binary())
+def test_stat_parser_never_raises_and_escape_is_always_printable(data):
+    """Arbitrary bytes never crash the stat reader, and escaping them always gives printable text."""
+    from pvegpu.procstat import parse_stat
+    from pvegpu.safetext import escape
+
+    parse_stat(data)
+    parse_cgroup(data)
+    assert escape(data).isprintable()
 
 
 def test_settings_collect_every_problem(tmp_path):

@@ -2,132 +2,112 @@
 
 Manual equivalents: ``fuser -v /dev/nvidia*`` (holders by device number), ``cat /proc/<pid>/cgroup``
 (which container), ``grep NSpid /proc/<pid>/status`` (pid inside the container), ``kill -TERM``.
+
+Where the container boundary is drawn is a strategy (``Boundary``): on a node it is the cgroup
+``/lxc/<vmid>/`` plus the container's PID namespace (``CgroupBoundary``); the simulated node passes its
+own. Everything a tenant can write (comm, cmdline, cgroup names) is escaped before it leaves here and
+never decides anything: placement is parsed from the raw bytes, the init from kernel-written NSpid.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal as _signal
-import stat
-from collections.abc import Iterable, Mapping
 
-from ..cgroup import parse_cgroup
-from ..lxcconf import NVIDIA_MAJOR
-from ..model import CONTROL, Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
+from ..cgroup import UNKNOWN, parse_cgroup
+from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
+from ..procstat import Stat, read_stat
+from ..safetext import escape
+from .devscan import DeviceTable, ProcessScan, ScanBudget, control_majors
 
-_MAPS_GPU = re.compile(r"\s/dev/nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset)(?: \(deleted\))?$")
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate scans through this module
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Protocol
+
+    class Boundary(Protocol):
+        """Where containers begin and end on this node (a strategy passed to ProcHost)."""
+
+        def place(self, pid: int, st: Stat) -> tuple[Placement, str]:
+            """The process's placement and the raw (unescaped) path or note that decided it."""
+            ...
+
+        def view(self, pid: int, placement: Placement, nspid: list[int]) -> tuple[int | None, bool]:
+            """(pid inside the container's PID namespace, whether it is the container's own init)."""
+            ...
+
+        def members(self, vmid: int) -> Iterable[int]:
+            """Candidate pids of the container (ProcHost re-checks each by ``place``)."""
+            ...
+
+__all__ = ["CgroupBoundary", "DeviceTable", "ProcHost", "ScanBudget", "control_majors", "parse_status"]
+
 CGROUP_ROOTS = ("", "unified", "systemd", "pids", "memory", "cpu", "devices", "freezer")
+CT_LEVEL = 1  # index in NSpid of the container's PID namespace: one below the host's, where lxc creates it
+CMDLINE_READ = 4096  # bytes of /proc/<pid>/cmdline read (display only)
+CMDLINE_SHOWN = 512  # characters kept after escaping
+DEAD = ("Z", "X")
 
 
-def control_majors(proc: str = "/proc") -> frozenset[int]:
-    """Dynamic majors of nvidia-uvm and nvidia-caps (``grep nvidia /proc/devices``)."""
+def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
     try:
-        with open(f"{proc}/devices", encoding="utf-8") as f:
-            return frozenset(int(p[0]) for line in f if len(p := line.split()) == 2 and p[0].isdigit()
-                             and p[1].startswith(("nvidia-uvm", "nvidia-caps")))
+        with open(path, "rb") as f:
+            return f.read(limit)
     except OSError:
-        return frozenset()
+        return None
 
 
-class DeviceTable:
-    """Which character device numbers stand for which GPU minor.
+def parse_status(data: bytes) -> tuple[list[int], int | None, int]:
+    """(NSpid, real uid, Threads) from ``/proc/<pid>/status``; the kernel writes these lines, not the tenant.
 
-    On a node: major 195 minors 0-253 are GPUs; 195:254 (modeset), 195:255 (nvidiactl) and the dynamic
-    majors of nvidia-uvm and nvidia-caps are CONTROL nodes (no particular GPU). Tests and the simulated
-    node pass their own stand-in numbers, which is also what PVE's ``devN`` mknod copies are: another
-    path and inode, the same device number.
+    The ``Name:`` line is tenant text but the kernel escapes it; lines are still split on ``\\n`` only.
+    """
+    nspid: list[int] = []
+    uid: int | None = None
+    threads = 1
+    for line in data.split(b"\n"):
+        key, _, value = line.partition(b":")
+        try:
+            if key == b"NSpid":
+                nspid = [int(x) for x in value.split()]
+            elif key == b"Uid":
+                uid = int(value.split()[0])
+            elif key == b"Threads":
+                threads = int(value)
+        except (ValueError, IndexError):
+            continue
+    return nspid, uid, threads
+
+
+class CgroupBoundary:
+    """A PVE container: cgroup ``/lxc/<vmid>/...`` and the PID namespace lxc created for it.
+
+    The init rule (``grep NSpid /proc/<pid>/status``): NSpid lists a process's pid in each PID namespace
+    from the host's down to its own. lxc creates the container's namespace directly below the host's, so
+    for every container process NSpid[1] is its pid in the container; the container's init is the process
+    placed in the container whose NSpid is exactly ``[host pid, 1]``. A namespace the tenant makes
+    (docker, podman, ``unshare --pid --fork``) is nested below the container's, so its PID 1 shows
+    ``[host pid, ct pid, 1]``: a payload process, signalled like any other. The kernel writes NSpid and
+    a tenant can only add levels below its own, so this cannot be forged from inside.
     """
 
-    def __init__(self, gpus: Mapping[tuple[int, int], int] | None = None, control: frozenset[int] | None = None,
-                 proc: str = "/proc") -> None:
-        self._explicit = dict(gpus) if gpus is not None else None
-        self._control = control if control is not None else (control_majors(proc) if gpus is None else frozenset())
-
-    def gpu_minor(self, rdev: int) -> int | None:
-        """The GPU minor a device number stands for, CONTROL for the shared control nodes, else None."""
-        major, minor = os.major(rdev), os.minor(rdev)
-        if self._explicit is not None:
-            return self._explicit.get((major, minor))
-        if major == NVIDIA_MAJOR:
-            return minor if minor < 254 else CONTROL
-        return CONTROL if major in self._control else None
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def parse_stat(text: str) -> tuple[str, str, int, int] | None:
-    """(comm, state, session id, start ticks) from ``/proc/<pid>/stat``; comm may hold spaces and ')'."""
-    lp, rp = text.find("("), text.rfind(")")
-    if lp < 0 or rp < 0:
-        return None
-    fields = text[rp + 2 :].split()
-    if len(fields) < 20:
-        return None
-    return text[lp + 1 : rp], fields[0], int(fields[3]), int(fields[19])
-
-
-def parse_nspid(status_text: str) -> list[int]:
-    for line in status_text.splitlines():
-        if line.startswith("NSpid:"):
-            return [int(x) for x in line.split()[1:]]
-    return []
-
-
-
-class ProcHost:
-    """The real node: ``/proc`` and cgroupfs under injectable roots, pidfd signals."""
-
-    def __init__(
-        self,
-        devices: DeviceTable | None = None,
-        proc: str = "/proc",
-        cgroup_root: str = "/sys/fs/cgroup",
-    ) -> None:
-        self.devices = devices or DeviceTable()
+    def __init__(self, proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> None:
         self.proc = proc
         self.cgroup_root = cgroup_root
-        self.self_pid = os.getpid()
 
-    # -- placement (overridden by the simulated node) -------------------------------------------
-    def _placement(self, pid: int, sid: int) -> tuple[Placement, str]:
-        text = _read(f"{self.proc}/{pid}/cgroup")
-        if text is None:
-            return Placement(Place.HOST), "?"
-        return parse_cgroup(text)
+    def place(self, pid: int, st: Stat) -> tuple[Placement, str]:
+        data = _read_bytes(f"{self.proc}/{pid}/cgroup")
+        if data is None:
+            return UNKNOWN, "?"  # unreadable (e.g. too long on older kernels): never "host"
+        return parse_cgroup(data)
 
-    def _is_ct_init(self, pid: int, placement: Placement, nspid: list[int], sid: int) -> bool:
-        return placement.place is Place.CONTAINER and len(nspid) > 1 and nspid[-1] == 1
+    def view(self, pid: int, placement: Placement, nspid: list[int]) -> tuple[int | None, bool]:
+        if placement.place is not Place.CONTAINER or len(nspid) <= CT_LEVEL:
+            return None, False
+        return nspid[CT_LEVEL], len(nspid) == CT_LEVEL + 1 and nspid[CT_LEVEL] == 1
 
-    # -- Host port ------------------------------------------------------------------------------
-    def describe(self, pid: int) -> ProcInfo | None:
-        text = _read(f"{self.proc}/{pid}/stat")
-        parsed = parse_stat(text) if text else None
-        if parsed is None:
-            return None
-        comm, state, sid, start = parsed
-        nspid = parse_nspid(_read(f"{self.proc}/{pid}/status") or "")
-        placement, path = self._placement(pid, sid)
-        return ProcInfo(
-            ident=ProcIdentity(pid, start),
-            comm=comm,
-            state=state,
-            placement=placement,
-            cgroup=path,
-            ns_pid=nspid[-1] if nspid else None,
-            is_ct_init=self._is_ct_init(pid, placement, nspid, sid),
-        )
-
-    def all_pids(self) -> list[int]:
-        return [int(n) for n in os.listdir(self.proc) if n.isdigit()]
-
-    def ct_pids(self, vmid: int) -> list[int]:
+    def members(self, vmid: int) -> Iterable[int]:
+        """``cat /sys/fs/cgroup/lxc/<vmid>/**/cgroup.procs`` (every hierarchy present)."""
         pids: set[int] = set()
         found_dir = False
         for sub in CGROUP_ROOTS:
@@ -136,63 +116,103 @@ class ProcHost:
                 continue
             found_dir = True
             for dirpath, _dirs, _files in os.walk(top):
-                text = _read(os.path.join(dirpath, "cgroup.procs")) or ""
+                text = _read_bytes(os.path.join(dirpath, "cgroup.procs")) or b""
                 pids.update(int(x) for x in text.split() if x.isdigit())
-        if not found_dir and not self._cgroupfs_mounted():
-            pids.update(self._ct_pids_by_proc(vmid))  # no cgroupfs where expected: ask every process
-        want = Placement(Place.CONTAINER, vmid)
-        return sorted(p for p in pids if (i := self.describe(p)) is not None and i.placement == want and i.state not in ("Z", "X"))
+        if not found_dir and not self._cgroupfs_mounted():  # no cgroupfs: ask every process (placed, not unknown)
+            want = Placement(Place.CONTAINER, vmid)
+            for name in os.listdir(self.proc):
+                st = read_stat(name, self.proc) if name.isdigit() else None
+                if st is not None and self.place(int(name), st)[0] == want:
+                    pids.add(int(name))
+        return pids
 
     def _cgroupfs_mounted(self) -> bool:
         """A cgroup v2 root or a v1/hybrid hierarchy is mounted, so a missing lxc/<vmid> dir means an empty CT."""
         return any(os.path.exists(os.path.join(self.cgroup_root, sub, "cgroup.procs")) for sub in CGROUP_ROOTS)
 
-    def _ct_pids_by_proc(self, vmid: int) -> list[int]:
+
+class ProcHost:
+    """The real node: ``/proc`` under an injectable root, a container Boundary, pidfd signals."""
+
+    def __init__(
+        self,
+        devices: DeviceTable | None = None,
+        proc: str = "/proc",
+        cgroup_root: str = "/sys/fs/cgroup",
+        boundary: Boundary | None = None,
+        budget: ScanBudget | None = None,
+    ) -> None:
+        self.devices = devices or DeviceTable()
+        self.proc = proc
+        self.boundary: Boundary = boundary or CgroupBoundary(proc, cgroup_root)
+        self.budget = budget or ScanBudget()
+        self.self_pid = os.getpid()
+
+    # -- liveness -------------------------------------------------------------------------------
+    def _live_state(self, pid: int, st: Stat) -> str:
+        """The process's state; a zombie leader whose other threads still run takes a live thread's state."""
+        if st.state != "Z" or st.threads <= 1:
+            return st.state
+        try:
+            tids = [t for t in os.listdir(f"{self.proc}/{pid}/task") if t.isdigit() and t != str(pid)]
+        except OSError:
+            return st.state
+        for tid in tids:
+            t = read_stat(tid, f"{self.proc}/{pid}/task")
+            if t is not None and t.state not in DEAD:
+                return t.state
+        return st.state
+
+    # -- Host port ------------------------------------------------------------------------------
+    def describe(self, pid: int) -> ProcInfo | None:
+        st = read_stat(pid, self.proc)
+        if st is None:
+            return None
+        nspid, uid, _threads = parse_status(_read_bytes(f"{self.proc}/{pid}/status") or b"")
+        placement, path = self.boundary.place(pid, st)
+        ns_pid, is_init = self.boundary.view(pid, placement, nspid)
+        cmd = (_read_bytes(f"{self.proc}/{pid}/cmdline", CMDLINE_READ) or b"").rstrip(b"\0").replace(b"\0", b" ")
+        return ProcInfo(
+            ident=ProcIdentity(pid, st.start_ticks),
+            comm=escape(st.comm),
+            state=self._live_state(pid, st),
+            placement=placement,
+            cgroup=escape(path),
+            ns_pid=ns_pid,
+            is_ct_init=is_init,
+            ppid=st.ppid,
+            uid=uid,
+            cmdline=escape(cmd, CMDLINE_SHOWN),
+        )
+
+    def all_pids(self) -> list[int]:
+        return [int(n) for n in os.listdir(self.proc) if n.isdigit()]
+
+    def ct_pids(self, vmid: int) -> list[int]:
+        """Live members of the container. A member (listed by the CT's own cgroupfs) whose placement cannot be
+        read is kept, with placement UNKNOWN: it is not known to be elsewhere, so it is never left out (the
+        gate refuses a start while one sits there), and ``signal`` still never touches it."""
         want = Placement(Place.CONTAINER, vmid)
-        return [p for p in self.all_pids() if self._placement(p, -1)[0] == want]
+        return sorted(p for p in set(self.boundary.members(vmid)) if (i := self.describe(p)) is not None
+                      and (i.placement == want or i.placement.place is Place.UNKNOWN) and i.state not in DEAD)
 
     def holdings(self, pids: Iterable[int] | None = None) -> dict[int, Holding]:
+        """Holdings per pid; see devscan for the rules (device numbers, budget, threads of a dead leader)."""
         out: dict[int, Holding] = {}
+        scan = ProcessScan(self.devices, self.budget, cache={})
         for pid in self.all_pids() if pids is None else pids:
             if pid == self.self_pid:
                 continue
-            held = self._scan_one(pid)
+            st = read_stat(pid, self.proc)
+            zombie_leader = st is not None and st.state == "Z" and st.threads > 1
+            held = scan.run(self.proc, pid, zombie_leader)
             if held is not None:
                 out[pid] = held
         return out
 
-    def _scan_one(self, pid: int) -> Holding | None:
-        minors: set[int] = set()
-        via: set[str] = set()
-        fd_dir = f"{self.proc}/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except FileNotFoundError:
-            return None
-        except PermissionError:
-            return Holding(pid, frozenset(), frozenset({"unreadable"}))
-        for fd in fds:
-            try:
-                st = os.stat(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if stat.S_ISCHR(st.st_mode) and (m := self.devices.gpu_minor(st.st_rdev)) is not None:
-                minors.add(m)
-                via.add("fd")
-        maps = _read(f"{self.proc}/{pid}/maps") or ""
-        if "/dev/nvidia" in maps:
-            for line in maps.splitlines():
-                if mm := _MAPS_GPU.search(line):
-                    minors.add(int(mm.group(1)) if mm.group(1).isdigit() else CONTROL)
-                    via.add("maps")
-        if not minors:
-            return None
-        return Holding(pid, frozenset(minors), frozenset(via))
-
     def alive(self, ident: ProcIdentity) -> bool:
-        text = _read(f"{self.proc}/{ident.pid}/stat")
-        parsed = parse_stat(text) if text else None
-        return parsed is not None and parsed[3] == ident.start_ticks and parsed[1] not in ("Z", "X")
+        st = read_stat(ident.pid, self.proc)
+        return st is not None and st.start_ticks == ident.start_ticks and self._live_state(ident.pid, st) not in DEAD
 
     def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
         try:
@@ -202,13 +222,13 @@ class ProcHost:
         try:
             # The pidfd pins the process; re-check identity now, so a recycled pid is never hit.
             info = self.describe(ident.pid)
-            if info is None or info.ident != ident or info.state in ("Z", "X"):
+            if info is None or info.ident != ident or info.state in DEAD:
                 return SignalResult.GONE
             if info.placement != Placement(Place.CONTAINER, vmid):
                 return SignalResult.MOVED
             if info.is_ct_init or info.pid == self.self_pid:
                 return SignalResult.REFUSED
-            _signal.pidfd_send_signal(pidfd, sig)
+            _signal.pidfd_send_signal(pidfd, sig)  # to the whole thread group, even with its leader gone
             return SignalResult.SENT
         except ProcessLookupError:
             return SignalResult.GONE

@@ -13,18 +13,14 @@ from collections.abc import Iterable
 
 from ..errors import GpuQueryError
 from ..model import MIB, GpuInfo, GpuSample, NvmlProcess
+from ..procstat import read_stat
 from .state import SimState
 
 
 def proc_alive(pid: int, start: int) -> bool:
     """That very process exists and is not a zombie (``/proc/<pid>/stat``)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return False
-    fields = text[text.rfind(")") + 2 :].split()
-    return fields[0] not in ("Z", "X") and int(fields[19]) == start
+    st = read_stat(pid)
+    return st is not None and st.state not in ("Z", "X") and st.start_ticks == start
 
 
 class SimNvml:

@@ -22,6 +22,7 @@ from ..adapters.tasks import wait_task
 from ..errors import PveApiError
 from ..lxcconf import parse_config
 from ..model import CtStatus, Guest, TaskResult
+from ..procstat import read_stat
 from .state import SimState, read_json, write_json
 from .workload import start_ticks
 
@@ -138,16 +139,9 @@ def kill_session(ct: dict[str, Any], deadline: float = 5.0) -> None:
 
 
 def _only_zombies(sid: int) -> bool:
+    """No live process is left in session ``sid`` (``ps -o stat= -s <sid>`` shows only Z)."""
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        fields = text[text.rfind(")") + 2 :].split()
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+        if name.isdigit() and (st := read_stat(name)) is not None and st.sid == sid and st.state not in ("Z", "X"):
             return False
     return True
 

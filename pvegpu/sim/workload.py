@@ -16,13 +16,16 @@ import signal
 import time
 
 from ..model import MIB
+from ..procstat import read_stat
 from .state import SimState
 
 
 def start_ticks(pid: int | str = "self") -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        text = f.read()
-    return int(text[text.rfind(")") + 2 :].split()[19])
+    """Stat field 22 of a running process (``/proc/<pid>/stat``); raises OSError when it is gone."""
+    st = read_stat(pid)
+    if st is None:
+        raise ProcessLookupError(f"no process {pid}")
+    return st.start_ticks
 
 
 def _forever() -> None:

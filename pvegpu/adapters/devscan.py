@@ -1,0 +1,226 @@
+"""Which GPUs one process holds, proven by device number and bounded in cost.
+
+Manual equivalents: ``ls -l /proc/<pid>/fd`` and ``stat -L -c %t:%T /proc/<pid>/fd/*`` (open device
+nodes), ``cat /proc/<pid>/maps`` and ``stat -L /proc/<pid>/map_files/<start>-<end>`` (mapped ones);
+together what ``fuser -v /dev/nvidia*`` reports.
+
+Rules a tenant cannot bend:
+
+- A holding is a *character device number* (``st_rdev``) that the DeviceTable names, never path text:
+  a plain file called ``/dev/nvidia7`` or a mapping whose path contains ``" /dev/nvidia3"`` holds nothing,
+  and a ``mknod`` copy or bind mount of a real node (another path, the same number) still counts.
+- fds first; ``maps`` is read only when the fds show no GPU, streamed line by line, and each mapped
+  file is stat'ed once per scan (cached by the device and inode the kernel writes in ``maps``).
+- Every process has a budget (fds, maps lines and bytes, wall time). A process that runs over it is
+  reported with ``via = {"unreadable", "budget"}`` and whatever it was already seen to hold: unknown
+  for that process, never "holds nothing", and never a failure of the whole scan.
+- A process whose main thread exited while other threads run has an empty ``fd`` directory and no
+  ``map_files``; its threads' ``task/<tid>/fd`` are scanned, and mappings that cannot be proven make it
+  ``unreadable``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass
+
+from ..lxcconf import NVIDIA_MAJOR
+from ..model import CONTROL, Holding
+
+TYPE_CHECKING = False  # typing is not imported at run time (start gate path)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+# start-end perms offset dev inode: file-backed lines only (inode 0 is anonymous memory, heap, stack)
+_MAPS_LINE = re.compile(rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+:[0-9a-f]+) ([1-9][0-9]*) ", re.M)
+_CHUNK = 65536
+UNREADABLE = "unreadable"  # via: this process could not be fully read (permissions, or over budget)
+BUDGET = "budget"  # via, with UNREADABLE: the per-process scan budget ran out
+
+
+def control_majors(proc: str = "/proc") -> frozenset[int]:
+    """Dynamic majors of nvidia-uvm and nvidia-caps (``grep nvidia /proc/devices``)."""
+    try:
+        with open(f"{proc}/devices", encoding="utf-8") as f:
+            return frozenset(int(p[0]) for line in f if len(p := line.split()) == 2 and p[0].isdigit()
+                             and p[1].startswith(("nvidia-uvm", "nvidia-caps")))
+    except OSError:
+        return frozenset()
+
+
+class DeviceTable:
+    """Which character device numbers stand for which GPU minor.
+
+    On a node: major 195 minors 0-253 are GPUs; 195:254 (modeset), 195:255 (nvidiactl) and the dynamic
+    majors of nvidia-uvm and nvidia-caps are CONTROL nodes (no particular GPU). Tests and the simulated
+    node pass their own stand-in numbers, which is also what PVE's ``devN`` mknod copies are: another
+    path and inode, the same device number.
+    """
+
+    def __init__(self, gpus: Mapping[tuple[int, int], int] | None = None, control: frozenset[int] | None = None,
+                 proc: str = "/proc") -> None:
+        self._explicit = dict(gpus) if gpus is not None else None
+        self._control = control if control is not None else (control_majors(proc) if gpus is None else frozenset())
+
+    def gpu_minor(self, rdev: int) -> int | None:
+        """The GPU minor a device number stands for, CONTROL for the shared control nodes, else None."""
+        major, minor = os.major(rdev), os.minor(rdev)
+        if self._explicit is not None:
+            return self._explicit.get((major, minor))
+        if major == NVIDIA_MAJOR:
+            return minor if minor < 254 else CONTROL
+        return CONTROL if major in self._control else None
+
+    def of_stat(self, st: os.stat_result) -> int | None:
+        """The GPU minor (or CONTROL) of a stat result, None unless it is a character device in the table."""
+        return self.gpu_minor(st.st_rdev) if stat.S_ISCHR(st.st_mode) else None
+
+
+@dataclass(frozen=True)
+class ScanBudget:
+    """What one process may cost the scan. Real CUDA jobs stay far below; a hostile tenant does not."""
+
+    fds: int = 32_768  # open fds stat'ed
+    map_lines: int = 100_000  # lines of /proc/<pid>/maps read
+    map_bytes: int = 16 * 1024 * 1024  # bytes of /proc/<pid>/maps read (long paths)
+    seconds: float = 0.25  # wall time for the whole process
+
+
+class _OverBudget(Exception):
+    pass
+
+
+class ProcessScan:
+    """Scan of processes, each against the budget; ``cache`` (mapped file -> GPU minor) is shared by one whole scan."""
+
+    def __init__(self, devices: DeviceTable, budget: ScanBudget, cache: dict[tuple[bytes, bytes], int | None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.devices = devices
+        self.budget = budget
+        self.cache = cache
+        self._now = clock
+        self._deadline = 0.0
+        self._fds = 0
+
+    def run(self, proc: str, pid: int, leader_zombie: bool = False) -> Holding | None:
+        """The process's holding, None when it holds no GPU (or is gone)."""
+        minors: set[int] = set()
+        via: set[str] = set()
+        self._deadline = self._now() + self.budget.seconds
+        self._fds = 0
+        try:
+            fd_dirs = self._fd_dirs(proc, pid, leader_zombie)
+            if fd_dirs is None:
+                return None
+            for d in fd_dirs:
+                if self._scan_fds(d, minors):
+                    via.add("fd")
+            if not any(m >= 0 for m in minors):
+                unproven = self._scan_maps(proc, pid, leader_zombie, minors, via)
+                if unproven:
+                    via.add(UNREADABLE)
+        except (ProcessLookupError, FileNotFoundError):  # exited mid-scan (ESRCH on a read of maps)
+            pass
+        except OSError:  # EACCES, EIO...: what cannot be read is unknown, never "holds nothing"
+            via.add(UNREADABLE)
+        except _OverBudget:
+            via.update((UNREADABLE, BUDGET))
+        if not minors and UNREADABLE not in via:
+            return None
+        return Holding(pid, frozenset(minors), frozenset(via))
+
+    def _check(self) -> None:
+        if self._now() > self._deadline:
+            raise _OverBudget
+
+    def _fd_dirs(self, proc: str, pid: int, leader_zombie: bool) -> list[str] | None:
+        base = f"{proc}/{pid}"
+        if not leader_zombie:
+            return [f"{base}/fd"] if os.path.exists(base) else None
+        try:  # the leader's fd table left with it; every live thread may have its own
+            return [f"{base}/task/{tid}/fd" for tid in os.listdir(f"{base}/task") if tid.isdigit()]
+        except FileNotFoundError:
+            return None
+
+    def _scan_fds(self, fd_dir: str, minors: set[int]) -> bool:
+        found = False
+        try:
+            entries = os.scandir(fd_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        with entries:
+            for entry in entries:
+                self._fds += 1
+                if self._fds > self.budget.fds:
+                    raise _OverBudget
+                if self._fds % 256 == 0:
+                    self._check()
+                try:
+                    m = self.devices.of_stat(os.stat(entry.path))
+                except OSError:
+                    continue
+                if m is not None:
+                    minors.add(m)
+                    found = True
+        return found
+
+    def _scan_maps(self, proc: str, pid: int, leader_zombie: bool, minors: set[int], via: set[str]) -> bool:
+        """Mapped GPU device nodes, by device number; True when some mapping could not be proven either way.
+
+        Streamed in chunks; each distinct mapped file (device and inode, as the kernel writes them in the
+        line) is stat'ed through ``map_files`` once per scan, whatever its path text says.
+        """
+        maps = f"{proc}/{pid}/maps"
+        if leader_zombie:
+            tids = [t for t in os.listdir(f"{proc}/{pid}/task") if t.isdigit() and t != str(pid)]
+            if not tids:
+                return False
+            maps = f"{proc}/{pid}/task/{tids[0]}/maps"
+        try:
+            f = open(maps, "rb", buffering=0)  # noqa: SIM115 (closed below; streamed, never read whole)
+        except FileNotFoundError:
+            return False
+        files: dict[tuple[bytes, bytes], bytes] = {}  # (dev, inode) -> one range that maps it
+        lines = size = 0
+        rest = b""
+        with f:
+            while chunk := f.read(_CHUNK):
+                size += len(chunk)
+                lines += chunk.count(b"\n")
+                if lines > self.budget.map_lines or size > self.budget.map_bytes:
+                    raise _OverBudget
+                self._check()
+                data = rest + chunk
+                cut = data.rfind(b"\n") + 1
+                rest = data[cut:]
+                for rng, dev, ino in _MAPS_LINE.findall(data, 0, cut):
+                    files.setdefault((dev, ino), rng)
+        return self._prove(proc, pid, leader_zombie, files, minors, via)
+
+    def _prove(self, proc: str, pid: int, leader_zombie: bool, files: dict[tuple[bytes, bytes], bytes],
+               minors: set[int], via: set[str]) -> bool:
+        unproven = False
+        for n, (key, rng) in enumerate(files.items()):
+            if n % 256 == 255:
+                self._check()
+            if key in self.cache:
+                m = self.cache[key]
+            else:
+                try:
+                    st = os.stat(f"{proc}/{pid}/map_files/{rng.decode('ascii')}")
+                except (FileNotFoundError, ProcessLookupError):
+                    if not leader_zombie:
+                        continue  # unmapped since, or the process is gone
+                    unproven = True  # a dead leader has no map_files (ESRCH): the mapping cannot be proven
+                    continue
+                except PermissionError:
+                    unproven = True
+                    continue
+                m = self.cache[key] = self.devices.of_stat(st)
+            if m is not None:
+                minors.add(m)
+                via.add("maps")
+        return unproven

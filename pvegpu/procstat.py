@@ -1,0 +1,51 @@
+"""One reader of ``/proc/<pid>/stat``, shared by the host adapter and the simulated node.
+
+Manual equivalent: ``cat /proc/<pid>/stat`` (proc(5)). The comm field is tenant text: it may hold
+spaces, ``)``, newlines and any other byte, so the fields are taken after the *last* ``)``.
+Not part of the pure core (the core never reads ``/proc``); a leaf with no pvegpu imports.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate reads /proc through this module
+if TYPE_CHECKING:
+    from typing import NamedTuple
+
+    class Stat(NamedTuple):
+        """The fields pvegpu uses; ``comm`` is raw (unescaped) bytes: escape before showing it."""
+
+        comm: bytes
+        state: str  # R S D Z T t X I ...
+        ppid: int  # field 4
+        sid: int  # field 6 (session id)
+        threads: int  # field 20 (num_threads)
+        start_ticks: int  # field 22 (starttime, clock ticks after boot)
+else:
+    Stat = namedtuple("Stat", "comm state ppid sid threads start_ticks")
+
+
+def parse_stat(data: bytes | str) -> Stat | None:
+    """The fields of one ``/proc/<pid>/stat`` text, or None when it is not one."""
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    lp, rp = raw.find(b"("), raw.rfind(b")")
+    if lp < 0 or rp < lp:
+        return None
+    fields = raw[rp + 1 :].split()
+    if len(fields) < 20:
+        return None
+    try:
+        return Stat(raw[lp + 1 : rp], fields[0].decode("ascii"), int(fields[1]), int(fields[3]),
+                    int(fields[17]), int(fields[19]))
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def read_stat(pid: int | str, proc: str = "/proc") -> Stat | None:
+    """``cat /proc/<pid>/stat`` parsed; None when the process (or the file) is gone."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            return parse_stat(f.read())
+    except OSError:
+        return None

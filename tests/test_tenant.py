@@ -1,0 +1,288 @@
+"""What a tenant can do to the host adapter, on real processes, cgroups and PID namespaces:
+nested containers, forged cgroup names, a dead main thread, files named like GPUs, scan blow-ups, hostile text."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pvegpu.adapters.procfs import DeviceTable, ProcHost, ScanBudget
+from pvegpu.model import Place, Placement, SignalResult
+from tests import pvelike
+
+FULL = os.stat("/dev/full").st_rdev
+ZERO = os.stat("/dev/zero").st_rdev
+TABLE = DeviceTable({(os.major(FULL), os.minor(FULL)): 0})  # /dev/full stands in for /dev/nvidia0
+root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, PID namespaces)")
+HOLD = "import os,sys,time; fd=os.open('/dev/full', os.O_RDONLY); print('ok', flush=True); time.sleep(120)"
+
+
+def _vmid() -> int:
+    """A vmid no other test run uses at the same time (its cgroup must not exist yet)."""
+    while True:
+        vmid = random.randint(700_000, 799_999)
+        if not os.path.exists(os.path.dirname(pvelike.cgroup_dir(vmid))):
+            return vmid
+
+
+def _wait(cond, what: str, limit: float = 10.0):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if got := cond():
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _gone(host: ProcHost, ident) -> bool:
+    return not host.alive(ident)
+
+
+@pytest.mark.root
+@root
+def test_nested_pid_namespace_init_is_payload_and_ct_pid_is_the_containers():
+    """PID 1 of a namespace nested in the CT (unshare --pid --fork inside) is signalled; its CT pid is shown; the CT init is refused."""
+    vmid = _vmid()
+    ct = pvelike.start_ct(vmid, ["unshare", "--pid", "--fork", sys.executable, "-c", HOLD])
+    try:
+        host = ProcHost(TABLE)
+        held = _wait(lambda: host.holdings(host.ct_pids(vmid)), "the nested holder")
+        [pid] = held
+        info = host.describe(pid)
+        with open(f"/proc/{pid}/status") as f:
+            nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+        assert len(nspid) == 3 and nspid[-1] == "1"  # host pid, CT pid, nested pid 1
+        assert not info.is_ct_init and info.ns_pid == int(nspid[1]) != 1
+        [init] = [i for p in host.ct_pids(vmid) if (i := host.describe(p)).is_ct_init]
+        assert init.ns_pid == 1
+        assert host.signal(init.ident, signal.SIGKILL, vmid) is SignalResult.REFUSED
+        assert host.signal(info.ident, signal.SIGTERM, vmid) is SignalResult.SENT  # a nested init ignores it (no handler)
+        assert host.signal(info.ident, signal.SIGKILL, vmid) is SignalResult.SENT  # so reset's escalation ends it
+        _wait(lambda: _gone(host, info.ident), "the nested holder to exit")
+        assert host.alive(init.ident)
+    finally:
+        pvelike.destroy_ct(vmid)
+        ct.wait(5)
+
+
+@pytest.mark.root
+@root
+@pytest.mark.parametrize("brk", ["\r", "\x0b", "\x0c", "\x1c", "\x1e", "\u0085"])
+def test_forged_cgroup_name_keeps_the_process_in_its_container(brk):
+    """A holder in a nested cgroup named 'x<brk>0::/lxc.monitor/730' is still in its CT: listed, signalled, name escaped."""
+    vmid = _vmid()
+    forged = os.path.join(pvelike.cgroup_dir(vmid), f"x{brk}0::", "lxc.monitor", "730")
+    os.makedirs(forged)
+
+    def enter() -> None:
+        with open(os.path.join(forged, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    p = subprocess.Popen([sys.executable, "-c", HOLD], preexec_fn=enter, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == b"ok"
+        host = ProcHost(TABLE)
+        info = host.describe(p.pid)
+        assert info.placement == Placement(Place.CONTAINER, vmid)
+        assert p.pid in host.ct_pids(vmid) and host.holdings([p.pid])[p.pid].minors == {0}
+        assert brk not in info.cgroup and info.cgroup.isprintable() and "lxc.monitor/730" in info.cgroup
+        assert host.signal(info.ident, signal.SIGKILL, vmid) is SignalResult.SENT
+        p.wait(10)
+    finally:
+        p.kill()
+        p.wait()
+        pvelike.destroy_ct(vmid)
+
+
+def test_unreadable_cgroup_is_unknown_never_host(tmp_path):
+    """A process whose /proc/<pid>/cgroup cannot be read is placed UNKNOWN, and is never signalled."""
+    with open("/proc/self/stat", "rb") as f:
+        stat = f.read()
+    (tmp_path / "4242").mkdir()
+    (tmp_path / "4242" / "stat").write_bytes(stat)
+    (tmp_path / "4242" / "status").write_bytes(b"Name:\tx\nUid:\t0\t0\t0\t0\nNSpid:\t4242\n")
+    info = ProcHost(TABLE, proc=str(tmp_path)).describe(4242)
+    assert info.placement.place is Place.UNKNOWN and not info.is_ct_init
+
+
+def test_member_with_unreadable_placement_stays_listed_but_is_never_signalled(tmp_path):
+    """A pid the CT's cgroupfs lists whose /proc/<pid>/cgroup cannot be read is kept in ct_pids as UNKNOWN, never signalled."""
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    (cg / "lxc" / "777" / "ns").mkdir(parents=True)
+    (cg / "cgroup.procs").write_text("")
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (cg / "lxc" / "777" / "ns" / "cgroup.procs").write_text(f"{p.pid}\n")
+        (proc / str(p.pid)).mkdir(parents=True)
+        with open(f"/proc/{p.pid}/stat", "rb") as f:
+            (proc / str(p.pid) / "stat").write_bytes(f.read())
+        host = ProcHost(TABLE, proc=str(proc), cgroup_root=str(cg))
+        assert host.ct_pids(777) == [p.pid] and host.describe(p.pid).placement.place is Place.UNKNOWN
+        assert host.signal(host.describe(p.pid).ident, signal.SIGKILL, 777) is SignalResult.MOVED
+        assert p.poll() is None
+    finally:
+        p.kill()
+        p.wait()
+
+
+_THREAD_HOLDER = r"""
+import ctypes, os, threading, time
+fd = os.open('/dev/full', os.O_RDONLY)
+threading.Thread(target=lambda: time.sleep(120)).start()
+print('ok', flush=True)
+ctypes.CDLL(None).syscall({nr}, 0)  # SYS_exit: only the main thread ends; the leader becomes Z
+"""
+
+
+@pytest.mark.root
+@root
+def test_process_whose_main_thread_exited_is_a_live_holder():
+    """Leader Z with a live thread: not a zombie, alive, holds via its threads' fds, and SIGTERM through the pidfd ends it."""
+    nr = {"x86_64": 60, "aarch64": 93}.get(os.uname().machine)
+    if nr is None:
+        pytest.skip("SYS_exit number unknown for this architecture")
+    vmid = _vmid()
+    cg = pvelike.cgroup_dir(vmid)
+    os.makedirs(cg)
+
+    def enter() -> None:
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    p = subprocess.Popen([sys.executable, "-c", _THREAD_HOLDER.format(nr=nr)], preexec_fn=enter, stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == b"ok"
+        host = ProcHost(TABLE)
+        _wait(lambda: open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", "the main thread to exit")
+        info = host.describe(p.pid)
+        assert info.state not in ("Z", "X") and host.alive(info.ident)
+        assert p.pid in host.ct_pids(vmid)
+        held = host.holdings([p.pid])[p.pid]
+        assert held.minors == {0} and "fd" in held.via
+        assert host.signal(info.ident, signal.SIGTERM, vmid) is SignalResult.SENT
+        p.wait(10)
+        assert not host.alive(info.ident)
+    finally:
+        p.kill()
+        p.wait()
+        pvelike.destroy_ct(vmid)
+
+
+_MAPPED_THREAD_HOLDER = r"""
+import ctypes, os, threading, time
+libc = ctypes.CDLL(None)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open('/dev/zero', os.O_RDWR)
+assert libc.mmap(None, 4096, 3, 2, fd, 0) not in (None, 2**64 - 1)
+os.close(fd)  # mapped only
+threading.Thread(target=lambda: time.sleep(120)).start()
+print('ok', flush=True)
+libc.syscall({nr}, 0)
+"""
+
+
+def test_mapping_of_a_process_whose_main_thread_exited_is_unknown_not_nothing():
+    """With the leader gone, map_files cannot prove a mapping: the process is 'unreadable', never 'holds nothing'."""
+    nr = {"x86_64": 60, "aarch64": 93}.get(os.uname().machine)
+    if nr is None:
+        pytest.skip("SYS_exit number unknown for this architecture")
+    p = subprocess.Popen([sys.executable, "-c", _MAPPED_THREAD_HOLDER.format(nr=nr)], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == b"ok"
+        _wait(lambda: open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", "the main thread to exit")
+        host = ProcHost(DeviceTable({(os.major(ZERO), os.minor(ZERO)): 2}))
+        assert host.alive(host.describe(p.pid).ident)
+        assert "unreadable" in host.holdings([p.pid])[p.pid].via
+    finally:
+        p.kill()
+        p.wait()
+
+
+_MAPPER = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDWR)
+    assert libc.mmap(None, 4096, 3, 2, fd, 0) not in (None, 2**64 - 1)  # PROT_READ|WRITE, MAP_PRIVATE
+    os.close(fd)  # mapped only: no fd left to find
+print('ok', flush=True)
+time.sleep(120)
+"""
+
+
+def _mapper(*paths: str) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", _MAPPER, *paths], stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"ok"
+    return p
+
+
+def test_mapped_device_found_by_device_number():
+    """A process that only maps the stand-in device (fd closed) is a holder via maps, by st_rdev."""
+    p = _mapper("/dev/zero")
+    try:
+        host = ProcHost(DeviceTable({(os.major(ZERO), os.minor(ZERO)): 2}))
+        held = host.holdings([p.pid])[p.pid]
+        assert held.minors == {2} and held.via == {"maps"}
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_files_named_like_gpus_are_not_holders(tmp_path):
+    """Mapped plain files named /dev/nvidia7 or '... /dev/nvidia3' hold no GPU."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "x " / "dev").mkdir(parents=True)
+    paths = [str(tmp_path / "dev" / "nvidia7"), str(tmp_path / "x /dev" / "nvidia3")]
+    for path in paths:
+        with open(path, "wb") as f:
+            f.write(b"\0" * mmap.PAGESIZE)
+    p = _mapper(*paths)
+    try:
+        assert p.pid not in ProcHost(DeviceTable(control=frozenset())).holdings([p.pid])
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_over_budget_process_is_unknown_and_the_scan_goes_on():
+    """A process over the fd budget is reported unreadable ('budget') while another holder in the same scan is still found."""
+    many = subprocess.Popen([sys.executable, "-c", "import os,time; fds=[os.open('/dev/null', 0) for _ in range(300)]; "
+                             "print('ok', flush=True); time.sleep(120)"], stdout=subprocess.PIPE)
+    assert many.stdout.readline().strip() == b"ok"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD], stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == b"ok"
+    try:
+        held = ProcHost(TABLE, budget=ScanBudget(fds=100)).holdings([many.pid, holder.pid])
+        assert held[many.pid].via == {"unreadable", "budget"}
+        assert held[holder.pid].minors == {0} and held[holder.pid].via == {"fd"}
+        lines = ProcHost(TABLE, budget=ScanBudget(map_lines=10)).holdings([many.pid])
+        assert lines[many.pid].via == {"unreadable", "budget"}  # no GPU fd, so maps were read: too many lines
+    finally:
+        for p in (many, holder):
+            p.kill()
+            p.wait()
+
+
+def test_tenant_text_is_escaped_and_new_fields_filled():
+    """comm and cmdline with terminal escapes come back escaped (printable); ppid, uid and cmdline are filled."""
+    code = "import sys,time; open('/proc/self/comm','w').write('\\x1b[2Jx\\ry'); print('ok', flush=True); time.sleep(120)"
+    p = subprocess.Popen([sys.executable, "-c", code, "\x1b]0;pwned\x07", "\u202eevil"], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == b"ok"
+        info = ProcHost(TABLE).describe(p.pid)
+        assert info.comm == "\\x1b[2Jx\\x0dy"
+        assert info.cmdline.endswith("\\x1b]0;pwned\\x07 \\u202eevil") and info.cmdline.isprintable()
+        assert info.ppid == os.getpid() and info.uid == os.getuid()
+    finally:
+        p.kill()
+        p.wait()
