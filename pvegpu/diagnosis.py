@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import errors as E
 from .inspect import GpuFacts
-from .model import MIB
+from .model import MIB, Place
 
 
 def mib(n: int | None) -> str:
@@ -18,7 +18,11 @@ def restart_would_not_help(facts: dict[int, GpuFacts]) -> str | None:
         return "a GPU cannot be read, so the result could not be verified"
     if any(f.ct_holders or f.unreadable for f in facts.values()):
         return None
-    unlisted = sorted({h.pid for f in facts.values() for h in f.other_holders if "nvml" not in h.via})
+    if unplaced := sorted({h.pid for f in facts.values() for h in f.unplaced}):
+        return (f"process(es) {', '.join(map(str, unplaced))} hold the GPU and their container cannot be read; "
+                "a restart of this container is not known to help")
+    unlisted = sorted({h.pid for f in facts.values() for h in f.other_holders
+                       if "nvml" not in h.via and h.could_own_context and h.info.placement.place is not Place.UNKNOWN})
     if unlisted:
         return (f"the memory left is likely held by process(es) {', '.join(map(str, unlisted))} outside this container "
                 "that NVML does not list (fork-inherited contexts)")
@@ -55,9 +59,11 @@ def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: int) -> list[tupl
         for pid in f.unreadable:
             out.append((f"could not read the open files of pid {pid} in CT {vmid}", "run pvegpu as root"))
         for h in f.other_holders:
-            where = f"CT {h.info.placement.vmid}" if h.info.placement.vmid else "the host"
+            place = h.info.placement
+            where = {Place.CONTAINER: f"CT {place.vmid}", Place.MONITOR: f"the monitor of CT {place.vmid}", Place.VM: f"VM {place.vmid}",
+                     Place.UNKNOWN: "a place that cannot be read (its /proc/<pid>/cgroup)"}.get(place.place, "the host")
             out.append((f"{g} is also used by pid {h.pid} ({h.info.comm}) in {where}; not touched", "that is another workload; leave it or deal with it there"))
-        for pid in f.ghosts:
+        for pid in f.ghosts if not f.ghost_owners else ():
             out.append((f"NVML still lists pid {pid} on {g}, which no longer exists",
                         "an unlisted process inherited its GPU context, or the driver has not let go; `fuser -v /dev/nvidia*` on the host"))
         res = f.residual_bytes

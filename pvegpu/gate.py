@@ -112,12 +112,20 @@ def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: G
     refused = False
     neighbours = sorted({h.info.placement.vmid for h in f.other_holders
                          if h.info.placement.place is Place.CONTAINER and h.info.placement.vmid and h.could_own_context})
-    host_users = [h for h in f.other_holders if h.info.placement.place is not Place.CONTAINER and "nvml" in h.via]
+    host_users = [h for h in f.other_holders if h.info.placement.place not in (Place.CONTAINER, Place.UNKNOWN) and "nvml" in h.via]
     if f.unexplained_ghosts:
         refused = True
         d.refuse(f"{g}: NVML lists pid(s) {', '.join(map(str, f.unexplained_ghosts))} that no longer exist and no live process "
                  "accounts for their memory (a leak, or a holder pvegpu cannot see)",
                  "pvegpu audit   # find the holder; then `pvegpu reset <its CT>`")
+    if f.unplaced:
+        names = ", ".join(f"pid {h.pid} ({h.info.comm})" for h in f.unplaced)
+        msg = f"{g} is held by process(es) whose container cannot be read: {names}"
+        if policy.allow_unknown:
+            d.reasons.append(msg + " (allowed: gate.on_unknown = allow)")
+        else:
+            refused = True
+            d.refuse(msg, "check `cat /proc/<pid>/cgroup` for them; `pvegpu audit`")
     if host_users:
         refused = True
         names = ", ".join(f"pid {h.pid} ({h.info.comm}, {h.info.placement.place.value})" for h in host_users)

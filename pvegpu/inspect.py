@@ -42,6 +42,11 @@ class GpuFacts:
         return [] if self.ghost_owners else self.ghosts
 
     @property
+    def unplaced(self) -> list[Holder]:
+        """Holders whose container cannot be told (``/proc/<pid>/cgroup`` unreadable): never host, never clean."""
+        return [h for h in self.other_holders if h.info.placement.place is Place.UNKNOWN and h.could_own_context]
+
+    @property
     def residual_bytes(self) -> int | None:
         """Memory not explained by live processes of other guests or the host (None = unknown)."""
         if self.sample.used_bytes is None or self.foreign_bytes is None:
@@ -90,6 +95,9 @@ def inspect_gpus(
     if scan is not None and any(not _live(info(pid)) for pid in listed):
         scan = None  # a dead pid is listed: its memory may be held by an unlisted child anywhere
     holdings = host.holdings(scan)
+    fd_only = [pid for pid, h in holdings.items() if pid not in listed and "maps" not in h.via and any(m >= 0 for m in h.minors)]
+    if fd_only:  # unlisted GPU fd holders: a context owner (maps the device) or an NVML client (fd only)?
+        holdings.update(host.holdings(fd_only, deep=True))
 
     out: dict[int, GpuFacts] = {}
     for gpu in gpus:
@@ -117,7 +125,7 @@ def inspect_gpus(
             by_pid.setdefault(proc.pid, (set(), i))[0].add("nvml")
             if _in_ct(i, vmid):
                 facts.ct_listed_bytes = _add(facts.ct_listed_bytes, proc.used_bytes)
-            else:
+            elif i.placement.place is not Place.UNKNOWN:  # memory of an unplaced process explains nothing
                 facts.foreign_bytes = _add(facts.foreign_bytes, proc.used_bytes)
         for pid, (via, i) in sorted(by_pid.items()):
             holder = Holder(i, frozenset({gpu.minor}), frozenset(via))
@@ -129,7 +137,8 @@ def inspect_gpus(
 
 
 def _unlisted(holders: list[Holder]) -> list[int]:
-    return [h.pid for h in holders if "nvml" not in h.via and "maps" in h.via]
+    """Live holders NVML does not list that map the device, in a known place (they may own a context)."""
+    return [h.pid for h in holders if "nvml" not in h.via and "maps" in h.via and h.info.placement.place is not Place.UNKNOWN]
 
 
 def _credit_ghosts(facts: GpuFacts, ghost_bytes: int | None) -> None:

@@ -61,8 +61,12 @@ class Host(Protocol):
         """Every pid in the container's cgroup (``cat /sys/fs/cgroup/lxc/<vmid>/**/cgroup.procs``)."""
         ...
 
-    def holdings(self, pids: Iterable[int] | None = None) -> dict[int, Holding]:
-        """GPU device fds and mappings per pid (``fuser -v /dev/nvidia*``, by device number); None = all pids."""
+    def holdings(self, pids: Iterable[int] | None = None, *, deep: bool = False) -> dict[int, Holding]:
+        """GPU device fds and mappings per pid (``fuser -v /dev/nvidia*``, by device number); None = all pids.
+
+        Mappings are read only for processes whose fds show no GPU, unless ``deep``: then also for those,
+        to tell a process that maps the device (it may own a CUDA context) from an NVML client (an fd only).
+        """
         ...
 
     def alive(self, ident: ProcIdentity) -> bool:

@@ -26,7 +26,8 @@ def is_clean(facts: GpuFacts, threshold: int) -> bool:
     return (
         facts.sample.known
         and not facts.ct_holders
-        and not facts.ghosts
+        and not facts.unexplained_ghosts
+        and not facts.unplaced
         and not facts.unreadable
         and facts.residual_bytes is not None
         and facts.residual_bytes <= threshold

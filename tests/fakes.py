@@ -55,6 +55,7 @@ class FakeProc:
     state: str = "S"  # D: uninterruptible, never dies
     exit_delay: float = 0.1  # seconds from signal to death
     init: bool = False
+    maps: bool = True  # maps the device (a CUDA context owner); False: an NVML client with an fd only
     respawn: dict[str, Any] | None = None  # its parent restarts a copy on death: FakeProc fields, plus
     # "times" (how many copies, default: forever) and "delay" (seconds from death to the copy)
     respawned: bool = False  # a copy started by its parent: gets a fresh CUDA context
@@ -117,9 +118,9 @@ class FakeHost:
     def ct_pids(self, vmid: int) -> list[int]:
         return sorted(p.pid for p in self.procs.values() if p.vmid == vmid)
 
-    def holdings(self, pids: Any = None) -> dict[int, Holding]:
-        return {p.pid: Holding(p.pid, frozenset(p.minors), frozenset({"fd"})) for p in self.procs.values()
-                if p.minors and (pids is None or p.pid in pids)}
+    def holdings(self, pids: Any = None, *, deep: bool = False) -> dict[int, Holding]:
+        return {p.pid: Holding(p.pid, frozenset(p.minors), frozenset({"fd", "maps"} if p.maps and deep else {"fd"}))
+                for p in self.procs.values() if p.minors and (pids is None or p.pid in pids)}
 
     def alive(self, ident: ProcIdentity) -> bool:
         p = self.procs.get(ident.pid)

@@ -216,3 +216,26 @@ def test_incomplete_override_token_is_not_honoured(sim_node, guard, tmp_path):
     (tmp_path / "once").mkdir()
     (tmp_path / "once" / "129").write_text("")
     assert hook(node, guard, PVEGPU_GATE_OVERRIDE_DIR=str(tmp_path / "once")).returncode == 10
+
+
+def test_neighbours_fork_child_is_sharing_not_leftover(sim_node, guard):
+    """A neighbour's fork-after-init child (NVML lists only its dead parent) holds memory on the shared GPU:
+    the gate allows a shared start and names the neighbour; a reset of the target is clean at once."""
+    import subprocess
+    import sys
+
+    zero = dict(GPU, stand_in="/dev/zero")  # a stand-in that can be mapped, as CUDA maps /dev/nvidiaN
+    node = sim_node({"node": "pve-sim", "gpus": [zero], "containers": [
+        {"vmid": 129, "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 512}]},
+        {"vmid": 131, "status": "running", "gpus": [0], "workloads": [{"kind": "orphan", "gpu": 0, "mib": 1024}]}]})
+    r = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "reset", "129", "--json", "--timeout", "5"],
+                       capture_output=True, text=True, cwd=pvelike.REPO, timeout=60)
+    import json as _json
+
+    rep = _json.loads(r.stdout)
+    assert r.returncode == 0 and rep["outcome"] == "clean", r.stdout[-2000:]
+    assert rep["elapsed_s"] < 5
+    ct = node.state.ct(129)
+    node.state.set_ct(129, ct | {"status": "stopped"})
+    r = hook(node, guard)
+    assert r.returncode == 0 and "shared with CT 131" in r.stdout, r.stdout + r.stderr

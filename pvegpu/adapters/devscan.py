@@ -105,8 +105,8 @@ class ProcessScan:
         self._deadline = 0.0
         self._fds = 0
 
-    def run(self, proc: str, pid: int, leader_zombie: bool = False) -> Holding | None:
-        """The process's holding, None when it holds no GPU (or is gone)."""
+    def run(self, proc: str, pid: int, leader_zombie: bool = False, deep: bool = False) -> Holding | None:
+        """The process's holding, None when it holds no GPU (or is gone); ``deep`` reads maps even after a GPU fd."""
         minors: set[int] = set()
         via: set[str] = set()
         self._deadline = self._now() + self.budget.seconds
@@ -118,7 +118,7 @@ class ProcessScan:
             for d in fd_dirs:
                 if self._scan_fds(d, minors):
                     via.add("fd")
-            if not any(m >= 0 for m in minors):
+            if deep or not any(m >= 0 for m in minors):
                 unproven = self._scan_maps(proc, pid, leader_zombie, minors, via)
                 if unproven:
                     via.add(UNREADABLE)

@@ -196,7 +196,7 @@ class ProcHost:
         return sorted(p for p in set(self.boundary.members(vmid)) if (i := self.describe(p)) is not None
                       and (i.placement == want or i.placement.place is Place.UNKNOWN) and i.state not in DEAD)
 
-    def holdings(self, pids: Iterable[int] | None = None) -> dict[int, Holding]:
+    def holdings(self, pids: Iterable[int] | None = None, *, deep: bool = False) -> dict[int, Holding]:
         """Holdings per pid; see devscan for the rules (device numbers, budget, threads of a dead leader)."""
         out: dict[int, Holding] = {}
         scan = ProcessScan(self.devices, self.budget, cache={})
@@ -205,7 +205,7 @@ class ProcHost:
                 continue
             st = read_stat(pid, self.proc)
             zombie_leader = st is not None and st.state == "Z" and st.threads > 1
-            held = scan.run(self.proc, pid, zombie_leader)
+            held = scan.run(self.proc, pid, zombie_leader, deep=deep)
             if held is not None:
                 out[pid] = held
         return out

@@ -11,6 +11,7 @@ whenever it dies, like a systemd unit with Restart=always).
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import time
@@ -33,11 +34,18 @@ def _forever() -> None:
         signal.pause()
 
 
+_mapped: list[mmap.mmap] = []
+
+
 def run(state: SimState, gpu: int, mib: int, kind: str) -> None:
     """Become a GPU holder of ``kind``; never returns."""
     stand_in = next(g["stand_in"] for g in state.gpus() if int(g["minor"]) == gpu)
     fd = os.open(stand_in, os.O_RDONLY)  # "cuInit": the device fd the scan finds
     os.set_inheritable(fd, True)
+    try:  # CUDA also maps the device; a stand-in that can be mapped (/dev/zero) is mapped too, and forks inherit it
+        _mapped.append(mmap.mmap(fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ))
+    except (OSError, ValueError):
+        pass  # /dev/full cannot be mapped: those holders show as fd-only
     if kind == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     me = os.getpid()
