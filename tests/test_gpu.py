@@ -258,3 +258,65 @@ def test_gate_on_real_gpu(node, tmp_path, case):
         with open(path, "a") as f:
             f.write(json.dumps({"scenario": f"gate: {case}", "outcome": "allowed" if r.returncode == 0 else "refused",
                                 "exit": r.returncode, "wall_s": round(wall, 3)}) + "\n")
+
+
+NESTED_EXIT_MAIN = """
+import torch, threading, time, ctypes
+def work():
+    x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda'); x.fill_(1); torch.cuda.synchronize(); time.sleep(3600)
+threading.Thread(target=work).start()
+time.sleep(15)
+ctypes.CDLL(None).pthread_exit(None)  # the main thread exits; the worker keeps the context
+"""
+
+
+def test_nested_pid_namespace_init_is_stopped(node):
+    """A CUDA holder that is PID 1 of a PID namespace nested in the container (docker/podman in the CT) is
+    payload: reset stops it, well before its timeout, and never restarts the container."""
+    root, cts, _ = node
+    base = _baseline()
+    script = os.path.join(os.path.dirname(root), "nested.py")
+    with open(script, "w") as f:
+        f.write(ALLOC.format(pre="", gib=2, post=""))
+    cts.append(301)
+    pvelike.start_ct(301, ["unshare", "--pid", "--fork", sys.executable, script])
+    _wait_used(base + 1.8 * 1024)
+    rep = _reset(root, 301)
+    _record("holder is PID 1 of a nested PID namespace", rep)
+    assert rep.outcome == "clean", rep.diagnosis
+    assert rep.elapsed < 10 and _used_mib() <= base + 64
+    assert any(s["signal"] == "SIGKILL" or s["signal"] == "SIGTERM" for s in rep.signalled)
+
+
+def test_process_whose_main_thread_exited_is_stopped(node):
+    """A CUDA process whose main thread exited (leader is a zombie, a thread holds the context) is a live
+    holder: reset signals it through its pidfd and the memory comes back."""
+    root = node[0]
+    base = _baseline()
+    _run_ct(node, 301, NESTED_EXIT_MAIN)
+    _wait_used(base + 1.8 * 1024)
+    time.sleep(16)  # until the main thread has exited
+    rep = _reset(root, 301)
+    _record("holder whose main thread exited", rep)
+    assert rep.outcome == "clean", rep.diagnosis
+    assert _used_mib() <= base + 64
+
+
+def test_neighbours_fork_child_on_shared_gpu(node, tmp_path):
+    """A fork-inherited context in a neighbour container (NVML lists only its dead parent): resetting this
+    container is clean at once, the neighbour is untouched, and this container's start is allowed as shared."""
+    root = node[0]
+    base = _baseline()
+    _run_ct(node, 302, ALLOC.format(pre="", gib=2, post="import os\nif os.fork(): os._exit(0)"))
+    _run_ct(node, 301, ALLOC.format(pre="", gib=1, post=""))
+    _wait_used(base + 2.8 * 1024)
+    neighbour = set(pvelike.ct_procs(302))
+    rep = _reset(root, 301)
+    _record("neighbour's fork-inherited context on the shared GPU", rep, {"kept_mib": round(_used_mib() - base)})
+    assert rep.outcome == "clean" and rep.exit_code == 0, rep.diagnosis
+    assert rep.elapsed < 5 and not {s["pid"] for s in rep.signalled} & neighbour
+    assert _used_mib() >= base + 1.8 * 1024  # the neighbour's 2 GiB stay
+    pvelike.destroy_ct(301)
+    guard, env = _guard_env(tmp_path, root)
+    r = pvelike.run_as_pve(guard, 301, "pre-start", env)
+    assert r.returncode == 0 and "shared with CT 302" in r.stdout, r.stdout + r.stderr
