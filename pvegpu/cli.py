@@ -108,18 +108,46 @@ def check_cmd(vmid: str = typer.Argument(...), json_out: bool = typer.Option(Fal
 
 @app.command("audit")
 def audit_cmd(
-    cluster: bool = typer.Option(False, "--cluster", help="configuration of every node (runtime is this node's only)"),
-    json_out: bool = typer.Option(False, "--json"),
+    cluster: bool = typer.Option(False, "--cluster", help="guests of every node (runtime is this node's only)"),
+    json_out: bool = typer.Option(False, "--json", help="the versioned JSON document (schema pvegpu-audit, version 1)"),
+    prometheus: str | None = typer.Option(None, "--prometheus", metavar="FILE",
+                                          help="also write a node_exporter textfile (atomically), e.g. /var/lib/prometheus/node-exporter/pvegpu.prom"),
 ) -> None:
-    """Which container holds which GPU, right now and by configuration."""
+    """Which guest holds which GPU, right now and by configuration; exit 8 when something needs attention."""
+    from .audit import audit_document, audit_once
+    from .model import MIB
+
     try:
         s = _settings()
-        pve, probe, host, _ = _ports(s, need_api=cluster)
-        rep = run_audit(pve=pve, probe=probe, host=host, cluster=cluster).to_json()
+        from .adapters.factory import build_host, build_probe, build_pve
+        from .adapters.nodefiles import LocalNodeFiles
+
+        files = LocalNodeFiles(s.pve_root)
+        if s.simulate:  # the simulated node's stand-in devices play /dev/nvidia*; snippets live in its own directory
+            from .sim.state import SimState
+
+            st = SimState(s.simulate)
+            ready = [g for g in st.gpus() if g.get("driver_ready", True)]
+            dev_map = {f"/dev/nvidia{g['minor']}": str(g["stand_in"]) for g in ready}
+            dev_map |= {f"/dev/nvidia{g['minor']}": "/nonexistent" for g in st.gpus() if not g.get("driver_ready", True)}
+            dev_map |= {p: (str(ready[0]["stand_in"]) if ready else "/nonexistent") for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")}
+            files = LocalNodeFiles(st.etc_pve, dev_map=dev_map, snippets_dir=st.snippets)
+        rep = audit_once(lambda: build_probe(s), pve=build_pve(s, cluster), host=build_host(s), files=files, cluster=cluster,
+                         threshold_bytes=s.gate.threshold_mib * MIB)
+        doc = audit_document([rep])
+        if prometheus:
+            from .prom import write_textfile
+
+            write_textfile(prometheus, doc)
     except E.PvegpuError as exc:
         _fail(exc)
-    typer.echo(json.dumps(rep, indent=2) if json_out else audit_text(rep))
-    raise typer.Exit(1 if rep["problems"] or any(g["flags"] and set(g["flags"]) - {"shared"} for g in rep["gpus"]) else 0)
+    if json_out:
+        typer.echo(json.dumps(doc, indent=2))
+    elif not prometheus:
+        typer.echo(audit_text(doc))
+    else:
+        typer.echo(f"{prometheus}: {len(rep.gpus)} GPU(s), {sum(f.kind.attention for f in rep.flags)} finding(s) needing attention")
+    raise typer.Exit(E.EXIT_AUDIT_ATTENTION if doc["attention"] else E.EXIT_OK)
 
 
 @app.command("demo")
