@@ -9,7 +9,6 @@ Manual equivalent: ``curl -s localhost:9100/metrics | grep ^pvegpu_`` once node_
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from .audit_model import FlagKind
+from .errors import UsageError
 
 G = ["node", "uuid", "minor"]
 GUEST = ["node", "id", "uuid", "minor"]
@@ -158,5 +158,10 @@ def write_textfile(path: str, doc: Mapping[str, Any]) -> None:
     """Write the textfile atomically (temp file in the same directory, then rename): node_exporter never reads half a file."""
     reg = CollectorRegistry()
     reg.register(AuditCollector(doc, previous_success(path)))  # type: ignore[arg-type]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    write_to_textfile(path, reg)
+    if not path.endswith(".prom"):
+        raise UsageError(f"--prometheus {path}: node_exporter reads only files ending in .prom", "e.g. /var/lib/prometheus/node-exporter/pvegpu.prom")
+    try:
+        write_to_textfile(path, reg)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}",
+                         "the directory must exist and be writable (node_exporter's --collector.textfile.directory)") from None
