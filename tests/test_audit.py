@@ -9,7 +9,7 @@ from pvegpu.audit_guests import device_paths
 from pvegpu.audit_model import FlagKind, GpuRow, HolderRow
 from pvegpu.errors import GpuQueryError
 from pvegpu.model import MIB, GpuHealth, Placement
-from tests.fakes import FakeClock, FakeHost, FakePve, FakeProbe
+from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
 
 class FakeFiles:

@@ -8,7 +8,7 @@ from pvegpu.adapters.nodefiles import LocalNodeFiles
 from pvegpu.audit import run_audit
 from pvegpu.model import Guest
 from pvegpu.qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping, same_device
-from tests.fakes import FakeClock, FakeHost, FakePve, FakeProbe
+from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 from tests.test_audit import NODES, FakeFiles
 
 PCI_CFG = """rtx4090
