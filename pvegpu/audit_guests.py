@@ -70,17 +70,27 @@ def scan_guests(pve: PveApi, host: Host | None, files: NodeFiles | None, node: s
         scan.flags.append(Flag(FlagKind.CONFIG_UNREADABLE, "guest list", exc.message))
         return scan
     mapping_text = files.read_pve("mapping/pci.cfg") if files is not None else None
+    running = files.running_cts() if files is not None else None
     for g in guests:
         if not cluster and g.node != node:
             continue
         if g.type == "lxc":
-            _container(scan, pve, host, files, g)
+            _container(scan, pve, host, files, g, running)
         elif g.type == "qemu" and files is not None:
             _vm(scan, files, g, mapping_text)
     return scan
 
 
-def _container(scan: GuestScan, pve: PveApi, host: Host | None, files: NodeFiles | None, g: Guest) -> None:
+def _status(g: Guest, host: Host | None, running: frozenset[int] | None) -> str:
+    """running / stopped from PVE's socket test read once; else from the container's cgroup (one read per container)."""
+    if running is not None:
+        return "running" if g.vmid in running else "stopped"
+    if host is not None:
+        return "running" if host.ct_pids(g.vmid) else "stopped"
+    return "unknown"
+
+
+def _container(scan: GuestScan, pve: PveApi, host: Host | None, files: NodeFiles | None, g: Guest, running: frozenset[int] | None) -> None:
     gid = f"lxc/{g.vmid}"
     try:
         raw = pve.ct_config(g)
@@ -93,9 +103,7 @@ def _container(scan: GuestScan, pve: PveApi, host: Host | None, files: NodeFiles
     if not (conf.gpus.minors or conf.gpus.all_gpus):
         return
     local = g.node == scan.node
-    status = "unknown"
-    if local and host is not None:
-        status = "running" if host.ct_pids(g.vmid) else "stopped"
+    status = _status(g, host, running) if local else "unknown"
     scan.guests.append(GuestRow(g.vmid, "lxc", g.node, conf.hostname or g.name or None, status, tuple(sorted(conf.gpus.minors)),
                                 conf.gpus.all_gpus, (), conf.gpus.notes))
     if conf.gpus.all_gpus:

@@ -123,15 +123,10 @@ def audit_cmd(
         from .adapters.nodefiles import LocalNodeFiles
 
         files = LocalNodeFiles(s.pve_root)
-        if s.simulate:  # the simulated node's stand-in devices play /dev/nvidia*; snippets live in its own directory
-            from .sim.state import SimState
+        if s.simulate:
+            from .sim.nodefiles import SimNodeFiles
 
-            st = SimState(s.simulate)
-            ready = [g for g in st.gpus() if g.get("driver_ready", True)]
-            dev_map = {f"/dev/nvidia{g['minor']}": str(g["stand_in"]) for g in ready}
-            dev_map |= {f"/dev/nvidia{g['minor']}": "/nonexistent" for g in st.gpus() if not g.get("driver_ready", True)}
-            dev_map |= {p: (str(ready[0]["stand_in"]) if ready else "/nonexistent") for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")}
-            files = LocalNodeFiles(st.etc_pve, dev_map=dev_map, snippets_dir=st.snippets)
+            files = SimNodeFiles(s.simulate)
         rep = audit_once(lambda: build_probe(s), pve=build_pve(s, cluster), host=build_host(s), files=files, cluster=cluster,
                          threshold_bytes=s.gate.threshold_mib * MIB)
         doc = audit_document([rep])

@@ -149,6 +149,10 @@ class NodeFiles(Protocol):
         """``basename $(readlink /sys/bus/pci/devices/<bus_id>/driver)``; "" = no driver bound, None = no such device."""
         ...
 
+    def running_cts(self) -> frozenset[int] | None:
+        """Running containers by PVE's own test, one read for all (``grep /var/lib/lxc/ /proc/net/unix``); None = cannot tell."""
+        ...
+
     def pci_vendor(self, bus_id: str) -> str | None:
         """``cat /sys/bus/pci/devices/<bus_id>/vendor`` (``0x10de`` is NVIDIA); None when unreadable."""
         ...

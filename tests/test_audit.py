@@ -30,6 +30,9 @@ class FakeFiles:
     def read_pve(self, relpath):
         return self.pve.get(relpath)
 
+    def running_cts(self):
+        return None  # cannot tell: the audit falls back to the container's cgroup
+
     def pci_driver(self, bus_id):
         return self.pci[bus_id][0] if bus_id in self.pci else None
 
@@ -220,3 +223,17 @@ def test_device_paths_from_text_and_api_forms():
     assert device_paths(text) == ["/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm"]
     api = {"dev0": "/dev/nvidia1", "lxc": [["lxc.mount.entry", "/dev/nvidia2 dev/nvidia2 none bind,optional,create=file"]]}
     assert device_paths(api) == ["/dev/nvidia1"]
+
+
+def test_running_containers_read_once_from_lxc_command_sockets(tmp_path):
+    """LocalNodeFiles.running_cts uses PVE's own test (the abstract @/var/lib/lxc/<vmid>/command socket); unreadable is None."""
+    from pvegpu.adapters.nodefiles import LocalNodeFiles
+
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "unix").write_text(
+        "Num       RefCount Protocol Flags    Type St Inode Path\n"
+        "0000000000000000: 00000002 00000000 00010000 0001 01 31337 @/var/lib/lxc/129/command\n"
+        "0000000000000000: 00000002 00000000 00010000 0001 01 31338 /run/lxc/130/evil@/var/lib/lxc/13/commandx\n"
+        "0000000000000000: 00000002 00000000 00010000 0001 01 31339 @/var/lib/lxc/131/command\n")
+    assert LocalNodeFiles(proc=str(tmp_path)).running_cts() == frozenset({129, 131})
+    assert LocalNodeFiles(proc=str(tmp_path / "none")).running_cts() is None
