@@ -108,10 +108,12 @@ def check_cmd(vmid: str = typer.Argument(...), json_out: bool = typer.Option(Fal
 
 @app.command("audit")
 def audit_cmd(
-    cluster: bool = typer.Option(False, "--cluster", help="guests of every node (runtime is this node's only)"),
+    cluster: bool = typer.Option(False, "--cluster", help="every node: this one, and each other online member's own audit over root SSH"),
     json_out: bool = typer.Option(False, "--json", help="the versioned JSON document (schema pvegpu-audit, version 1)"),
     prometheus: str | None = typer.Option(None, "--prometheus", metavar="FILE",
                                           help="also write a node_exporter textfile (atomically), e.g. /var/lib/prometheus/node-exporter/pvegpu.prom"),
+    ssh_timeout: float = typer.Option(30.0, "--ssh-timeout", help="--cluster: seconds to wait for each other node's answer"),
+    ssh_option: list[str] = typer.Option([], "--ssh-option", hidden=True, help="extra ssh argument (tests: port, key, known hosts)"),
 ) -> None:
     """Which guest holds which GPU, right now and by configuration; exit 8 when something needs attention."""
     from .audit import audit_document, audit_once
@@ -129,7 +131,16 @@ def audit_cmd(
             files = SimNodeFiles(s.simulate)
         rep = audit_once(lambda: build_probe(s), pve=build_pve(s, cluster), host=build_host(s), files=files, cluster=cluster,
                          threshold_bytes=s.gate.threshold_mib * MIB)
-        doc = audit_document([rep])
+        if cluster:
+            from .adapters.ssh import SshAudits
+            from .cluster import audit_cluster, parse_members
+
+            if ssh_timeout <= 0:
+                raise E.UsageError(f"--ssh-timeout {ssh_timeout:g}: must be more than 0 seconds", "e.g. --ssh-timeout 30")
+            members = parse_members(files.read_pve(".members"))
+            doc = audit_document(audit_cluster(rep, members, SshAudits(timeout=ssh_timeout, options=ssh_option)))
+        else:
+            doc = audit_document([rep])
         if prometheus:
             from .prom import write_textfile
 
