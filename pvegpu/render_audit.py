@@ -8,6 +8,11 @@ from typing import Any
 MIB = 1024 * 1024
 
 
+def _safe(text: Any) -> str:
+    """Tenant text (comm, cmdline) with control characters escaped: it can never draw on the admin's terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def _mib(v: Any) -> str:
     return "?" if v is None else f"{round(v / MIB)}"
 
@@ -28,12 +33,12 @@ def _holder(h: Mapping[str, Any]) -> str:
     inside = f", pid {h['ns_pid']} inside" if h.get("ns_pid") is not None and h.get("place") == "lxc" else ""
     user = f", uid {h['uid']}" if h.get("uid") is not None else ""
     mem = f"{_mib(h.get('used_bytes'))} MiB" if "nvml" in h.get("via", []) else "- MiB"
-    cmd = h.get("cmdline") or h.get("comm", "")
+    cmd = _safe(h.get("cmdline") or h.get("comm", ""))
     return f"    {who:<24} pid {h['pid']}{inside}{user}  {mem:>9}  via {'+'.join(h.get('via', []))}  {cmd[:60]}"
 
 
 def node_text(n: Mapping[str, Any]) -> list[str]:
-    lines = [f"node {n['node']}" + ("" if n.get("ok", True) else f": {n.get('error')}")]
+    lines = [f"node {_safe(n['node'])}" + ("" if n.get("ok", True) else f": {_safe(n.get('error'))}")]
     for g in n.get("gpus", []):
         if not g.get("readable", True):
             lines.append(f"GPU {g['index']}  /dev/nvidia{g['minor']}  {g['bus_id']}  {g['uuid']}  UNREADABLE: {g.get('error')}")
@@ -57,7 +62,7 @@ def node_text(n: Mapping[str, Any]) -> list[str]:
                          + (f"  ({'; '.join(c['notes'])})" if c.get("notes") else ""))
     for f in n.get("flags", []):
         mark = "!" if f.get("attention") else "i"
-        lines.append(f"{mark} {f['kind']}: {f['subject']}: {f['detail']}\n    -> {f['advice']}")
+        lines.append(f"{mark} {f['kind']}: {f['subject']}: {_safe(f['detail'])}\n    -> {f['advice']}")
     return lines
 
 

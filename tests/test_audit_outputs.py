@@ -216,3 +216,13 @@ def test_cli_bad_textfile_path_is_one_line_error_exit_2(sim_node, tmp_path, name
     r = pvegpu("audit", "--prometheus", str(tmp_path / name), root=n.root)
     assert r.returncode == 2 and r.stderr.startswith("Error: ") and "Hint: " in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_tenant_text_cannot_draw_on_the_terminal():
+    """A holder's crafted comm (newline, ANSI escape) is escaped in the table: one line per holder, no raw control bytes."""
+    host, probe, pve = node()
+    pve.add_ct(129)
+    probe.context(0, 100, host.add(129, minors={0}, comm="x\n! fake-flag\x1b[2J"))
+    probe.context(0, 100, host.add(None, minors={0}, comm="y\n! fake-flag\x1b[2J"))  # its comm also appears in the host-holder flag
+    text = audit_text(audit_document([run_audit(pve=pve, probe=probe, host=host, files=FakeFiles(NODES))]))
+    assert "\x1b" not in text and "\n! fake-flag" not in text and "x\\n! fake-flag\\x1b[2J" in text
