@@ -1,88 +1,145 @@
-"""``pvegpu audit``: which container holds which GPU, right now and by configuration.
+"""``pvegpu audit``: which guest holds which GPU, right now and by configuration, with advice.
 
 Runtime (this node only, NVML is per node): every NVML-listed pid and every ``/dev/nvidia*`` holder,
-placed by cgroup. Configuration (this node or the whole cluster): the ``devN``/``lxc.*`` grants of each
-container. Manual equivalent: ``nvidia-smi`` + ``fuser -v /dev/nvidia*`` + ``grep nvidia /etc/pve/nodes/*/lxc/*.conf``.
+placed by cgroup, with NVML's memory per process. Configuration: the ``devN``/``lxc.*`` grants of each
+container, the ``hostpciN`` entries of each VM (``mapping=`` resolved for this node) and the driver the
+host has bound to those PCI devices. Manual equivalent: ``nvidia-smi`` + ``fuser -v /dev/nvidia*`` +
+``grep -e nvidia -e hostpci /etc/pve/nodes/*/{lxc,qemu-server}/*.conf`` + ``lspci -k``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .audit_guests import GuestScan, scan_guests
+from .audit_model import Flag, FlagKind, GpuRow, HolderRow, NodeAudit, document
 from .errors import PvegpuError
-from .inspect import inspect_gpus
-from .lxcconf import parse_config
-from .model import MIB, Place
-from .ports import GpuProbe, Host, PveApi
+from .inspect import GpuFacts, inspect_gpus
+from .model import MIB, GpuHealth, GpuInfo, Holder, Place
+from .ports import GpuProbe, Host, NodeFiles, PveApi
+from .qemuconf import same_device
+
+DEFAULT_THRESHOLD = 64 * MIB  # the start gate's default threshold: less than this is not worth a flag
 
 
-@dataclass
-class AuditReport:
-    node: str
-    gpus: list[dict[str, Any]] = field(default_factory=list)  # runtime rows, this node
-    configured: list[dict[str, Any]] = field(default_factory=list)  # CT -> minors, per node
-    problems: list[str] = field(default_factory=list)
+def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: NodeFiles | None = None,
+              cluster: bool = False, threshold_bytes: int = DEFAULT_THRESHOLD, probe_error: str | None = None) -> NodeAudit:
+    """The audit of this node; one unreadable GPU or config never hides the others.
 
-    def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "gpus": self.gpus, "configured": self.configured, "problems": self.problems}
-
-
-def _owner(h: Any) -> str:
-    p = h.info.placement
-    return {Place.CONTAINER: f"CT {p.vmid}", Place.MONITOR: f"monitor {p.vmid}", Place.VM: f"VM {p.vmid}"}.get(p.place, "host")
-
-
-def audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, cluster: bool = False) -> AuditReport:
-    """The audit report; one unreadable GPU or config does not hide the others."""
+    ``probe`` None with ``probe_error``: NVML could not start (driver not loaded yet): an error, the configs still checked.
+    ``cluster``: list other nodes' guests too (their runtime comes from their own audit, see ``audit_cluster``).
+    """
+    started = time.monotonic()
     node = pve.local_node() or ""
-    rep = AuditReport(node)
-    granted: dict[int, list[int]] = {}
-    for g in pve.guests():
-        if g.type != "lxc" or (not cluster and g.node != node):
-            continue
-        try:
-            conf = parse_config(pve.ct_config(g))
-        except PvegpuError as exc:
-            rep.problems.append(f"CT {g.vmid}: {exc.message}")
-            continue
-        if conf.gpus.minors or conf.gpus.all_gpus:
-            rep.configured.append({"vmid": g.vmid, "node": g.node, "minors": sorted(conf.gpus.minors),
-                                   "all_gpus": conf.gpus.all_gpus, "notes": list(conf.gpus.notes)})
-            if g.node == node:
-                for m in sorted(conf.gpus.minors):
-                    granted.setdefault(m, []).append(g.vmid)
-                if conf.gpus.all_gpus:
-                    granted.setdefault(-1, []).append(g.vmid)
+    rep = NodeAudit(node)
+    scan = scan_guests(pve, host, files, node, cluster=cluster)
+    rep.guests, rep.passthrough = scan.guests, scan.passthrough
+    rep.flags.extend(scan.flags)
     if probe is None or host is None:
-        return rep
+        rep.error = probe_error or "GPUs not read"
+        rep.flags.append(Flag(FlagKind.UNREADABLE, "all GPUs", rep.error))
+    else:
+        _runtime(rep, probe, host, scan, threshold_bytes)
+    rep.duration_seconds = round(time.monotonic() - started, 4)
+    return rep
+
+
+audit = run_audit  # the name the demo and older callers use
+
+
+def audit_once(open_probe: Callable[[], GpuProbe], **ports: Any) -> NodeAudit:
+    """One audit run with NVML open only for its duration (a resident client blocks ``nvidia-smi -r``)."""
+    try:
+        probe = open_probe()
+    except PvegpuError as exc:
+        return run_audit(probe=None, probe_error=exc.message, **ports)
+    try:
+        return run_audit(probe=probe, **ports)
+    finally:
+        close = getattr(probe, "close", None)
+        if close is not None:
+            close()
+
+
+def audit_document(reports: Iterable[NodeAudit | Mapping[str, Any]], generated_at: float | None = None) -> dict[str, Any]:
+    """The versioned JSON document (``pvegpu audit --json``) for local audits and other nodes' JSON."""
+    nodes = [dict(r) if isinstance(r, Mapping) else r.to_json() for r in reports]
+    return document(nodes, time.time() if generated_at is None else generated_at)
+
+
+def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, threshold: int) -> None:
     try:
         gpus = probe.gpus()
     except PvegpuError as exc:
-        rep.problems.append(f"GPUs of {node} cannot be read: {exc.message}")
-        return rep
+        rep.error = f"GPUs of {rep.node or 'this node'} cannot be read: {exc.message}"
+        rep.flags.append(Flag(FlagKind.UNREADABLE, "all GPUs", rep.error))
+        return
     facts = inspect_gpus(None, gpus, host=host, probe=probe, whole_host=True)
+    health_of = getattr(probe, "health", None)
     for gpu in gpus:
-        f = facts[gpu.minor]
-        holders: list[dict[str, Any]] = [{"pid": h.pid, "owner": _owner(h), "comm": h.info.comm, "via": sorted(h.via),
-                    "used_mib": next((None if p.used_bytes is None else round(p.used_bytes / MIB)
-                                      for p in f.sample.processes or () if p.pid == h.pid), None)}
-                   for h in f.other_holders if h.pid != host.self_pid]
-        owners = sorted({h["owner"] for h in holders})
-        flags = []
-        if f.ghosts:
-            flags.append("ghost-pid")
-        if f.residual_bytes is not None and f.residual_bytes > 64 * MIB:
-            flags.append("unattributed-memory")
-        if len([o for o in owners if o.startswith("CT")]) > 1:
-            flags.append("shared")
-        if not f.sample.known:
-            flags.append("unreadable")
-        elif f.residual_bytes is None:
-            flags.append("usage-unknown")  # a process's memory is not reported (MIG): leftovers cannot be measured
-        rep.gpus.append({"index": gpu.index, "minor": gpu.minor, "uuid": gpu.uuid, "bus_id": gpu.bus_id, "name": gpu.name,
-                         "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB),
-                         "unattributed_mib": None if f.residual_bytes is None else round(f.residual_bytes / MIB),
-                         "holders": holders, "ghost_pids": f.ghosts, "configured_for": sorted(set(granted.get(gpu.minor, []) + granted.get(-1, []))),
-                         "flags": flags, "error": f.sample.error})
-    return rep
+        row = _gpu_row(gpu, facts[gpu.minor], host.self_pid, scan, threshold, rep.flags)
+        if health_of is not None and row.error is None:
+            row.health = _health(health_of, gpu.minor)
+            _health_flags(row, rep.flags)
+        rep.gpus.append(row)
+
+
+def _health(read: Callable[[int], GpuHealth], minor: int) -> GpuHealth:
+    try:
+        return read(minor)
+    except PvegpuError:
+        return GpuHealth()
+
+
+def _holder_row(h: Holder, used: int | None, hostnames: Mapping[int, str]) -> HolderRow:
+    p, info = h.info.placement, h.info
+    place = {Place.CONTAINER: "lxc", Place.VM: "qemu", Place.MONITOR: "monitor", Place.HOST: "host"}.get(p.place, "unknown")
+    hostname = hostnames.get(p.vmid) if p.vmid is not None and place in ("lxc", "qemu") else None
+    return HolderRow(h.pid, info.ns_pid, info.comm, info.cmdline, info.uid, place, p.vmid, hostname, used, tuple(sorted(h.via)))
+
+
+def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, threshold: int, flags: list[Flag]) -> GpuRow:
+    subject = f"GPU {gpu.index}"
+    used_by_pid = {p.pid: p.used_bytes for p in f.sample.processes or ()}
+    row = GpuRow(gpu.index, gpu.minor, gpu.uuid, gpu.bus_id, gpu.name, gpu.total_bytes, f.used_bytes, f.residual_bytes,
+                 error=f.sample.error if not f.sample.known else None)
+    row.holders = [_holder_row(h, used_by_pid.get(h.pid), scan.hostnames) for h in f.other_holders if h.pid != self_pid]
+    row.dead_pids = list(f.ghosts)
+    row.granted_to = sorted({g.id for g in scan.guests if g.type == "lxc" and g.node == scan.node
+                             and (gpu.minor in g.minors or g.all_gpus)}
+                            | {g.id for g in scan.guests if g.type == "qemu" and any(same_device(b, gpu.bus_id) for b in g.bus_ids)})
+
+    def flag(kind: FlagKind, detail: str) -> None:
+        if kind not in row.flags:
+            row.flags.append(kind)
+        flags.append(Flag(kind, subject, detail))
+
+    if row.error is not None:
+        flag(FlagKind.UNREADABLE, f"{gpu.uuid}: {row.error}")
+        return row
+    for pid in row.dead_pids:
+        flag(FlagKind.DEAD_PID, f"NVML lists pid {pid} on /dev/nvidia{gpu.minor}; it no longer exists")
+    if row.unattributed_bytes is not None and row.unattributed_bytes > threshold:
+        flag(FlagKind.UNATTRIBUTED, f"{round(row.unattributed_bytes / MIB)} MiB used that no live process accounts for")
+    elif row.unattributed_bytes is None:
+        flag(FlagKind.USAGE_UNKNOWN, "a process's memory is not reported: leftovers cannot be measured")
+    guests = sorted({h.guest_id for h in row.holders if h.place == "lxc" and h.guest_id})
+    if len(guests) > 1:
+        flag(FlagKind.SHARED, f"held by {', '.join(guests)}")
+    for h in row.holders:
+        if h.place in ("host", "monitor"):
+            flag(FlagKind.HOST_HOLDER, f"pid {h.pid} ({h.comm}) on the {h.place} holds /dev/nvidia{gpu.minor}")
+        elif h.place == "unknown":
+            flag(FlagKind.UNKNOWN_PLACE, f"pid {h.pid} ({h.comm}): placement unknown")
+    return row
+
+
+def _health_flags(row: GpuRow, flags: list[Flag]) -> None:
+    h = row.health
+    what = [name for name, v in (("row remapping pending", h.remap_pending), ("row remapping failed", h.remap_failed),
+                                 ("retired pages pending", h.retired_pages_pending)) if v]
+    if what:
+        row.flags.append(FlagKind.HEALTH)
+        flags.append(Flag(FlagKind.HEALTH, f"GPU {row.index}", f"{row.uuid}: {', '.join(what)}"))

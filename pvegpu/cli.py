@@ -121,21 +121,51 @@ def check_cmd(ctx: typer.Context) -> None:
 
 @app.command("audit", cls=_Command)
 def audit_cmd(
-    cluster: bool = typer.Option(False, "--cluster", help="configuration of every node (runtime is this node's only)"),
-    json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    cluster: bool = typer.Option(False, "--cluster", help="every node: this one, and each other online member's own audit over root SSH"),
+    json_out: bool = typer.Option(False, "--json", help="the versioned JSON document (schema pvegpu-audit, version 1)"),
+    prometheus: str | None = typer.Option(None, "--prometheus", metavar="FILE",
+                                          help="also write a node_exporter textfile (atomically), e.g. /var/lib/prometheus/node-exporter/pvegpu.prom"),
+    ssh_timeout: float = typer.Option(30.0, "--ssh-timeout", metavar="SECONDS", help="--cluster: how long to wait for each other node's answer"),
+    ssh_option: list[str] = typer.Option([], "--ssh-option", hidden=True, help="extra ssh argument (tests: port, key, known hosts)"),
 ) -> None:
-    """Which container holds which GPU, right now and by configuration."""
-    from .audit import audit as run_audit
+    """Which guest holds which GPU, right now and by configuration; exit 8 when something needs attention."""
+    from .audit import audit_document, audit_once
     from .render import audit_text
 
+    if ssh_timeout <= 0:
+        raise E.UsageError(f"--ssh-timeout {ssh_timeout:g}: must be more than 0 seconds", "e.g. --ssh-timeout 30")
     s = _settings()
-    with wiring.node(s) as ports:
-        rep = run_audit(pve=ports.pve, probe=ports.probe, host=ports.host, cluster=cluster).to_json()
-    typer.echo(json.dumps(rep, indent=2) if json_out else audit_text(rep))
-    raise typer.Exit(1 if rep["problems"] or any(g["flags"] and set(g["flags"]) - {"shared"} for g in rep["gpus"]) else 0)
+    ports = wiring.audit_ports(s)
+    rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster, threshold_bytes=ports.threshold_bytes)
+    if cluster:
+        from .cluster import audit_cluster, parse_members
+
+        members = parse_members(ports.files.read_pve(".members"))
+        doc = audit_document(audit_cluster(rep, members, wiring.cluster_audits(ssh_timeout, ssh_option)))
+    else:
+        doc = audit_document([rep])
+    if prometheus:
+        from .prom import write_textfile
+
+        write_textfile(prometheus, doc)
+    if json_out:
+        typer.echo(json.dumps(doc, indent=2))
+    elif not prometheus:
+        typer.echo(audit_text(doc))
+    else:
+        typer.echo(f"{prometheus}: {len(rep.gpus)} GPU(s), {sum(f.kind.attention for f in rep.flags)} finding(s) needing attention")
+    raise typer.Exit(E.EXIT_AUDIT_ATTENTION if doc["attention"] else E.EXIT_OK)
 
 
 # -- demo ---------------------------------------------------------------------------------------------------
+
+
+def _audit_table(s: Any) -> str:
+    from .audit import audit_document, audit_once
+    from .render import audit_text
+
+    p = wiring.audit_ports(s)
+    return audit_text(audit_document([audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes)]))
 
 
 class _Terminated(Exception):
@@ -153,8 +183,6 @@ def demo_cmd(
 ) -> None:
     """Run the real reset code against a built-in simulated node: no Proxmox, GPU or root needed."""
     global _OPTS
-    from .audit import audit as run_audit
-    from .render import audit_text
     from .sim import scenario as sc
 
     data = sc.load(scenario) if scenario else sc.DEMO
@@ -167,17 +195,16 @@ def demo_cmd(
         _OPTS = wiring.GlobalOptions(_OPTS.config, sim.root)
         s = _settings({"reset.grace": grace, "reset.lock_dir": f"{sim.root}/lock"})
         typer.echo(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.\n")
-        with wiring.node(s) as ports:
-            typer.echo("$ pvegpu audit")
-            typer.echo(audit_text(run_audit(pve=ports.pve, probe=ports.probe, host=ports.host).to_json()))
-            targets = [int(c["vmid"]) for c in data.get("containers", []) if c.get("workloads") and c.get("status", "running") == "running"]
-            for vmid in targets[:-1] if len(targets) > 2 else targets:
-                typer.echo(f"\n$ pvegpu reset {vmid}")
-                rc = do_reset(s, vmid, dry_run=False, json_out=False, verbose=False)
-                results.append(f"CT {vmid} {'clean' if rc == 0 else f'exit {rc}'}")
-                code = max(code, rc)
-            typer.echo("\n$ pvegpu audit")
-            typer.echo(audit_text(run_audit(pve=ports.pve, probe=ports.probe, host=ports.host).to_json()))
+        typer.echo("$ pvegpu audit")
+        typer.echo(_audit_table(s))
+        targets = [int(c["vmid"]) for c in data.get("containers", []) if c.get("workloads") and c.get("status", "running") == "running"]
+        for vmid in targets[:-1] if len(targets) > 2 else targets:
+            typer.echo(f"\n$ pvegpu reset {vmid}")
+            rc = do_reset(s, vmid, dry_run=False, json_out=False, verbose=False)
+            results.append(f"CT {vmid} {'clean' if rc == 0 else f'exit {rc}'}")
+            code = max(code, rc)
+        typer.echo("\n$ pvegpu audit")
+        typer.echo(_audit_table(s))
     except _Terminated:
         typer.echo("demo: terminated; simulated containers stopped and removed", err=True)
         code = 143

@@ -41,6 +41,21 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class GpuHealth:
+    """Health and memory split of one GPU (``nvidia-smi -q -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` + MIG mode).
+
+    Every field is None where NVML cannot tell (NotSupported, an error): unknown, never zero or False.
+    """
+
+    reserved_bytes: int | None = None  # memory v2 ``reserved`` (driver/firmware share)
+    retired_pages_pending: bool | None = None  # pre-Ampere page retirement waiting for a reset
+    remap_pending: bool | None = None  # Ampere+ row remapping waiting for a reset
+    remap_failed: bool | None = None  # a row remapping failed (GPU should be serviced)
+    mig_enabled: bool | None = None  # MIG mode (current)
+    driver_version: str | None = None
+
+
+@dataclass(frozen=True)
 class NvmlProcess:
     """A PID NVML lists on a GPU (host PID); ``used_bytes`` None = not available (MIG)."""
 

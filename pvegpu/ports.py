@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from .model import CtStatus, GpuInfo, GpuSample, Guest, Holding, ProcIdentity, ProcInfo, SignalResult, TaskResult
+from .model import CtStatus, GpuHealth, GpuInfo, GpuSample, Guest, Holding, ProcIdentity, ProcInfo, SignalResult, TaskResult
 
 
 class EventLog(Protocol):
@@ -127,4 +127,40 @@ class PveApi(PveReader, Protocol):
         Returns the result when exitstatus is OK or WARNINGS; raises TaskFailed (with the log tail) or
         TaskTimeout. ``what`` names the task in messages ("stop task of CT 129").
         """
+        ...
+
+
+class GpuHealthProbe(Protocol):
+    """Host-side NVML health readings (the audit's; optional: a probe without it shows health unknown)."""
+
+    def health(self, minor: int) -> GpuHealth:
+        """``nvidia-smi -q -i <minor> -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` and ``nvidia-smi --query-gpu=mig.mode.current``."""
+        ...
+
+
+class NodeFiles(Protocol):
+    """The node's files the audit checks (device nodes, snippets, VM configs, PCI drivers)."""
+
+    def exists(self, path: str) -> bool:
+        """``test -e <path>`` (for ``/dev/nvidia*`` device nodes)."""
+        ...
+
+    def snippet_path(self, volid: str) -> str | None:
+        """The file a hookscript volume id names (``pvesm path local:snippets/x``); None when not a file storage."""
+        ...
+
+    def read_pve(self, relpath: str) -> str | None:
+        """``cat /etc/pve/<relpath>`` (VM configs, ``mapping/pci.cfg``); None when absent or unreadable."""
+        ...
+
+    def pci_driver(self, bus_id: str) -> str | None:
+        """``basename $(readlink /sys/bus/pci/devices/<bus_id>/driver)``; "" = no driver bound, None = no such device."""
+        ...
+
+    def running_cts(self) -> frozenset[int] | None:
+        """Running containers by PVE's own test, one read for all (``grep /var/lib/lxc/ /proc/net/unix``); None = cannot tell."""
+        ...
+
+    def pci_vendor(self, bus_id: str) -> str | None:
+        """``cat /sys/bus/pci/devices/<bus_id>/vendor`` (``0x10de`` is NVIDIA); None when unreadable."""
         ...

@@ -55,26 +55,14 @@ def reset_table(r: ResetReport) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def audit_text(rep: dict[str, Any]) -> str:
-    lines = [f"node {rep['node']}"]
-    for g in rep["gpus"]:
-        lines.append(f"GPU {g['index']} (/dev/nvidia{g['minor']}, {g['uuid']}): {g['used_mib'] if g['used_mib'] is not None else '?'} MiB used"
-                     + (f", {g['unattributed_mib']} MiB unattributed" if g.get("unattributed_mib") else "")
-                     + (f"  [{', '.join(g['flags'])}]" if g["flags"] else ""))
-        lines.append(f"  configured for: {', '.join('CT %d' % v for v in g['configured_for']) or '-'}")
-        for h in g["holders"]:
-            mem = "" if h["used_mib"] in (0, None) else f" {h['used_mib']} MiB"
-            lines.append(f"  held by {h['owner']}: pid {h['pid']} ({h['comm']}, {'+'.join(h['via'])}){mem}")
-        for pid in g["ghost_pids"]:
-            lines.append(f"  NVML lists pid {pid}, which no longer exists")
-    if rep["configured"]:
-        lines.append("configuration:")
-        for c in rep["configured"]:
-            what = "all GPUs" if c["all_gpus"] else ", ".join(f"/dev/nvidia{m}" for m in c["minors"])
-            lines.append(f"  CT {c['vmid']} on {c['node']}: {what}" + (f"  ({'; '.join(c['notes'])})" if c["notes"] else ""))
-    for p in rep["problems"]:
-        lines.append(f"problem: {p}")
-    return "\n".join(lines)
+def audit_text(rep: Any) -> str:
+    """The audit table, from a NodeAudit, the JSON document, or one node's JSON."""
+    from .render_audit import audit_table
+
+    doc = rep.to_json() if hasattr(rep, "to_json") else rep
+    if "nodes" not in doc:
+        doc = {"nodes": [doc], "attention": doc.get("attention")}
+    return audit_table(doc)
 
 
 def reset_human(r: ResetReport) -> str:

@@ -220,6 +220,43 @@ def node(s: Settings, log: EventLog | None = None) -> Node:
     return Node(Ports(pve, nvml, ProcHost(), SystemClock(), log or NullLog()), (nvml.close,))
 
 
+@dataclass
+class AuditPorts:
+    """What ``pvegpu audit`` reads through: NVML opened for one run only, PVE, ``/proc``, node files."""
+
+    open_probe: Any  # () -> GpuProbe, closed after the run
+    pve: Any
+    host: Any
+    files: Any
+    threshold_bytes: int
+
+
+def audit_ports(s: Settings) -> AuditPorts:
+    """Ports for ``pvegpu audit``: the simulated node, or this node (the API only if configured and needed)."""
+    threshold = s.gate.threshold_mib * MIB
+    if s.simulate:
+        from .sim.nodefiles import SimNodeFiles
+
+        pve, probe, host = _sim_ports(s)
+        return AuditPorts(lambda: probe, pve, host, SimNodeFiles(s.simulate), threshold)
+    from .adapters.nodefiles import LocalNodeFiles
+    from .adapters.procfs import ProcHost
+
+    def open_probe() -> Any:
+        from .adapters.nvml import NvmlProbe
+
+        return NvmlProbe()
+
+    return AuditPorts(open_probe, pve_port(s), ProcHost(), LocalNodeFiles(s.pve_root), threshold)
+
+
+def cluster_audits(timeout: float, options: list[str]) -> Any:
+    """The other nodes' audits, over the root SSH trust PVE sets up between cluster nodes."""
+    from .adapters.ssh import SshAudits
+
+    return SshAudits(timeout=timeout, options=options)
+
+
 def ct_lock(s: Settings, vmid: int, wait: float) -> Any:
     """The per-container reset lock (``/run/lock/pvegpu/<vmid>.lock``), as a context manager."""
     from .adapters.locks import ct_lock as lock

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import GpuQueryError
-from ..model import GpuInfo, GpuSample, NvmlProcess
+from ..model import GpuHealth, GpuInfo, GpuSample, NvmlProcess
 
 _HINT = "is the NVIDIA driver loaded on the host? try `nvidia-smi`; pvegpu needs libnvidia-ml.so.1"
 
@@ -104,6 +104,41 @@ class NvmlProbe:
             except (N.NVMLError, KeyError, GpuQueryError) as exc:
                 out[minor] = GpuSample(minor, None, None, f"NVML: {exc or type(exc).__name__}")
         return out
+
+
+    def _try(self, fn: str, *args: Any) -> Any:
+        """One NVML call; None when the GPU or driver cannot tell (NotSupported, any NVML error): unknown, never 0."""
+        try:
+            return getattr(self.N, fn)(*args)
+        except (self.N.NVMLError, AttributeError):
+            return None
+
+    def health(self, minor: int) -> GpuHealth:
+        """``nvidia-smi -q -i <minor> -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` + ``--query-gpu=mig.mode.current``; for the audit."""
+        N = self.N
+        h = self._handles.get(minor)
+        if h is None:
+            try:
+                self.gpus()
+            except GpuQueryError:
+                return GpuHealth()
+            h = self._handles.get(minor)
+            if h is None:
+                return GpuHealth()
+        mem = self._try("nvmlDeviceGetMemoryInfo", h, N.nvmlMemory_v2) if self._v2 else None
+        reserved = getattr(mem, "reserved", None)
+        remap = self._try("nvmlDeviceGetRemappedRows", h)  # (corrected, uncorrected, isPending, failureOccurred)
+        retired = self._try("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        mig = self._try("nvmlDeviceGetMigMode", h)  # [current, pending]
+        driver = self._try("nvmlSystemGetDriverVersion")
+        return GpuHealth(
+            reserved_bytes=None if reserved is None else int(reserved),
+            retired_pages_pending=None if retired is None else bool(retired),
+            remap_pending=None if remap is None else bool(remap[2]),
+            remap_failed=None if remap is None else bool(remap[3]),
+            mig_enabled=None if mig is None else bool(mig[0] == getattr(N, "NVML_DEVICE_MIG_ENABLE", 1)),
+            driver_version=None if driver is None else _s(driver),
+        )
 
 
 def _s(v: Any) -> str:

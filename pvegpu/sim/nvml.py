@@ -4,6 +4,9 @@ A CUDA context lives while any process holding it is alive: its owner, or a chil
 owner's device fds. While it lives, its memory counts in ``used`` and its *owner's* pid is listed,
 even after the owner died (the fork-after-init trap); a child that inherited it is never listed.
 ``leak_mib`` is memory no process holds. ``fail`` makes a GPU unreadable; ``hang`` makes reads slow.
+``driver_ready: false`` on any GPU is a node whose driver is not loaded yet (boot): NVML cannot start.
+Health knobs (absent = NVML cannot tell): ``reserved_mib``, ``remap_pending``, ``remap_failed``,
+``retired_pages_pending``, ``mig_enabled``, ``driver_version``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import time
 from collections.abc import Iterable
 
 from ..errors import GpuQueryError
-from ..model import MIB, GpuInfo, GpuSample, NvmlProcess
+from ..model import MIB, GpuHealth, GpuInfo, GpuSample, NvmlProcess
 from ..procstat import read_stat
 from .state import SimState
 
@@ -33,6 +36,8 @@ class SimNvml:
         gpus = self.state.gpus()
         if not gpus:
             raise GpuQueryError("NVML could not start: no GPU in the simulated node", "add gpus to the scenario")
+        if any(g.get("driver_ready") is False for g in gpus):
+            raise GpuQueryError("NVML could not start: Driver Not Loaded", "is the NVIDIA driver loaded on the host? try `nvidia-smi`")
         self.failed = [f"GPU {g.get('index', i)}: GPU is lost" for i, g in enumerate(gpus) if g.get("lost")]
         return [GpuInfo(int(g.get("index", i)), int(g["minor"]), str(g.get("uuid", f"GPU-sim-{g['minor']}")),
                         str(g.get("bus_id", f"0000:{0x41 + int(g['minor']):02x}:00.0")), str(g.get("name", "Simulated GPU")),
@@ -73,3 +78,14 @@ class SimNvml:
             procs = tuple(NvmlProcess(int(c["owner"]), int(c["bytes"])) for c in ctxs)  # type: ignore[call-overload]
             out[minor] = GpuSample(minor, used, procs)
         return out
+
+    def health(self, minor: int) -> GpuHealth:
+        """The scenario's health knobs for that GPU; a knob left out is unknown (None)."""
+        g = next((g for g in self.state.gpus() if int(g["minor"]) == minor), {})
+
+        def flag(name: str) -> bool | None:
+            return None if g.get(name) is None else bool(g[name])
+
+        reserved = g.get("reserved_mib")
+        return GpuHealth(None if reserved is None else int(reserved) * MIB, flag("retired_pages_pending"), flag("remap_pending"),
+                         flag("remap_failed"), flag("mig_enabled"), None if g.get("driver_version") is None else str(g["driver_version"]))

@@ -1,0 +1,46 @@
+"""PVE storage definitions from ``/etc/pve/storage.cfg`` (manual equivalent: ``pvesm status``, ``cat /etc/pve/storage.cfg``)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+
+@dataclass
+class Storage:
+    name: str
+    path: str
+    content: list[str]
+    shared: bool = False
+
+
+def read_storage(pve_root: str, name: str) -> Storage:
+    """A file-based storage from ``/etc/pve/storage.cfg`` (``local`` defaults to /var/lib/vz)."""
+    try:
+        with open(os.path.join(pve_root, "storage.cfg"), encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        text = ""
+    found: dict[str, Storage] = {}
+    cur: Storage | None = None
+    for line in text.splitlines():
+        if m := re.match(r"^(\w+):\s*(\S+)\s*$", line):
+            cur = found.setdefault(m.group(2), Storage(m.group(2), "", []))
+        elif cur is not None and (m := re.match(r"^\s+(\S+)\s*(.*?)\s*$", line)):
+            key, value = m.groups()
+            if key == "path":
+                cur.path = value
+            elif key == "content":
+                cur.content = [c for c in value.split(",") if c]
+            elif key == "shared":
+                cur.shared = value == "1"
+    st = found.get(name)
+    if st is not None and st.path:
+        return st
+    if name == "local" and st is None:
+        return Storage("local", "/var/lib/vz", ["iso", "vztmpl", "backup"])
+    raise UsageError(f"storage '{name}' is not a file-based storage in {pve_root}/storage.cfg",
+                     "hookscripts live in a directory storage with the 'snippets' content type (`pvesm status`)")

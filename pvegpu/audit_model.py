@@ -1,0 +1,229 @@
+"""Typed rows of ``pvegpu audit`` and their versioned JSON form (``pvegpu-audit`` schema, version 1).
+
+JSON (``pvegpu audit --json``)::
+
+    {"schema": "pvegpu-audit", "version": 1, "generated_at": <unix s>, "attention": bool,
+     "nodes": [{"node": "pve1", "ok": true, "error": null, "duration_seconds": 0.03,
+                "gpus": [GPU...], "guests": [GUEST...], "passthrough": [PCI...], "flags": [FLAG...]}]}
+
+Bytes are bytes (base units); null means unknown, never 0. New fields may be added within a version;
+a field is removed or changes meaning only with a new version.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model import MIB, GpuHealth
+
+SCHEMA = "pvegpu-audit"
+SCHEMA_VERSION = 1
+
+
+class FlagKind(enum.StrEnum):
+    """What the audit found; ``attention`` says whether an operator must act."""
+
+    SHARED = "shared"
+    DEAD_PID = "dead-pid"
+    UNATTRIBUTED = "unattributed-memory"
+    HOST_HOLDER = "host-holder"
+    UNKNOWN_PLACE = "unknown-placement"
+    MISSING_NODE = "missing-device-node"
+    MISSING_HOOKSCRIPT = "missing-hookscript"
+    ALL_GPUS = "all-gpus-wildcard"
+    UNREADABLE = "unreadable-gpu"
+    USAGE_UNKNOWN = "usage-unknown"
+    HEALTH = "health"
+    CONFIG_UNREADABLE = "config-unreadable"
+    NODE_UNREACHABLE = "node-unreachable"
+
+    @property
+    def attention(self) -> bool:
+        return self not in (FlagKind.SHARED, FlagKind.USAGE_UNKNOWN)
+
+    @property
+    def advice(self) -> str:
+        return ADVICE[self]
+
+
+ADVICE: dict[FlagKind, str] = {
+    FlagKind.SHARED: "several containers use this GPU; pvegpu reset of one never touches the others, but nothing limits their memory",
+    FlagKind.DEAD_PID: "NVML lists a pid that is gone: a forked child keeps its context; `pvegpu reset <vmid> --dry-run` shows it",
+    FlagKind.UNATTRIBUTED: "memory no live process accounts for: `fuser -v /dev/nvidia<minor>`; if nothing holds it, `nvidia-smi -r` when idle",
+    FlagKind.HOST_HOLDER: "a host process (no guest) holds this GPU: check it should (monitoring, persistenced); pvegpu never signals it",
+    FlagKind.UNKNOWN_PLACE: "where this process runs could not be read (`cat /proc/<pid>/cgroup`); its memory is counted as nobody's",
+    FlagKind.MISSING_NODE: "this container will not start: create the nodes at boot (contrib/systemd/pvegpu-nvidia-nodes.service) or drop the entry",
+    FlagKind.MISSING_HOOKSCRIPT: "this container will not start on this node: `pvegpu hook install <vmid>` copies the guard here",
+    FlagKind.ALL_GPUS: "`c 195:*` grants every GPU with no /dev/nvidiaN named: name the GPUs with devN entries",
+    FlagKind.UNREADABLE: "NVML cannot read it: `nvidia-smi -q -i <index>`, `dmesg | grep -i xid`",
+    FlagKind.USAGE_UNKNOWN: "per-process memory is not reported (MIG): leftovers cannot be measured on this GPU",
+    FlagKind.HEALTH: "a reset is pending for row remapping / page retirement: `nvidia-smi -r -i <index>` once the GPU is idle",
+    FlagKind.CONFIG_UNREADABLE: "the guest's config could not be read: `pct config <vmid>`",
+    FlagKind.NODE_UNREACHABLE: "no live audit from this node: `ssh root@<node> pvegpu audit --json`",
+}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One finding: what, about which GPU or guest, and the advice."""
+
+    kind: FlagKind
+    subject: str  # "GPU 0", "lxc/129", "node pve2"
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "subject": self.subject, "detail": self.detail, "advice": self.kind.advice,
+                "attention": self.kind.attention}
+
+
+@dataclass(frozen=True)
+class HolderRow:
+    """A live process holding a GPU: host pid, pid in its container, who runs it, where, how much, how seen."""
+
+    pid: int
+    ns_pid: int | None
+    comm: str
+    cmdline: str
+    uid: int | None
+    place: str  # "lxc", "qemu", "host", "monitor", "unknown"
+    vmid: int | None
+    hostname: str | None
+    used_bytes: int | None  # NVML's number; None = not listed or not reported
+    via: tuple[str, ...]  # "nvml", "fd", "maps"
+
+    @property
+    def guest_id(self) -> str | None:
+        return f"{self.place}/{self.vmid}" if self.place in ("lxc", "qemu") and self.vmid is not None else None
+
+    @property
+    def owner(self) -> str:
+        if self.place == "lxc":
+            return f"CT {self.vmid}"
+        if self.place == "qemu":
+            return f"VM {self.vmid}"
+        if self.place == "monitor":
+            return f"monitor {self.vmid}"
+        return self.place
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "ns_pid": self.ns_pid, "comm": self.comm, "cmdline": self.cmdline, "uid": self.uid,
+                "place": self.place, "vmid": self.vmid, "id": self.guest_id, "hostname": self.hostname, "owner": self.owner,
+                "used_bytes": self.used_bytes, "used_mib": _mib(self.used_bytes), "via": list(self.via)}
+
+
+@dataclass(frozen=True)
+class GuestRow:
+    """A guest whose configuration grants GPUs (running or not)."""
+
+    vmid: int
+    type: str  # "lxc" or "qemu"
+    node: str
+    name: str | None
+    status: str  # "running", "stopped", "unknown"
+    minors: tuple[int, ...] = ()
+    all_gpus: bool = False
+    bus_ids: tuple[str, ...] = ()  # VMs: hostpci ids (mappings resolved for this node)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{self.type}/{self.vmid}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "vmid": self.vmid, "type": self.type, "node": self.node, "name": self.name, "status": self.status,
+                "minors": list(self.minors), "all_gpus": self.all_gpus, "bus_ids": list(self.bus_ids), "notes": list(self.notes)}
+
+
+@dataclass(frozen=True)
+class PassthroughRow:
+    """A PCI device a VM's ``hostpciN`` names, with the driver the host has bound to it now."""
+
+    vmid: int
+    key: str  # hostpci0
+    bus_id: str
+    mapping: str | None
+    driver: str | None  # "vfio-pci", "nvidia", "" (none), None (no such device / unreadable)
+    vendor: str | None  # "0x10de" = NVIDIA
+
+    @property
+    def note(self) -> str:
+        if self.driver == "vfio-pci":
+            return f"bound to vfio-pci: passed through to VM {self.vmid}; host NVML cannot see it"
+        if self.driver is None:
+            return "no such PCI device on this node"
+        if self.driver == "":
+            return "no driver bound; bound to vfio-pci when the VM starts"
+        return f"host driver {self.driver}; bound to vfio-pci when VM {self.vmid} starts (unless driver=keep)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": f"qemu/{self.vmid}", "vmid": self.vmid, "key": self.key, "bus_id": self.bus_id, "mapping": self.mapping,
+                "driver": self.driver, "vendor": self.vendor, "note": self.note}
+
+
+@dataclass
+class GpuRow:
+    """One GPU of the node: identity, memory, health, holders and the guests configured for it."""
+
+    index: int
+    minor: int
+    uuid: str
+    bus_id: str
+    name: str
+    total_bytes: int | None = None
+    used_bytes: int | None = None
+    unattributed_bytes: int | None = None
+    health: GpuHealth = field(default_factory=GpuHealth)
+    holders: list[HolderRow] = field(default_factory=list)
+    dead_pids: list[int] = field(default_factory=list)
+    granted_to: list[str] = field(default_factory=list)  # guest ids, "lxc/129" / "qemu/200"
+    flags: list[FlagKind] = field(default_factory=list)
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        h = self.health
+        return {"index": self.index, "minor": self.minor, "uuid": self.uuid, "bus_id": self.bus_id, "name": self.name,
+                "readable": self.error is None, "error": self.error,
+                "total_bytes": self.total_bytes, "used_bytes": self.used_bytes, "reserved_bytes": h.reserved_bytes,
+                "unattributed_bytes": self.unattributed_bytes, "used_mib": _mib(self.used_bytes),
+                "unattributed_mib": _mib(self.unattributed_bytes),
+                "health": {"retired_pages_pending": h.retired_pages_pending, "remap_pending": h.remap_pending,
+                           "remap_failed": h.remap_failed, "mig_enabled": h.mig_enabled},
+                "driver_version": h.driver_version,
+                "holders": [x.to_json() for x in self.holders], "dead_pids": list(self.dead_pids),
+                "granted_to": list(self.granted_to),
+                "configured_for": sorted(int(g.split("/")[1]) for g in self.granted_to if g.startswith("lxc/")),
+                "flags": [f.value for f in self.flags]}
+
+
+@dataclass
+class NodeAudit:
+    """The audit of one node."""
+
+    node: str
+    gpus: list[GpuRow] = field(default_factory=list)
+    guests: list[GuestRow] = field(default_factory=list)
+    passthrough: list[PassthroughRow] = field(default_factory=list)
+    flags: list[Flag] = field(default_factory=list)
+    error: str | None = None  # the GPUs as a whole could not be read (NVML down) or the node not reached
+    duration_seconds: float | None = None
+
+    @property
+    def attention(self) -> bool:
+        return self.error is not None or any(f.kind.attention for f in self.flags)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "ok": self.error is None, "error": self.error, "duration_seconds": self.duration_seconds,
+                "attention": self.attention, "gpus": [g.to_json() for g in self.gpus], "guests": [g.to_json() for g in self.guests],
+                "passthrough": [p.to_json() for p in self.passthrough], "flags": [f.to_json() for f in self.flags]}
+
+
+def document(nodes: list[dict[str, Any]], generated_at: float) -> dict[str, Any]:
+    """The versioned JSON document around node audits (already in JSON form: local or from other nodes)."""
+    return {"schema": SCHEMA, "version": SCHEMA_VERSION, "generated_at": round(generated_at, 3),
+            "attention": any(n.get("attention") or not n.get("ok", False) for n in nodes), "nodes": nodes}
+
+
+def _mib(value: int | None) -> int | None:
+    return None if value is None else round(value / MIB)

@@ -1,0 +1,98 @@
+"""``pvegpu audit --cluster``: this node's audit plus every other node's own, fetched live.
+
+The node list and addresses come from the cluster membership (``/etc/pve/.members``, as ``pvecm nodes``
+shows it). Each other online node is asked over the root SSH trust PVE sets up between nodes
+(``ssh -o BatchMode=yes root@<ip> pvegpu audit --json``, see ``adapters/ssh.py``), in parallel, each with a
+deadline. A node that is offline, unreachable, without pvegpu or answering garbage is an error row carrying
+its configured guests (read here from ``/etc/pve/nodes/<node>/``), never a silent gap.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .audit_model import SCHEMA, SCHEMA_VERSION, Flag, FlagKind, NodeAudit
+
+
+@dataclass(frozen=True)
+class Member:
+    """One node of the cluster membership: ``/etc/pve/.members`` ``nodelist`` entry."""
+
+    name: str
+    ip: str
+    online: bool
+
+
+def parse_members(text: str | None) -> list[Member]:
+    """``/etc/pve/.members`` (JSON) → members, sorted by name; [] when not a cluster or unreadable."""
+    try:
+        data = json.loads(text or "")
+    except ValueError:
+        return []
+    nodes = data.get("nodelist") if isinstance(data, dict) else None
+    if not isinstance(nodes, dict):
+        return []
+    out = []
+    for name, n in nodes.items():
+        if isinstance(n, dict) and isinstance(name, str):
+            out.append(Member(name, str(n.get("ip") or ""), bool(n.get("online"))))
+    return sorted(out, key=lambda m: m.name)
+
+
+Fetch = Callable[[list[Member]], Mapping[str, "Mapping[str, Any] | str"]]  # node -> its audit document, or why not
+
+
+def _error_row(name: str, why: str, guests: list[dict[str, Any]]) -> dict[str, Any]:
+    flag = Flag(FlagKind.NODE_UNREACHABLE, f"node {name}", why)
+    return {"node": name, "ok": False, "error": why, "duration_seconds": None, "attention": True, "gpus": [],
+            "guests": guests, "passthrough": [], "flags": [flag.to_json()]}
+
+
+def _node_from(doc: Mapping[str, Any] | str, name: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The node's entry of a remote document, or why it cannot be used."""
+    if isinstance(doc, str):
+        return None, doc
+    if doc.get("schema") != SCHEMA or not isinstance(doc.get("version"), int):
+        return None, "answer is not a pvegpu audit document"
+    if doc["version"] > SCHEMA_VERSION:
+        return None, f"pvegpu there writes audit schema version {doc['version']}; this pvegpu reads up to {SCHEMA_VERSION} (upgrade it here)"
+    nodes = [n for n in doc.get("nodes", []) if isinstance(n, Mapping)]
+    if len(nodes) != 1:
+        return None, f"expected one node in its answer, got {len(nodes)}"
+    node = dict(nodes[0])
+    if node.get("node") != name:
+        return None, f"answered as node {node.get('node')!r}: check the address in /etc/pve/.members"
+    return node, None
+
+
+def audit_cluster(local: NodeAudit, members: list[Member], fetch: Fetch) -> list[dict[str, Any]]:
+    """Node entries for the JSON document: this node first, then every other member (live, or an error row).
+
+    ``local`` may list other nodes' guests (read from configs); they move to those nodes' error rows when the
+    node does not answer, and are dropped when it does (its own audit lists them, with their status).
+    """
+    mine = local.to_json()
+    others_guests: dict[str, list[dict[str, Any]]] = {}
+    kept = []
+    for g in mine["guests"]:
+        if g["node"] == local.node:
+            kept.append(g)
+        else:
+            others_guests.setdefault(g["node"], []).append(g)
+    mine["guests"] = kept
+    others = [m for m in members if m.name != local.node]
+    answers = fetch([m for m in others if m.online]) if any(m.online for m in others) else {}
+    out = [mine]
+    for m in others:
+        if not m.online:
+            out.append(_error_row(m.name, "offline in the cluster membership (`pvecm status`)", others_guests.get(m.name, [])))
+            continue
+        node, why = _node_from(answers.get(m.name, "no answer"), m.name)
+        out.append(node if node is not None else _error_row(m.name, why or "no answer", others_guests.get(m.name, [])))
+    known = {m.name for m in members} | {local.node}
+    for name in sorted(set(others_guests) - known):  # guests on a node the membership does not list
+        out.append(_error_row(name, "not in the cluster membership", others_guests[name]))
+    return out
