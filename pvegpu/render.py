@@ -76,6 +76,9 @@ def reset_human(r: ResetReport) -> str:
         lines.append(f"CT {r.vmid}: GPU memory verified free in {r.elapsed:.2f} s" + (" (after a restart)" if r.restarted else ""))
     elif outcome == "dry-run":
         lines.append(f"CT {r.vmid}: dry run, nothing was signalled")
+    elif outcome == "not verified":
+        lines.append(f"CT {r.vmid}: NOT verified after {r.elapsed:.2f} s: the memory came back, but too late to hold for the settle "
+                     "window before the deadline; run it again or raise --timeout")
     else:
         lines.append(f"CT {r.vmid}: {outcome} after {r.elapsed:.2f} s")
     for problem, action in r.diagnosis:
