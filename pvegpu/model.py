@@ -138,6 +138,7 @@ class ProcInfo:
     ppid: int | None = None  # parent pid on the host (stat field 4), to name who respawned a holder
     uid: int | None = None  # real uid on the host (``/proc/<pid>/status`` Uid:), for audit
     cmdline: str = ""  # escaped ``/proc/<pid>/cmdline`` (tenant text: display only, never decide on it)
+    term_futile: bool = False  # SIGTERM cannot reach it: ignored (SigIgn), or a nested namespace's init without a handler
 
     @property
     def pid(self) -> int:

@@ -52,15 +52,21 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
 
 
 def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> None:
-    """SIGTERM to every target, SIGKILL to those still there after ``grace``; survivors are named."""
+    """SIGTERM to every target, SIGKILL to those still there after ``grace``; survivors are named. A target that
+    SIGTERM cannot reach (it ignores it, or it is a nested namespace's init without a handler) gets SIGKILL at once."""
     pol = run.policy
     run.step("round", "start", f"round {n}: {len(targets)} holder(s) in CT {run.vmid}", pids=[h.pid for h in targets])
-    live = send(run, targets, signal.SIGTERM)
-    live = wait_gone(run, live, pol.grace)
-    if live:
-        live = send(run, live, signal.SIGKILL)
-        live = wait_gone(run, live, pol.kill_wait)
-    for h in live:
+    futile = [h for h in targets if h.info.term_futile]
+    termed = send(run, [h for h in targets if not h.info.term_futile], signal.SIGTERM)
+    killed: list[Holder] = []
+    if futile:
+        run.step("signal", "skipped", f"SIGTERM cannot reach pid(s) {', '.join(str(h.pid) for h in futile)} (ignored, or the init "
+                 "of a nested PID namespace without a handler): SIGKILL at once", pids=[h.pid for h in futile])
+        killed = send(run, futile, signal.SIGKILL)
+    termed = wait_gone(run, termed, pol.grace)
+    if termed:
+        killed += send(run, termed, signal.SIGKILL)
+    for h in wait_gone(run, killed, pol.kill_wait):
         d = run.p.host.describe(h.pid)
         state = d.state if d else "?"
         run.step("survivor", "failed", f"pid {h.pid} ({h.info.comm}) survived SIGKILL, state {state}", pid=h.pid, state=state)

@@ -55,6 +55,7 @@ class FakeProc:
     state: str = "S"  # D: uninterruptible, never dies
     exit_delay: float = 0.1  # seconds from signal to death
     init: bool = False
+    term_futile: bool = False  # what /proc/<pid>/status says: SIGTERM ignored, or a nested namespace's init without a handler
     maps: bool = True  # maps the device (a CUDA context owner); False: an NVML client with an fd only
     respawn: dict[str, Any] | None = None  # its parent restarts a copy on death: FakeProc fields, plus
     # "times" (how many copies, default: forever) and "delay" (seconds from death to the copy)
@@ -113,7 +114,7 @@ class FakeHost:
             return None
         place = Placement(Place.CONTAINER, p.vmid) if p.vmid else Placement(Place.HOST)
         return ProcInfo(ProcIdentity(pid, p.start), p.comm, p.state, place, f"/lxc/{p.vmid}/ns" if p.vmid else "/",
-                        1 if p.init else pid - 4000, p.init, ppid=p.ppid)
+                        1 if p.init else pid - 4000, p.init, ppid=p.ppid, term_futile=p.term_futile)
 
     def ct_pids(self, vmid: int) -> list[int]:
         return sorted(p.pid for p in self.procs.values() if p.vmid == vmid)

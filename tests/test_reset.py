@@ -536,3 +536,14 @@ def test_ha_start_acting_late_reports_stopped_with_start_pending(node):
     r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
     assert r.left_stopped and r.ct_state == "stopped" and not r.restarted and r.exit_code == E.EXIT_PVE
     assert any("left STOPPED (its start was requested" in d for d, _ in r.diagnosis)
+
+
+def test_sigterm_that_cannot_arrive_is_not_waited_for(node):
+    """A holder SIGTERM cannot reach (it ignores it, or it is a nested namespace's init without a handler) gets
+    SIGKILL at once instead of after the grace period."""
+    _, host, probe, pve = node
+    p = host.add(129, minors={0}, on_term="ignore", term_futile=True)
+    probe.context(0, 1024, p)
+    r = run(node, grace=10.0)
+    assert r.exit_code == 0 and host.signals == [(p.pid, "SIGKILL")]
+    assert r.elapsed < 2.0  # not the 10 s grace

@@ -286,3 +286,30 @@ def test_tenant_text_is_escaped_and_new_fields_filled():
     finally:
         p.kill()
         p.wait()
+
+
+def test_sigterm_futility_read_from_status():
+    """A process that ignores SIGTERM is marked term_futile (SIGKILL need not wait); a plain one is not."""
+    ign = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(60)"],
+                           stdout=subprocess.PIPE)
+    plain = subprocess.Popen([sys.executable, "-c", "import time; print(1, flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        assert ign.stdout is not None and plain.stdout is not None
+        ign.stdout.readline()
+        plain.stdout.readline()
+        host = ProcHost(DeviceTable({}))
+        assert host.describe(ign.pid).term_futile and not host.describe(plain.pid).term_futile
+    finally:
+        for p in (ign, plain):
+            p.kill()
+            p.wait()
+
+
+def test_nested_namespace_init_without_handler_is_term_futile():
+    """PID 1 of a nested PID namespace without a SIGTERM handler cannot get SIGTERM from the host: term_futile."""
+    from pvegpu.adapters.procfs import term_futile
+
+    status = b"Name:\tpython\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000002\n"
+    assert term_futile(status, [5000, 40, 1]) and not term_futile(status, [5000, 40]) and not term_futile(status, [5000, 1])
+    handled = status.replace(b"0000000000000002", b"0000000000004002")
+    assert not term_futile(handled, [5000, 40, 1])

@@ -57,6 +57,26 @@ def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
         return None
 
 
+SIGTERM_BIT = 1 << (15 - 1)
+
+
+def term_futile(data: bytes, nspid: list[int]) -> bool:
+    """Would SIGTERM from the host be dropped? It is when the process ignores it (``SigIgn``), and when it is
+    PID 1 of a PID namespace below the container's (docker in a CT) without a handler (``SigCgt``): the kernel
+    delivers only handled signals, SIGKILL and SIGSTOP to a namespace's init. Then SIGKILL need not wait ``grace``."""
+    masks = {}
+    for line in data.split(b"\n"):
+        key, _, value = line.partition(b":")
+        if key in (b"SigIgn", b"SigCgt"):
+            try:
+                masks[key] = int(value.strip(), 16)
+            except ValueError:
+                return False
+    if masks.get(b"SigIgn", 0) & SIGTERM_BIT:
+        return True
+    return len(nspid) > 2 and nspid[-1] == 1 and b"SigCgt" in masks and not masks[b"SigCgt"] & SIGTERM_BIT
+
+
 def parse_status(data: bytes) -> tuple[list[int], int | None, int]:
     """(NSpid, real uid, Threads) from ``/proc/<pid>/status``; the kernel writes these lines, not the tenant.
 
@@ -168,7 +188,8 @@ class ProcHost:
         st = read_stat(pid, self.proc)
         if st is None:
             return None
-        nspid, uid, _threads = parse_status(_read_bytes(f"{self.proc}/{pid}/status") or b"")
+        status = _read_bytes(f"{self.proc}/{pid}/status") or b""
+        nspid, uid, _threads = parse_status(status)
         placement, path = self.boundary.place(pid, st)
         ns_pid, is_init = self.boundary.view(pid, placement, nspid)
         cmd = (_read_bytes(f"{self.proc}/{pid}/cmdline", CMDLINE_READ) or b"").rstrip(b"\0").replace(b"\0", b" ")
@@ -183,6 +204,7 @@ class ProcHost:
             ppid=st.ppid,
             uid=uid,
             cmdline=escape(cmd, CMDLINE_SHOWN),
+            term_futile=term_futile(status, nspid),
         )
 
     def all_pids(self) -> list[int]:
