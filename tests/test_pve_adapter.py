@@ -33,10 +33,11 @@ def test_http_errors_mapped_with_hint(status, hint):
 
 @responses.activate
 def test_connection_error_mapped():
-    """A refused connection is a PveApiError, not a requests traceback."""
-    responses.add(responses.GET, f"{BASE}/cluster/resources", body=requests.ConnectionError("refused"))
-    with pytest.raises(PveApiError, match="cannot reach the API"):
+    """A refused connection is a PveApiError naming host:port and the cause, not a requests traceback."""
+    responses.add(responses.GET, f"{BASE}/cluster/resources", body=requests.ConnectionError("[Errno 111] Connection refused"))
+    with pytest.raises(PveApiError, match="list guests: connection to pve.test:8006 refused") as exc:
         offline_api().guests()
+    assert "pveproxy" in exc.value.hint and "certificate" not in exc.value.hint
 
 
 @responses.activate
@@ -156,7 +157,9 @@ def test_https_connect_verifies_ca_and_pinned_fingerprint(pve, fakepve_cafile, t
     der = ssl.PEM_cert_to_DER_cert(open(fakepve_cafile).read())
     fp = ":".join(f"{b:02X}" for b in hashlib.sha256(der).digest())
     assert ProxmoxerPve(connect(ApiSettings(**base, fingerprint=fp), "https")).guests()
-    with pytest.raises(PveApiError, match="cannot reach the API"):
+    with pytest.raises(PveApiError, match=f"does not match api.fingerprint") as exc:
         ProxmoxerPve(connect(ApiSettings(**base, fingerprint="00" * 32), "https")).guests()
-    with pytest.raises(PveApiError, match="cannot reach the API"):
+    assert "pvenode cert info" in exc.value.hint
+    with pytest.raises(PveApiError, match=f"TLS verification of {host}:{port} failed") as exc:
         ProxmoxerPve(connect(ApiSettings(**base, verify="true"), "https")).guests()
+    assert "pve-root-ca.pem" in exc.value.hint
