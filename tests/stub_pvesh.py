@@ -4,7 +4,8 @@
 next to it. A rule is keyed by "<verb> <path>" (or "*" for every call) and may set:
 ``json`` (the answer), ``raw`` (stdout text), ``raw_hex`` (stdout bytes), ``stderr``, ``exit``,
 ``sleep`` (seconds before answering), ``child`` (seconds a forked child lives holding stdout and stderr),
-``setsid_child`` (the same child, in its own session, out of pvesh's process group).
+``setsid_child`` (the same child, in its own session, out of pvesh's process group), ``pidfile`` (where the
+child writes its pid, in the stub's directory).
 Every call is appended to ``calls.log`` as one line: "<verb> <path>".
 """
 
@@ -60,6 +61,9 @@ def main(argv: list[str]) -> int:
         if rule.get(kind) and os.fork() == 0:
             if kind == "setsid_child":
                 os.setsid()
+            if rule.get("pidfile"):
+                with open(os.path.join(here, rule["pidfile"]), "w") as f:
+                    f.write(str(os.getpid()))
             time.sleep(float(rule[kind]))
             os._exit(0)
     time.sleep(float(rule.get("sleep", 0)))

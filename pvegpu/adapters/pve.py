@@ -246,7 +246,11 @@ class ProxmoxerPve:
 
 
 def _timeout(api: Any) -> float | None:
-    t = getattr(api._store.get("session"), "timeout", None)
+    """The configured timeout: on the pvesh session, or on the https session's auth (proxmoxer keeps it there)."""
+    session = api._store.get("session")
+    t = getattr(session, "timeout", None)
+    if t is None:
+        t = getattr(getattr(session, "auth", None), "timeout", None)
     if isinstance(t, tuple):
         t = t[-1]
     return float(t) if isinstance(t, (int, float)) else None
