@@ -5,7 +5,7 @@ next to it. A rule is keyed by "<verb> <path>" (or "*" for every call) and may s
 ``json`` (the answer), ``raw`` (stdout text), ``raw_hex`` (stdout bytes), ``stderr``, ``exit``,
 ``sleep`` (seconds before answering), ``child`` (seconds a forked child lives holding stdout and stderr),
 ``setsid_child`` (the same child, in its own session, out of pvesh's process group), ``pidfile`` (where the
-child writes its pid, in the stub's directory).
+child writes its pid, in the stub's directory), ``write`` ([path, text]: a file written before answering).
 Every call is appended to ``calls.log`` as one line: "<verb> <path>".
 """
 
@@ -66,6 +66,9 @@ def main(argv: list[str]) -> int:
                     f.write(str(os.getpid()))
             time.sleep(float(rule[kind]))
             os._exit(0)
+    if rule.get("write"):
+        with open(rule["write"][0], "w") as f:
+            f.write(rule["write"][1])
     time.sleep(float(rule.get("sleep", 0)))
     out = sys.stdout.buffer
     if "raw_hex" in rule:
