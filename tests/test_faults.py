@@ -166,7 +166,7 @@ def test_https_read_timeout(https):
     fake.flaky_network(hang_rate=1.0, hang_secs=2)
     r = cli(RESET, config=config(timeout=1), sim=sim, bound=20)
     fake.flaky_network()
-    assert r.rc == 4 and f"did not answer within 1 s" in r.err and "api.timeout" in r.err and "certificate" not in r.err, r.err
+    assert r.rc == 4 and "did not answer within 1 s" in r.err and "api.timeout" in r.err and "certificate" not in r.err, r.err
 
 
 def test_https_bad_token(https):
@@ -177,7 +177,7 @@ def test_https_bad_token(https):
     assert r.rc == 4 and "401" in r.err and "api.token" in r.err
 
 
-def _token(https, tmp_path_factory=None):
+def _token(https):
     fake, ct, config, sim = https
     fake.apitokens["pvegpu@pve!t"] = "a1b2"
     return config(user="pvegpu@pve", token_name="t")
@@ -241,15 +241,22 @@ def test_https_stop_task_fails(https):
     assert not r.report["left_stopped"]
 
 
-def test_https_start_fails_after_stop(https):
-    """Stop OK and GPU clean, then the start fails: exit 4 and the CT left stopped, said in JSON and in human output."""
+@pytest.mark.parametrize("json_out", [True, False])
+def test_https_start_fails_after_stop(https, json_out):
+    """Stop OK and GPU clean, then the start fails: exit 4 and the CT left stopped, said in the JSON and the human output."""
     fake, ct, config, sim = https
     ct.start_error = "startup for container '129' failed"
-    r = cli(RESET, config=config(), sim=sim)
-    assert r.rc == 4 and r.report["left_stopped"] and ct.status == "stopped"
-    clear_leak(sim)
-    human = cli(["reset", "129"], config=config(), sim=sim)  # already stopped: nothing to restart, said so
-    assert ct.status == "stopped" and "Traceback" not in human.err
+    r = cli(RESET if json_out else ["reset", "129"], config=config(), sim=sim)
+    assert r.rc == 4 and ct.status == "stopped", r.out + r.err
+    assert r.report["left_stopped"] if json_out else "CT 129 was left STOPPED" in r.out
+
+
+@pytest.mark.xfail(strict=True, reason="needs factory wiring: an API configured off the node serves reset --dry-run")
+def test_https_dry_run_off_the_node(https):
+    """reset --dry-run with api.host and a token but no /etc/pve: the API is used (exit 0), not "no API configured"."""
+    fake, ct, config, sim = https
+    r = cli(["reset", "129", "--dry-run", "--json"], config=config(), sim=sim)
+    assert r.rc == 0 and r.report["outcome"] == "dry-run", r.err
 
 
 @pytest.mark.xfail(strict=True, reason="needs reset fix: every exit after a stop request reports the real state")
