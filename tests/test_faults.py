@@ -57,6 +57,9 @@ def cli(args, *, config=None, sim=None, env=None, bound=30.0, module="tests.faul
         out, err = p.communicate()
         rc = None
     wall = time.monotonic() - t0
+    if os.environ.get("FAULT_MATRIX_OUT"):  # the matrix for a report: one JSON line per command run
+        with open(os.environ["FAULT_MATRIX_OUT"], "a") as f:
+            f.write(json.dumps({"case": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0], "rc": rc, "wall": round(wall, 2)}) + "\n")
     assert "Traceback" not in err + out, err
     return Run(rc, out, err, wall)
 
