@@ -12,15 +12,13 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import ConfigError, NotFoundError, PveApiError
 from ..model import CtStatus, Guest
 from ..settings import ApiSettings
 from . import answers
 from .pvesh import PveshError, PveshSession
-
-T = TypeVar("T")
 
 
 def read_token(path: str) -> str:
@@ -142,8 +140,9 @@ class ProxmoxerPve:
         u = urlsplit(base)
         return f"{u.hostname}:{u.port or 8006}"
 
-    def _call(self, what: str, fn: Callable[[], Any], check: Callable[[Any], T]) -> T:
-        """Run one API call and check the answer's shape; every failure is a PveApiError naming ``what``."""
+    def _call(self, what: str, fn: Callable[[], Any], check: Callable[[Any], Any] | None = None) -> Any:
+        """Run one API call and check the answer's shape (``check``, from answers.py); every failure is a
+        PveApiError (a missing CA file: ConfigError) naming ``what``."""
         from proxmoxer import AuthenticationError, ResourceException
 
         try:
@@ -167,6 +166,8 @@ class ProxmoxerPve:
                                   "copy /etc/pve/pve-root-ca.pem from the node there, or pin api.fingerprint") from exc
             cause, hint = _transport(exc, self.target, _timeout(self.api))
             raise PveApiError(f"{what}: {cause}", hint) from exc
+        if check is None:
+            return answer
         try:
             return check(answer)
         except answers.BadAnswer as exc:
