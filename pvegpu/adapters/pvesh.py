@@ -26,6 +26,7 @@ from typing import Any
 
 PVESH = "pvesh"
 EXIT_GRACE = 0.5  # seconds a pipe may stay open after pvesh exited (a lingering child of it)
+REAP_WAIT = 1.0  # seconds to reap pvesh after the group kill
 MAX_OUTPUT = 32 * 1024 * 1024  # bytes kept per stream; the rest is discarded
 UPID_RE = re.compile(r"UPID:[A-Za-z0-9][A-Za-z0-9.-]*:[0-9A-Fa-f]{8}:[0-9A-Fa-f]{8,9}:[0-9A-Fa-f]{8}:[A-Za-z0-9_-]+:[^:\s]*:[^:\s]+:")
 TASK_PATHS = re.compile(r"/(lxc|qemu)/\d+/status/(stop|start|shutdown|reboot)$")
@@ -60,7 +61,8 @@ def _exited(pid: int) -> bool:
 
 
 def run_bounded(cmd: list[str], timeout: float, *, exit_grace: float = EXIT_GRACE, env: Mapping[str, str] | None = None) -> Finished:
-    """Run ``cmd`` in a new process group; everything (its children included) is over within ``timeout`` s.
+    """Run ``cmd`` in a new process group; within ``timeout`` s (plus at most REAP_WAIT to reap it) the whole
+    group, its children included, is killed and the pipes are closed, whatever the children do with them.
 
     Raises FileNotFoundError / PermissionError when the program cannot be started.
     """
@@ -96,18 +98,18 @@ def run_bounded(cmd: list[str], timeout: float, *, exit_grace: float = EXIT_GRAC
                 elif len(bufs[key.fd]) < MAX_OUTPUT:
                     bufs[key.fd] += data
         timed_out = not exited
+    finally:
         try:  # the leader is alive or an unreaped zombie here: the group id is still ours
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        try:
-            rc: int | None = proc.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:  # stuck in the kernel (D state): abandoned, not waited for
-            rc = None
-    finally:
         sel.close()
         proc.stdout.close()
         proc.stderr.close()
+    try:
+        rc: int | None = proc.wait(timeout=REAP_WAIT)
+    except subprocess.TimeoutExpired:  # stuck in the kernel (D state): abandoned, not waited for
+        rc = None
     return Finished(bytes(bufs[out_fd]), bytes(bufs[err_fd]), None if timed_out else rc, timed_out)
 
 
