@@ -319,8 +319,7 @@ def run(args: list[str], opts: wiring.GlobalOptions) -> int:
         sys.stderr.write("aborted\n")
         return 130
     except E.PvegpuError as exc:
-        if json_out:
+        if json_out:  # the JSON consumer gets JSON; the person watching still gets the message
             _echo_json(E.to_json(exc))
-        else:
-            sys.stderr.write(E.render(exc) + "\n")
+        sys.stderr.write(E.render(exc) + "\n")
         return exc.exit_code

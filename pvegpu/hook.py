@@ -79,10 +79,9 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         vmid = check_vmid(words[0])
         v = bounded_verdict(vmid, wiring.settings(opts))
     except E.PvegpuError as exc:
-        if json_out:
+        if json_out:  # the JSON consumer gets JSON; the person watching still gets the message
             print(json.dumps(E.to_json(exc), indent=2), file=out)
-        else:
-            print(E.render(exc), file=err)
+        print(E.render(exc), file=err)
         return exc.exit_code
     print(json.dumps(v["json"], indent=2) if json_out else v["text"], file=out)
     return E.EXIT_OK if v["allow"] else E.EXIT_REFUSED

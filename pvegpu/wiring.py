@@ -141,12 +141,8 @@ def api_client(s: Settings, node: str = "") -> Any:
         return None
     from .adapters.pve import ProxmoxerPve, connect
 
-    cfg = s.api
-    if backend == "local":  # pvesh runs stop/start synchronously: never kill it before the task deadline
-        from dataclasses import replace
-
-        cfg = replace(cfg, timeout=max(cfg.timeout, s.reset.task_timeout + 10))
-    return ProxmoxerPve(connect(cfg, backend), node=node)
+    # pvesh runs stop/start synchronously: those get the task deadline, every read api.timeout
+    return ProxmoxerPve(connect(s.api, backend, task_timeout=s.reset.task_timeout), node=node)
 
 
 def pve_port(s: Settings) -> Any:
@@ -163,18 +159,43 @@ def pve_port(s: Settings) -> Any:
     return NodePve(local, (lambda: api_client(s, node)) if has_api else None)
 
 
-class LazyNvml:
-    """nvidia-ml-py, opened on the first reading (so a bad vmid is reported before NVML is touched) and
-    closed by ``close()``: a resident NVML client would block ``nvidia-smi -r`` and show up as a holder."""
+def read_deadline(s: Settings) -> float:
+    """How long one GPU reading may take before it is abandoned as unknown (NVML stuck in the driver)."""
+    return max(0.2, min(2.0, s.reset.timeout / 2))
 
-    def __init__(self) -> None:
+
+def bounded(probe: Any, s: Settings) -> Any:
+    """``probe`` with every reading under ``read_deadline``: a read that hangs is unknown, never a hang."""
+    from .adapters.bounded import BoundedProbe
+
+    return BoundedProbe(probe, read_deadline(s))
+
+
+def open_nvml() -> Any:
+    """nvidia-ml-py (``pvegpu reset``, ``audit``); raises GpuQueryError when NVML cannot start."""
+    from .adapters.nvml import NvmlProbe
+
+    return NvmlProbe()
+
+
+def proc_host() -> Any:
+    """``/proc``, cgroupfs and pidfd signals of this node."""
+    from .adapters.procfs import ProcHost
+
+    return ProcHost()
+
+
+class LazyNvml:
+    """NVML opened on the first reading (so a bad vmid is reported before NVML is touched), every reading
+    bounded, and closed by ``close()``: a resident NVML client would block ``nvidia-smi -r`` and show up as a holder."""
+
+    def __init__(self, s: Settings) -> None:
         self._probe: Any = None
+        self._s = s
 
     def _open(self) -> Any:
         if self._probe is None:
-            from .adapters.nvml import NvmlProbe
-
-            self._probe = NvmlProbe()
+            self._probe = bounded(open_nvml(), self._s)
         return self._probe
 
     def gpus(self) -> list[GpuInfo]:
@@ -212,12 +233,10 @@ def node(s: Settings, log: EventLog | None = None) -> Node:
 
     if s.simulate:
         pve, probe, host = _sim_ports(s)
-        return Node(Ports(pve, probe, host, SystemClock(), log or NullLog()))
-    from .adapters.procfs import ProcHost
-
+        return Node(Ports(pve, bounded(probe, s), host, SystemClock(), log or NullLog()))
     pve = pve_port(s)
-    nvml = LazyNvml()
-    return Node(Ports(pve, nvml, ProcHost(), SystemClock(), log or NullLog()), (nvml.close,))
+    nvml = LazyNvml(s)
+    return Node(Ports(pve, nvml, proc_host(), SystemClock(), log or NullLog()), (nvml.close,))
 
 
 @dataclass
@@ -238,16 +257,10 @@ def audit_ports(s: Settings) -> AuditPorts:
         from .sim.nodefiles import SimNodeFiles
 
         pve, probe, host = _sim_ports(s)
-        return AuditPorts(lambda: probe, pve, host, SimNodeFiles(s.simulate), threshold)
+        return AuditPorts(lambda: bounded(probe, s), pve, host, SimNodeFiles(s.simulate), threshold)
     from .adapters.nodefiles import LocalNodeFiles
-    from .adapters.procfs import ProcHost
 
-    def open_probe() -> Any:
-        from .adapters.nvml import NvmlProbe
-
-        return NvmlProbe()
-
-    return AuditPorts(open_probe, pve_port(s), ProcHost(), LocalNodeFiles(s.pve_root), threshold)
+    return AuditPorts(lambda: bounded(open_nvml(), s), pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), threshold)
 
 
 def cluster_audits(timeout: float, options: list[str]) -> Any:

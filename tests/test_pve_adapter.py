@@ -31,10 +31,11 @@ def test_http_errors_mapped_with_hint(status, hint):
 
 @responses.activate
 def test_connection_error_mapped():
-    """A refused connection is a PveApiError, not a requests traceback."""
-    responses.add(responses.GET, f"{BASE}/cluster/resources", body=requests.ConnectionError("refused"))
-    with pytest.raises(PveApiError, match="cannot reach the API"):
+    """A refused connection is a PveApiError naming host:port and the cause, not a requests traceback."""
+    responses.add(responses.GET, f"{BASE}/cluster/resources", body=requests.ConnectionError("[Errno 111] Connection refused"))
+    with pytest.raises(PveApiError, match="list guests: connection to pve.test:8006 refused") as exc:
         offline_api().guests()
+    assert "pveproxy" in exc.value.hint and "certificate" not in exc.value.hint
 
 
 @responses.activate
@@ -160,7 +161,274 @@ def test_https_connect_verifies_ca_and_pinned_fingerprint(pve, fakepve_cafile, t
     der = ssl.PEM_cert_to_DER_cert(open(fakepve_cafile).read())
     fp = ":".join(f"{b:02X}" for b in hashlib.sha256(der).digest())
     assert ProxmoxerPve(connect(ApiSettings(**base, fingerprint=fp), "https")).guests()
-    with pytest.raises(PveApiError, match="cannot reach the API"):
+    with pytest.raises(PveApiError, match="does not match api.fingerprint") as exc:
         ProxmoxerPve(connect(ApiSettings(**base, fingerprint="00" * 32), "https")).guests()
-    with pytest.raises(PveApiError, match="cannot reach the API"):
+    assert "pvenode cert info" in exc.value.hint
+    with pytest.raises(PveApiError, match=f"TLS verification of {host}:{port} failed") as exc:
         ProxmoxerPve(connect(ApiSettings(**base, verify="true"), "https")).guests()
+    assert "pve-root-ca.pem" in exc.value.hint
+
+
+# -- answers of the wrong shape (HTTPS, with responses) ---------------------------------------------------------
+
+@responses.activate
+@pytest.mark.parametrize("method,path,data,call", [
+    ("GET", "/cluster/resources", None, lambda a: a.guests()),
+    ("GET", "/cluster/resources", {"vmid": 129}, lambda a: a.guests()),
+    ("GET", "/cluster/resources", [{"type": "lxc", "vmid": "abc", "node": "pve1"}], lambda a: a.guests()),
+    ("GET", "/cluster/resources", ["lxc/129"], lambda a: a.guests()),
+    ("GET", "/nodes/pve1/lxc/129/config", None, lambda a: a.ct_config(G)),
+    ("GET", "/nodes/pve1/lxc/129/config", "dev0: /dev/nvidia0", lambda a: a.ct_config(G)),
+    ("GET", "/nodes/pve1/lxc/129/status/current", None, lambda a: a.ct_status(G)),
+    ("GET", "/nodes/pve1/lxc/129/status/current", {"status": 1}, lambda a: a.ct_status(G)),
+    ("GET", "/nodes/pve1/lxc/129/status/current", {"status": "running", "ha": "yes"}, lambda a: a.ct_status(G)),
+    ("GET", "/nodes/pve1/tasks/UPID:x/status", None, lambda a: a.task_status("pve1", "UPID:x")),
+    ("GET", "/nodes/pve1/tasks/UPID:x/status", {"status": "stopped"}, lambda a: a.task_status("pve1", "UPID:x")),
+    ("GET", "/nodes/pve1/tasks/UPID:x/log", {"t": "TASK OK"}, lambda a: a.task_log("pve1", "UPID:x")),
+    ("GET", "/nodes/pve1/storage/local/content", None, lambda a: a.snippets("pve1", "local")),
+    ("POST", "/nodes/pve1/lxc/129/status/stop", None, lambda a: a.ct_stop(G)),
+    ("POST", "/nodes/pve1/lxc/129/status/start", {"errors": ""}, lambda a: a.ct_start(G)),
+    ("POST", "/nodes/pve1/lxc/129/status/stop", "OK", lambda a: a.ct_stop(G)),
+])
+def test_malformed_answer_is_exit_4_naming_the_call(method, path, data, call):
+    """data: null, a wrong type or a non-UPID task id is an exit-4 PveApiError naming the call, never a traceback."""
+    responses.add(method, BASE + path, json={"data": data})
+    with pytest.raises(PveApiError) as exc:
+        call(offline_api())
+    assert exc.value.exit_code == 4 and "unexpected answer from pve.test:8006" in exc.value.message
+    assert exc.value.message.split(":")[0] in ("list guests", "read CT 129 config", "read CT 129 status", "read task status",
+                                                "read task log", "list snippets on pve1", "stop CT 129", "start CT 129")
+
+
+@responses.activate
+def test_well_formed_answers_accepted():
+    """vmid as a digit string, rows of other types skipped, a UPID with a 9-digit pstart: all accepted."""
+    responses.add(responses.GET, f"{BASE}/cluster/resources", json={"data": [
+        {"type": "lxc", "vmid": "129", "node": "pve1", "name": "a"}, {"type": "storage", "id": "storage/pve1/local"}]})
+    upid = "UPID:pve1:0006A1F2:10B2C3D4E:66F0A1B2:vzstop:129:pvegpu@pve!t:"
+    responses.add(responses.POST, f"{BASE}/nodes/pve1/lxc/129/status/stop", json={"data": upid})
+    a = offline_api()
+    assert a.guests() == [Guest(129, "pve1", "lxc", "a")]
+    assert a.ct_stop(G) == upid
+
+
+# -- transport errors: each cause with its own hint ------------------------------------------------------------
+
+@responses.activate
+@pytest.mark.parametrize("exc,cause,hint,not_hint", [
+    (requests.ConnectionError("Failed to resolve 'pve.test' ([Errno -2] Name or service not known)"),
+     "cannot resolve the host name of pve.test:8006", "api.host", "certificate"),
+    (requests.exceptions.ReadTimeout("Read timed out. (read timeout=30)"), "pve.test:8006 did not answer within", "api.timeout", "certificate"),
+    (requests.exceptions.ConnectTimeout("timed out"), "connecting to pve.test:8006 timed out", "firewall", "certificate"),
+    (requests.exceptions.SSLError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"), "TLS verification of pve.test:8006 failed",
+     "pve-root-ca.pem", "api.timeout"),
+])
+def test_transport_errors_name_target_cause_and_matching_hint(exc, cause, hint, not_hint):
+    """DNS failure, read timeout, connect timeout, TLS failure: host:port, the cause, the hint for that cause only."""
+    responses.add(responses.GET, f"{BASE}/cluster/resources", body=exc)
+    with pytest.raises(PveApiError) as err:
+        offline_api().guests()
+    assert cause in err.value.message and hint in err.value.hint and not_hint not in err.value.hint
+
+
+def test_missing_ca_file_is_config_error_naming_it(tmp_path):
+    """api.verify pointing at a missing CA file is a ConfigError (exit 2) naming the file, not OSError."""
+    ca = str(tmp_path / "no-such-ca.pem")
+    a = ProxmoxerPve(ProxmoxAPI("pve.test", user="root@pam", token_name="t", token_value="s", verify_ssl=ca), node="pve1")
+    with pytest.raises(ConfigError) as exc:
+        a.guests()
+    assert ca in exc.value.message and exc.value.exit_code == 2
+
+
+def _token_api(fake, cafile, tokenid="pvegpu@pve!t", secret="s3"):
+    fake.apitokens[tokenid] = secret
+    user, _, name = tokenid.partition("!")
+    host, port = fake.url.split("//")[1].split(":")
+    return ProxmoxerPve(ProxmoxAPI(host, port=int(port), user=user, token_name=name, token_value=secret, verify_ssl=cafile, timeout=10),
+                        node="pve1")
+
+
+def test_403_names_missing_privilege_and_path(pve, fakepve_cafile):
+    """A token with VM.Audit but not VM.PowerMgmt: the stop's 403 names VM.PowerMgmt and /vms/129."""
+    fake, _ = pve
+    fake.grant("pvegpu@pve!t", "/vms/129", "VM.Audit")
+    a = _token_api(fake, fakepve_cafile)
+    with pytest.raises(PveApiError) as exc:
+        a.ct_stop(G)
+    assert "lacks VM.PowerMgmt on /vms/129" in exc.value.message and "pveum acl modify /vms/129" in exc.value.hint
+    assert fake.ct129.status == "running"
+
+
+def test_token_without_vm_audit_is_not_a_missing_guest(pve, fakepve_cafile):
+    """A token lacking VM.Audit does not see CT 129 in /cluster/resources: reported as the missing privilege (exit 4)."""
+    fake, _ = pve
+    fake.grant("pvegpu@pve!t", "/nodes", "Sys.Audit")
+    with pytest.raises(PveApiError) as exc:
+        _token_api(fake, fakepve_cafile).where(129)
+    assert "lacks VM.Audit on /vms/129" in exc.value.message and exc.value.exit_code == 4
+
+
+def test_guest_absent_for_a_token_with_vm_audit_is_absent(pve, fakepve_cafile):
+    """With VM.Audit on /vms an absent guest is simply absent (None: locate says no such guest)."""
+    fake, _ = pve
+    fake.grant("pvegpu@pve!t", "/vms", "VM.Audit")
+    assert _token_api(fake, fakepve_cafile).where(999) is None
+
+
+@pytest.mark.fakepve(time_scale=1)
+def test_https_read_timeout_is_bounded_and_named(pve, fakepve_cafile):
+    """A node that does not answer: the read ends at api.timeout with host:port and the api.timeout hint."""
+    fake, _ = pve
+    fake.flaky_network(hang_rate=1.0, hang_secs=3)
+    host, port = fake.url.split("//")[1].split(":")
+    a = ProxmoxerPve(ProxmoxAPI(host, port=int(port), user="root@pam", token_name="pvegpu", token_value="a1b2",
+                                verify_ssl=fakepve_cafile, timeout=0.5), node="pve1")
+    with pytest.raises(PveApiError) as exc:
+        a.ct_status(G)
+    assert f"{host}:{port} did not answer within 0.5 s" in exc.value.message and "certificate" not in exc.value.hint
+    fake.flaky_network()
+
+
+# -- the local backend: a stand-in pvesh on PATH ---------------------------------------------------------------
+
+def _pid_gone(pid: int, within: float = 10.0) -> bool:
+    import time
+
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.fixture
+def pvesh(tmp_path, monkeypatch):
+    """install(rules) puts a stand-in pvesh first on PATH; returns (adapter factory, stub dir)."""
+    from tests import stub_pvesh
+
+    d = tmp_path / "bin"
+
+    def make(rules, timeout=5.0, task_timeout=None):
+        from pvegpu.adapters.pve import connect
+        from pvegpu.settings import ApiSettings
+
+        stub_pvesh.install(str(d), rules)
+        return ProxmoxerPve(connect(ApiSettings(timeout=timeout), "local", task_timeout=task_timeout), node="pve1")
+
+    monkeypatch.setenv("PATH", f"{d}:{__import__('os').environ['PATH']}")
+    return make, d
+
+
+def _in_thread(fn):
+    """Run fn in a thread with a hang guard: (result, exception); fails the test if fn is still running after 30 s."""
+    import threading
+
+    box = {}
+
+    def run():
+        try:
+            box["r"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            box["e"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "hung"
+    return box.get("r"), box.get("e")
+
+
+def test_pvesh_child_holding_the_pipe_is_killed_with_its_group(pvesh):
+    """A hung pvesh whose child holds stdout: the call ends at api.timeout, the whole group is killed, the message says so."""
+    make, d = pvesh
+    a = make({"get /cluster/resources": {"child": 120, "sleep": 120, "pidfile": "child.pid"}}, timeout=0.5)
+    _, exc = _in_thread(a.guests)
+    assert isinstance(exc, PveApiError) and "did not finish within 0.5 s (killed with its process group)" in exc.message
+    assert "api.timeout" in exc.hint
+    assert _pid_gone(int((d / "child.pid").read_text()))
+
+
+def test_pvesh_that_exits_but_leaves_a_child_on_the_pipe_answers(pvesh):
+    """pvesh exits 0 with its answer while a child still holds stdout: the answer is used, the child is killed."""
+    make, d = pvesh
+    a = make({"get /cluster/resources": {"child": 120, "pidfile": "child.pid",
+                                         "json": [{"type": "lxc", "vmid": 129, "node": "pve1"}]}})
+    got, exc = _in_thread(a.guests)
+    assert exc is None and got == [Guest(129, "pve1", "lxc")]
+    assert _pid_gone(int((d / "child.pid").read_text()))
+
+
+def test_pvesh_child_that_left_the_group_cannot_hold_pvegpu(pvesh):
+    """A child in its own session (out of reach of the group kill) holding the pipe: the call still ends at its deadline."""
+    import os
+    import signal
+
+    make, d = pvesh
+    a = make({"get /cluster/resources": {"setsid_child": 120, "sleep": 120, "pidfile": "child.pid"}}, timeout=0.5)
+    _, exc = _in_thread(a.guests)
+    assert isinstance(exc, PveApiError) and "did not finish within 0.5 s" in exc.message
+    os.kill(int((d / "child.pid").read_text()), signal.SIGKILL)  # our own stub's child
+
+
+def test_pvesh_reads_use_api_timeout_and_stop_uses_task_timeout(pvesh):
+    """A stop slower than api.timeout but within task_timeout succeeds; a status read as slow fails at api.timeout."""
+    make, _ = pvesh
+    slow = {"sleep": 2}
+    a = make({"create /nodes/pve1/lxc/129/status/stop": slow | {"json": "UPID:pve1:0006A1F2:0B2C3D4E:66F0A1B2:vzstop:129:root@pam:"},
+              "get /nodes/pve1/lxc/129/status/current": slow | {"json": {"status": "running"}}}, timeout=0.5, task_timeout=20)
+    assert a.ct_stop(G).startswith("UPID:pve1:")
+    with pytest.raises(PveApiError, match="within 0.5 s") as exc:
+        a.ct_status(G)
+    assert "api.timeout" in exc.value.hint
+
+
+def test_pvesh_locale_warning_with_valid_answer_is_not_a_failure(pvesh, capsys):
+    """Perl's "Setting locale failed" on stderr, exit 0, valid JSON: the answer is used (the warning is logged)."""
+    make, _ = pvesh
+    warn = "perl: warning: Setting locale failed.\nperl: warning: Please check that your locale settings:"
+    a = make({"*": {"stderr": warn, "json": [{"type": "lxc", "vmid": 129, "node": "pve1"}]},
+              "create /nodes/pve1/lxc/129/status/stop": {"stderr": warn, "json": "UPID:pve1:0006A1F2:0B2C3D4E:66F0A1B2:vzstop:129:root@pam:"}})
+    assert a.guests() == [Guest(129, "pve1", "lxc")]
+    assert a.ct_stop(G).startswith("UPID:")
+
+
+@pytest.mark.parametrize("rule,text", [
+    ({"exit": 1}, "pvesh exited with status 1"),
+    ({"exit": 255, "stderr": "CT 129 not running"}, "500 CT 129 not running"),
+    ({"exit": 2, "stderr": "403 Permission check failed (/vms/129, VM.PowerMgmt)"}, "lacks VM.PowerMgmt on /vms/129"),
+    ({"raw": "garbage, not json"}, "did not answer JSON"),
+    ({"raw": ""}, "answered nothing"),
+    ({"raw_hex": "22ff fe22"}, "not UTF-8"),
+    ({"json": {"errors": ""}}, "expected a task id"),
+])
+def test_pvesh_failures_are_exit_4_naming_the_call(pvesh, rule, text):
+    """pvesh's exit status is checked; silent failure, invalid JSON, non-UTF-8 and a non-UPID task id are exit-4 errors."""
+    make, _ = pvesh
+    a = make({"create /nodes/pve1/lxc/129/status/stop": rule})
+    with pytest.raises(PveApiError) as exc:
+        a.ct_stop(G)
+    assert exc.value.exit_code == 4 and exc.value.message.startswith("stop CT 129: ") and text in exc.value.message
+
+
+def test_pvesh_task_log_before_the_upid_is_tolerated(pvesh):
+    """pvesh runs a stop synchronously and prints its log before the UPID: the UPID is found."""
+    make, _ = pvesh
+    upid = "UPID:pve1:0006A1F2:0B2C3D4E:66F0A1B2:vzstop:129:root@pam:"
+    a = make({"create /nodes/pve1/lxc/129/status/stop": {"raw": f"GUEST HOOK: 129 pre-stop\n\"{upid}\"\n"}})
+    assert a.ct_stop(G) == upid
+
+
+def test_pvesh_missing_gets_the_node_hint(tmp_path, monkeypatch):
+    """No pvesh on PATH: the error says the local backend runs on a PVE node, not the HTTPS certificate hint."""
+    from pvegpu.adapters.pve import connect
+    from pvegpu.settings import ApiSettings
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(PveApiError) as exc:
+        ProxmoxerPve(connect(ApiSettings(), "local"), node="pve1").guests()
+    assert "`pvesh` not found" in exc.value.message and "PVE node" in exc.value.hint and "certificate" not in exc.value.hint

@@ -1,24 +1,25 @@
 """The Proxmox VE API through proxmoxer: the only module that imports proxmoxer or requests.
 
 Two transports, as proxmoxer offers them: ``https`` with an API token (TLS verified by default, or a
-pinned certificate fingerprint), and ``local`` (``pvesh`` as root on the node), whose child is killed
-when it outlives its timeout. Foreign errors become PveApiError with a hint, keeping the cause.
+pinned certificate fingerprint), and ``local`` (``pvesh`` as root on the node, bounded: adapters/pvesh.py).
+Every answer's shape is checked before use (adapters/answers.py). Foreign errors become PveApiError
+naming the call, the cause and a hint; the cause is kept.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
-import subprocess
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
-from ..errors import ConfigError, PveApiError
+from ..errors import ConfigError, NotFoundError, PveApiError
 from ..model import CtStatus, Guest, TaskResult
 from ..ports import Clock
 from ..settings import ApiSettings
-
-T = TypeVar("T")
+from . import answers
+from .pvesh import PveshError, PveshSession
 
 
 def read_token(path: str) -> str:
@@ -36,32 +37,16 @@ def read_token(path: str) -> str:
     return secret
 
 
-def _killing_local_session(timeout: float) -> Any:
-    from proxmoxer.backends.local import LocalSession
+def connect(cfg: ApiSettings, backend: str, task_timeout: float | None = None) -> Any:
+    """A proxmoxer ProxmoxAPI for the settings (backend already resolved to local or https).
 
-    class KillingLocalSession(LocalSession):  # type: ignore[misc]
-        """proxmoxer's pvesh session, but a pvesh that outlives the timeout is killed, not orphaned."""
-
-        def _exec(self, cmd: list[str]) -> tuple[str, str, int]:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-            try:
-                out, err = proc.communicate(timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                raise
-            return out.decode(), err.decode(), proc.returncode
-
-    return KillingLocalSession(timeout=timeout)
-
-
-def connect(cfg: ApiSettings, backend: str) -> Any:
-    """A proxmoxer ProxmoxAPI for the settings (backend already resolved to local or https)."""
+    Local: reads are bounded by ``cfg.timeout``, stop/start (synchronous under pvesh) by ``task_timeout``.
+    """
     from proxmoxer import ProxmoxAPI
 
     if backend == "local":
         api = ProxmoxAPI(backend="local", timeout=cfg.timeout)
-        api._store["session"] = _killing_local_session(cfg.timeout)
+        api._store["session"] = PveshSession(cfg.timeout, task_timeout)
         return api
     if not cfg.host or not cfg.token_name or not cfg.token_file:
         raise ConfigError("the https API needs api.host, api.token_name and api.token_file",
@@ -93,6 +78,51 @@ def _pin(api: Any, host: str, port: int, fingerprint: str) -> None:
     api._store["session"].mount(f"https://{host}:{port}", Pinned())
 
 
+_PERMISSION = re.compile(r"Permission check failed \(([^,()]+),\s*([^()]+)\)")
+_CA_PATH = re.compile(r"invalid path: (.+)$")
+_DNS = ("Name or service not known", "Temporary failure in name resolution", "NameResolutionError", "Failed to resolve",
+        "nodename nor servname", "No address associated with hostname")
+_TLS_HINT = ("set api.verify to the node's CA file (copy /etc/pve/pve-root-ca.pem from the node) "
+             "or pin api.fingerprint (`pvenode cert info` on the node)")
+
+
+def _transport(exc: Exception, target: str, timeout: float | None) -> tuple[str, str]:
+    """(cause, hint) for a requests/urllib3 error, by kind: the hint matches the cause."""
+    import requests
+
+    text = str(exc)
+    secs = f"{timeout:g} s" if timeout else "api.timeout"
+    if "Fingerprints did not match" in text:
+        return (f"TLS certificate of {target} does not match api.fingerprint",
+                "the node's certificate changed, or this is not the node: compare `pvenode cert info` on the node, then update api.fingerprint")
+    if isinstance(exc, requests.exceptions.SSLError) or "CERTIFICATE_VERIFY_FAILED" in text:
+        return f"TLS verification of {target} failed", _TLS_HINT
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return (f"connecting to {target} timed out after {secs}",
+                "is api.host right and port 8006 open (firewall)? `curl -k https://HOST:8006/` from here")
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return (f"{target} did not answer within {secs}",
+                "raise api.timeout; is pveproxy/pvedaemon healthy on the node? (`systemctl status pveproxy pvedaemon`)")
+    if any(s in text for s in _DNS):
+        return f"cannot resolve the host name of {target}", "check api.host (a name this machine can resolve, or the node's IP address)"
+    if "Connection refused" in text or "Errno 111" in text:
+        return f"connection to {target} refused", "check api.host and api.port (8006); is pveproxy running? (`systemctl status pveproxy`)"
+    if "RemoteDisconnected" in text or "Connection reset" in text or "Connection aborted" in text:
+        return f"{target} closed the connection", "retry; if it persists, see `journalctl -u pveproxy` on the node"
+    return f"cannot reach {target}: {type(exc).__name__}", "check api.host and api.port, and the network between here and the node"
+
+
+def _forbidden(content: str) -> tuple[str, str]:
+    """A 403: the privilege and path PVE names ("Permission check failed (/vms/129, VM.PowerMgmt)")."""
+    m = _PERMISSION.search(content)
+    if not m:
+        return (f"403 {content}", "the token lacks a privilege: VM.Audit, VM.PowerMgmt, Sys.Audit (README 'API token')")
+    path, priv = m.group(1).strip(), m.group(2).strip()
+    return (f"403 permission denied: the API token lacks {priv} on {path}",
+            f"grant it: `pveum acl modify {path} --tokens USER@REALM!TOKEN --roles ROLE` with a role holding {priv} "
+            "(or a token without privilege separation); README 'API token'")
+
+
 class ProxmoxerPve:
     """PveApi over proxmoxer. ``api`` is a ProxmoxAPI (tests pass one pointing at fakepve)."""
 
@@ -100,61 +130,115 @@ class ProxmoxerPve:
         self.api = api
         self._node = node
 
-    def _call(self, what: str, fn: Callable[[], T]) -> T:
+    @property
+    def target(self) -> str:
+        """host:port of the HTTPS API, or "pvesh" for the local backend (for messages)."""
+        base = str(getattr(self.api, "_store", {}).get("base_url", ""))
+        if not base:
+            return "pvesh"
+        from urllib.parse import urlsplit
+
+        u = urlsplit(base)
+        return f"{u.hostname}:{u.port or 8006}"
+
+    def _call(self, what: str, fn: Callable[[], Any], check: Callable[[Any], Any] | None = None) -> Any:
+        """Run one API call and check the answer's shape (``check``, from answers.py); every failure is a
+        PveApiError (a missing CA file: ConfigError) naming ``what``."""
         from proxmoxer import AuthenticationError, ResourceException
 
         try:
-            return fn()
+            answer = fn()
         except ResourceException as exc:
-            content = str(exc.content).strip()
-            hint = {401: "check the API token (api.token_name / api.token_file)",
-                    403: "the token lacks a privilege: VM.Audit, VM.PowerMgmt, Sys.Audit (README 'API token')",
+            content = str(exc.content).strip() or str(exc.status_message or "")
+            if exc.status_code == 403:
+                msg, hint = _forbidden(content)
+                raise PveApiError(f"{what}: {msg}", hint) from exc
+            hint = {401: "check the API token (api.user, api.token_name, api.token_file)",
                     595: "the node is offline or unreachable (`pvecm status`)"}.get(exc.status_code, "see the Proxmox task log or `journalctl -u pvedaemon`")
             raise PveApiError(f"{what}: {exc.status_code} {content}", hint) from exc
         except AuthenticationError as exc:
             raise PveApiError(f"{what}: authentication failed ({exc})", "check api.user / api.token_name / api.token_file") from exc
-        except subprocess.TimeoutExpired as exc:
-            raise PveApiError(f"{what}: pvesh did not answer within {exc.timeout} s (killed)", "raise api.timeout; is pvedaemon healthy?") from exc
-        except OSError as exc:  # requests' ConnectionError/SSLError derive from OSError via IOError
-            hint = "check api.host/api.port and the certificate (api.verify = CA file, or api.fingerprint)"
-            if "CERTIFICATE_VERIFY_FAILED" in str(exc) or "fingerprint" in str(exc).lower():
-                hint = "TLS verification failed: set api.verify to the node's CA file (/etc/pve/pve-root-ca.pem) or pin api.fingerprint"
-            raise PveApiError(f"{what}: cannot reach the API: {type(exc).__name__}", hint) from exc
+        except PveshError as exc:
+            raise PveApiError(f"{what}: {exc.detail}", exc.hint) from exc
+        except OSError as exc:  # requests' ConnectionError/SSLError/Timeout derive from OSError via IOError
+            m = _CA_PATH.search(str(exc))
+            if m and "CA certificate bundle" in str(exc):
+                raise ConfigError(f"api.verify: CA file {m.group(1).strip()} not found",
+                                  "copy /etc/pve/pve-root-ca.pem from the node there, or pin api.fingerprint") from exc
+            cause, hint = _transport(exc, self.target, _timeout(self.api))
+            raise PveApiError(f"{what}: {cause}", hint) from exc
+        if check is None:
+            return answer
+        try:
+            return check(answer)
+        except answers.BadAnswer as exc:
+            raise PveApiError(f"{what}: unexpected answer from {self.target}: {exc}",
+                              "is this a Proxmox VE node of a supported version? run the call by hand (`pvesh get ...`)") from exc
 
     def local_node(self) -> str | None:
         return self._node or None
 
     def guests(self) -> list[Guest]:
-        rows = self._call("list guests", lambda: self.api.cluster.resources.get(type="vm"))
-        return sorted((Guest(int(r["vmid"]), str(r.get("node", "")), str(r.get("type", "")), str(r.get("name", "")))
-                       for r in rows if "vmid" in r), key=lambda g: g.vmid)
+        """``pvesh get /cluster/resources --type vm``: only the guests the token may see (VM.Audit)."""
+        rows = self._call("list guests", lambda: self.api.cluster.resources.get(type="vm"), answers.resources)
+        return sorted((Guest(vmid, node, kind, name) for vmid, node, kind, name in rows), key=lambda g: g.vmid)
 
     def where(self, vmid: int) -> Guest | None:
-        return next((g for g in self.guests() if g.vmid == vmid), None)
+        """The guest's row; absent from the API's answer raises NotFoundError saying it may be a missing VM.Audit."""
+        found = next((g for g in self.guests() if g.vmid == vmid), None)
+        if found is not None or self.target == "pvesh":  # pvesh runs as root@pam: it sees every guest
+            return found
+        privs = self._privileges(f"/vms/{vmid}")
+        if privs is None:
+            raise NotFoundError(f"no guest {vmid} visible to the API token at {self.target}",
+                                f"the guest does not exist, or the token lacks VM.Audit on /vms/{vmid} "
+                                "(/cluster/resources leaves out guests the token may not see): "
+                                "`pveum user token permissions USER@REALM TOKEN` on the node; README 'API token'")
+        if "VM.Audit" not in privs:
+            raise PveApiError(f"guest {vmid} is not visible: the API token lacks VM.Audit on /vms/{vmid}",
+                              f"grant it: `pveum acl modify /vms/{vmid} --tokens USER@REALM!TOKEN --roles PVEAuditor` "
+                              "(plus VM.PowerMgmt for restarts); README 'API token'")
+        return None
+
+    def _privileges(self, path: str) -> set[str] | None:
+        """``pvesh get /access/permissions --path P``: the token's privileges on path (None when unreadable)."""
+        try:
+            held = self._call("read the token's permissions", lambda: self.api.access.permissions.get(path=path), answers.obj)
+        except PveApiError:
+            return None
+        privs: set[str] = set()
+        for p, granted in held.items():
+            if (p == "/" or path == p or path.startswith(p.rstrip("/") + "/")) and isinstance(granted, dict):
+                privs.update(k for k, v in granted.items() if v)
+        return privs
 
     def _ct(self, guest: Guest) -> Any:
         return self.api.nodes(guest.node).lxc(guest.vmid)
 
     def ct_config(self, guest: Guest) -> Mapping[str, Any]:
-        return dict(self._call(f"read CT {guest.vmid} config", lambda: self._ct(guest).config.get(current=1)))
+        """``pvesh get /nodes/<node>/lxc/<vmid>/config --current 1``."""
+        return self._call(f"read CT {guest.vmid} config", lambda: self._ct(guest).config.get(current=1), answers.ct_config)
 
     def ct_status(self, guest: Guest) -> CtStatus:
-        st = self._call(f"read CT {guest.vmid} status", lambda: self._ct(guest).status.current.get())
-        ha = st.get("ha") or {}
-        return CtStatus(str(st.get("status", "unknown")), bool(int(ha.get("managed", 0) or 0)), st.get("lock") or None)
+        """``pvesh get /nodes/<node>/lxc/<vmid>/status/current``."""
+        status, managed, lock = self._call(f"read CT {guest.vmid} status", lambda: self._ct(guest).status.current.get(), answers.ct_status)
+        return CtStatus(status, managed, lock)
 
     def ct_stop(self, guest: Guest) -> str:
-        return str(self._call(f"stop CT {guest.vmid}", lambda: self._ct(guest).status.stop.post()))
+        """``pvesh create /nodes/<node>/lxc/<vmid>/status/stop``: the task's UPID."""
+        return self._call(f"stop CT {guest.vmid}", lambda: self._ct(guest).status.stop.post(), answers.upid)
 
     def ct_start(self, guest: Guest) -> str:
-        return str(self._call(f"start CT {guest.vmid}", lambda: self._ct(guest).status.start.post()))
+        """``pvesh create /nodes/<node>/lxc/<vmid>/status/start``: the task's UPID."""
+        return self._call(f"start CT {guest.vmid}", lambda: self._ct(guest).status.start.post(), answers.upid)
 
     def task_status(self, node: str, upid: str) -> Mapping[str, Any]:
-        return dict(self._call("read task status", lambda: self.api.nodes(node).tasks(upid).status.get()))
+        """``pvesh get /nodes/<node>/tasks/<upid>/status``."""
+        return self._call("read task status", lambda: self.api.nodes(node).tasks(upid).status.get(), answers.task_status)
 
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
-        rows = self._call("read task log", lambda: self.api.nodes(node).tasks(upid).log.get(start=0, limit=limit))
-        return [str(r.get("t", "")) for r in rows]
+        """``pvesh get /nodes/<node>/tasks/<upid>/log --start 0 --limit N``."""
+        return self._call("read task log", lambda: self.api.nodes(node).tasks(upid).log.get(start=0, limit=limit), answers.task_log)
 
     def wait_task(self, node: str, upid: str, *, timeout: float, what: str, clock: Clock | None = None) -> TaskResult:
         """``pvesh get /nodes/<node>/tasks/<upid>/status`` until it stops (bounded); TaskFailed/TaskTimeout with the log tail."""
@@ -166,5 +250,17 @@ class ProxmoxerPve:
 
     def snippets(self, node: str, storage: str) -> set[str]:
         """``pvesh get /nodes/<node>/storage/<storage>/content --content snippets``: file names there."""
-        rows = self._call(f"list snippets on {node}", lambda: self.api.nodes(node).storage(storage).content.get(content="snippets"))
-        return {str(r.get("volid", "")).split("snippets/", 1)[-1] for r in rows}
+        volids = self._call(f"list snippets on {node}", lambda: self.api.nodes(node).storage(storage).content.get(content="snippets"),
+                            answers.storage_content)
+        return {v.split("snippets/", 1)[-1] for v in volids}
+
+
+def _timeout(api: Any) -> float | None:
+    """The configured timeout: on the pvesh session, or on the https session's auth (proxmoxer keeps it there)."""
+    session = api._store.get("session")
+    t = getattr(session, "timeout", None)
+    if t is None:
+        t = getattr(getattr(session, "auth", None), "timeout", None)
+    if isinstance(t, tuple):
+        t = t[-1]
+    return float(t) if isinstance(t, (int, float)) else None

@@ -1,0 +1,92 @@
+"""A GpuProbe whose every read is over within a deadline: a read stuck in the driver is abandoned, not waited for.
+
+Each ``gpus()``/``sample()`` runs in a worker thread. If it has not returned after ``deadline`` seconds,
+the caller gets, for ``sample()``, every asked GPU as unknown (``GpuSample(minor, None, None, "NVML read did
+not return within X s")``, never zero) and, for ``gpus()``, a GpuQueryError. The stuck worker is left behind
+(a thread in an uninterruptible driver call cannot be stopped); while it is stuck, later calls do not queue
+behind it: they answer unknown at once, until it returns. Manual equivalent: ``timeout 5 nvidia-smi``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from ..errors import GpuQueryError
+from ..model import GpuInfo, GpuSample
+
+T = TypeVar("T")
+_HINT = "a GPU read is stuck in the driver: see `dmesg` for Xid errors and `nvidia-smi`; the GPU may need a reset"
+
+
+class _Stuck(Exception):
+    """The read did not return in time (or an earlier one is still stuck)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+
+class BoundedProbe:
+    """Wraps a GpuProbe (``inner``) so that no call takes longer than ``deadline`` seconds."""
+
+    def __init__(self, inner: Any, deadline: float) -> None:
+        self.inner = inner
+        self.deadline = deadline
+        self._lock = threading.Lock()
+        self._busy: threading.Thread | None = None  # a worker that has not returned yet
+
+    def _run(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            if self._busy is not None and self._busy.is_alive():
+                raise _Stuck(f"an earlier NVML read has not returned after {self.deadline:g} s")
+            box: dict[str, Any] = {}
+
+            def work() -> None:
+                try:
+                    box["value"] = fn()
+                except BaseException as exc:  # handed to the caller's thread
+                    box["error"] = exc
+
+            worker = threading.Thread(target=work, name="pvegpu-nvml-read", daemon=True)
+            self._busy = worker
+            worker.start()
+        worker.join(self.deadline)
+        if worker.is_alive():
+            raise _Stuck(f"NVML read did not return within {self.deadline:g} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]  # type: ignore[no-any-return]
+
+    def gpus(self) -> list[GpuInfo]:
+        """``nvidia-smi -L``, bounded: a stuck read is a GpuQueryError (exit 5)."""
+        try:
+            return self._run(self.inner.gpus)
+        except _Stuck as exc:
+            raise GpuQueryError(f"cannot list the GPUs: {exc.what}", _HINT) from None
+
+    def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
+        """Memory and processes per GPU, bounded: a stuck read gives every asked GPU as unknown."""
+        wanted = list(minors)
+        try:
+            return self._run(lambda: self.inner.sample(wanted))
+        except _Stuck as exc:
+            return {m: GpuSample(m, None, None, exc.what) for m in wanted}
+
+    def health(self, minor: int) -> Any:
+        """The inner probe's health reading (audit), bounded: a stuck read is a GpuQueryError."""
+        try:
+            return self._run(lambda: self.inner.health(minor))
+        except _Stuck as exc:
+            raise GpuQueryError(f"GPU minor {minor} health: {exc.what}", _HINT) from None
+
+    @property
+    def failed(self) -> list[str]:
+        """GPUs the inner probe's last ``gpus()`` left out, and why."""
+        return list(getattr(self.inner, "failed", ()))
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None and (self._busy is None or not self._busy.is_alive()):
+            close()

@@ -1,0 +1,87 @@
+"""A stand-in ``pvesh`` for the local backend's tests: answers like PVE's for CT 129 on node pve1, misbehaves on request.
+
+``install(dirpath, rules)`` writes an executable ``pvesh`` into dirpath (put it first on PATH) and the rules
+next to it. A rule is keyed by "<verb> <path>" (or "*" for every call) and may set:
+``json`` (the answer), ``raw`` (stdout text), ``raw_hex`` (stdout bytes), ``stderr``, ``exit``,
+``sleep`` (seconds before answering), ``child`` (seconds a forked child lives holding stdout and stderr),
+``setsid_child`` (the same child, in its own session, out of pvesh's process group), ``pidfile`` (where the
+child writes its pid, in the stub's directory), ``write`` ([path, text]: a file written before answering).
+Every call is appended to ``calls.log`` as one line: "<verb> <path>".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+UPID = "UPID:pve1:0006A1F2:0B2C3D4E:66F0A1B2:{kind}:129:root@pam:"
+DEFAULTS = {
+    "get /cluster/resources": {"json": [{"id": "lxc/129", "type": "lxc", "vmid": 129, "node": "pve1", "name": "llm129", "status": "running"}]},
+    "get /nodes/pve1/lxc/129/config": {"json": {"hostname": "llm129", "dev0": "/dev/nvidia0,gid=44"}},
+    "get /nodes/pve1/lxc/129/status/current": {"json": {"status": "running", "vmid": 129}},
+    "create /nodes/pve1/lxc/129/status/stop": {"json": UPID.format(kind="vzstop")},
+    "create /nodes/pve1/lxc/129/status/start": {"json": UPID.format(kind="vzstart")},
+}
+
+
+def install(dirpath: str, rules: dict | None = None) -> str:
+    """Write ``pvesh`` (a shell wrapper running this file with this interpreter) and rules.json into dirpath."""
+    os.makedirs(dirpath, exist_ok=True)
+    with open(os.path.join(dirpath, "rules.json"), "w") as f:
+        json.dump(rules or {}, f)
+    exe = os.path.join(dirpath, "pvesh")
+    with open(exe, "w") as f:
+        f.write(f"#!/bin/sh\nPVESH_STUB_DIR='{dirpath}' exec {sys.executable} {os.path.abspath(__file__)} \"$@\"\n")
+    os.chmod(exe, 0o755)
+    return exe
+
+
+def _rule(here: str, key: str) -> dict:
+    with open(os.path.join(here, "rules.json")) as f:
+        rules = json.load(f)
+    if key in rules:
+        return rules[key]
+    if "*" in rules:
+        return rules["*"]
+    if key.startswith("get /nodes/pve1/tasks/"):
+        kind = "log" if key.endswith("/log") else "status"
+        return {"json": [{"n": 1, "t": "TASK OK"}] if kind == "log" else {"status": "stopped", "exitstatus": "OK"}}
+    return DEFAULTS.get(key, {"stderr": f"no such path '{key}'", "exit": 2})
+
+
+def main(argv: list[str]) -> int:
+    here = os.environ["PVESH_STUB_DIR"]
+    verb, path = argv[0], argv[1]
+    with open(os.path.join(here, "calls.log"), "a") as f:
+        f.write(f"{verb} {path}\n")
+    rule = _rule(here, f"{verb} {path}")
+    for kind in ("child", "setsid_child"):
+        if rule.get(kind) and os.fork() == 0:
+            if kind == "setsid_child":
+                os.setsid()
+            if rule.get("pidfile"):
+                with open(os.path.join(here, rule["pidfile"]), "w") as f:
+                    f.write(str(os.getpid()))
+            time.sleep(float(rule[kind]))
+            os._exit(0)
+    if rule.get("write"):
+        with open(rule["write"][0], "w") as f:
+            f.write(rule["write"][1])
+    time.sleep(float(rule.get("sleep", 0)))
+    out = sys.stdout.buffer
+    if "raw_hex" in rule:
+        out.write(bytes.fromhex(rule["raw_hex"]))
+    elif "raw" in rule:
+        out.write(rule["raw"].encode())
+    elif "json" in rule:
+        out.write(json.dumps(rule["json"]).encode() + b"\n")
+    out.flush()
+    if rule.get("stderr"):
+        sys.stderr.write(rule["stderr"] + "\n")
+    return int(rule.get("exit", 0))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,78 @@
+"""BoundedProbe: a GPU read that does not return in time comes back unknown, and later reads do not queue behind it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pvegpu.adapters.bounded import BoundedProbe
+from pvegpu.errors import GpuQueryError
+from pvegpu.model import GpuInfo, GpuSample
+
+
+class Probe:
+    """A GpuProbe whose reads block until ``release`` is set (or answer at once when it is set)."""
+
+    def __init__(self, block: bool) -> None:
+        self.release = threading.Event()
+        if not block:
+            self.release.set()
+        self.calls = 0
+
+    def gpus(self):
+        self.calls += 1
+        self.release.wait()
+        return [GpuInfo(0, 0, "GPU-x", "0000:01:00.0")]
+
+    def sample(self, minors):
+        self.calls += 1
+        self.release.wait()
+        return {m: GpuSample(m, 0, ()) for m in minors}
+
+
+def test_answers_pass_through():
+    """A probe that answers in time is returned unchanged."""
+    b = BoundedProbe(Probe(block=False), deadline=5)
+    assert b.gpus()[0].uuid == "GPU-x"
+    assert b.sample([0, 1]) == {0: GpuSample(0, 0, ()), 1: GpuSample(1, 0, ())}
+
+
+def test_hung_sample_is_unknown_not_zero():
+    """A sample() that never returns is abandoned: every asked GPU is unknown with the reason, never 0."""
+    p = Probe(block=True)
+    got = BoundedProbe(p, deadline=0.2).sample([0, 3])
+    assert set(got) == {0, 3}
+    assert all(not s.known and s.used_bytes is None and s.error == "NVML read did not return within 0.2 s" for s in got.values())
+    p.release.set()
+
+
+def test_later_reads_do_not_pile_up_behind_a_hung_one():
+    """While one read is stuck, later calls answer unknown without starting another read; once it returns, reads resume."""
+    p = Probe(block=True)
+    b = BoundedProbe(p, deadline=0.2)
+    b.sample([0])
+    second = b.sample([0])
+    assert p.calls == 1 and "earlier NVML read has not returned" in (second[0].error or "")
+    p.release.set()
+    b._busy.join(5)  # type: ignore[union-attr]
+    assert b.sample([0])[0].known and p.calls == 2
+
+
+def test_hung_gpu_list_is_gpu_query_error():
+    """A gpus() that never returns is a GpuQueryError (exit 5) with a driver hint."""
+    p = Probe(block=True)
+    with pytest.raises(GpuQueryError, match="did not return within 0.2 s") as exc:
+        BoundedProbe(p, deadline=0.2).gpus()
+    assert exc.value.exit_code == 5 and "dmesg" in (exc.value.hint or "")
+    p.release.set()
+
+
+def test_errors_of_the_inner_probe_are_raised():
+    """An error raised by the inner probe reaches the caller unchanged."""
+    class Broken(Probe):
+        def gpus(self):
+            raise GpuQueryError("NVML could not start", "load the driver")
+
+    with pytest.raises(GpuQueryError, match="could not start"):
+        BoundedProbe(Broken(block=False), deadline=5).gpus()
