@@ -37,11 +37,11 @@ from hypothesis import strategies as st
 from pvegpu import wiring
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
-from pvegpu.model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
+from pvegpu.model import CtStatus, Guest, Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
 from pvegpu.reclaim import Ports, ResetReport, reset
 from pvegpu.settings import Settings
 from tests import pvelike
-from tests.fakes import FakePve, FdBackedProbe
+from tests.fakes import FdBackedProbe
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, PID namespaces, pidfd signals)")]
 
@@ -246,14 +246,17 @@ def built(world: dict[str, Any], dev: str) -> Iterator[Lab]:
 
 
 class Recycled:
-    """A Host where pid ``pid`` was a holder of the target when reset scanned, and was then reused: describe()
-    keeps giving the scan-time identity (an earlier start time) until reset tries to signal it, while the real
-    process at that pid is the new one."""
+    """A Host where pid ``victim.pid`` was a holder of the target when reset scanned, and was then reused:
+    describe() keeps giving the scan-time identity (an earlier start time) until reset tries to signal it,
+    while the real process at that pid is the new one. Everything else is the real adapter's."""
 
     def __init__(self, real: ProcHost, victim: Proc, target: int) -> None:
         self.real, self.self_pid, self.target = real, real.self_pid, target
         self.stale = ProcIdentity(victim.pid, victim.start - 1)
         self.active = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
 
     def describe(self, pid: int) -> ProcInfo | None:
         info = self.real.describe(pid)
@@ -266,15 +269,12 @@ class Recycled:
         pids = self.real.ct_pids(vmid)
         return sorted({*pids, self.stale.pid}) if self.active and vmid == self.target else pids
 
-    def holdings(self, pids: Iterable[int] | None = None) -> dict[int, Holding]:
+    def holdings(self, pids: Iterable[int] | None = None, **kw: Any) -> dict[int, Holding]:
         wanted = None if pids is None else set(pids)
-        out = self.real.holdings(wanted)
+        out = self.real.holdings(wanted, **kw)
         if self.active and (wanted is None or self.stale.pid in wanted):
             out[self.stale.pid] = Holding(self.stale.pid, frozenset({0}), frozenset({"fd"}))
         return out
-
-    def alive(self, ident: ProcIdentity) -> bool:
-        return self.real.alive(ident)
 
     def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
         if ident == self.stale:
@@ -283,28 +283,53 @@ class Recycled:
 
 
 class Recorder:
-    """Every Host.signal call reset makes, with what the real adapter answered."""
+    """The Host reset is given: every signal() call with what the real adapter answered; the rest passes through."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.self_pid = inner, inner.self_pid
         self.calls: list[tuple[ProcIdentity, int, int, SignalResult]] = []
 
-    def describe(self, pid: int) -> ProcInfo | None:
-        return self.inner.describe(pid)
-
-    def ct_pids(self, vmid: int) -> list[int]:
-        return self.inner.ct_pids(vmid)
-
-    def holdings(self, pids: Iterable[int] | None = None) -> dict[int, Holding]:
-        return self.inner.holdings(pids)
-
-    def alive(self, ident: ProcIdentity) -> bool:
-        return self.inner.alive(ident)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
-        res = self.inner.signal(ident, sig, vmid)
+        res: SignalResult = self.inner.signal(ident, sig, vmid)
         self.calls.append((ident, sig, vmid, res))
         return res
+
+
+class NoPowerPve:
+    """PVE for a reset with restart disabled: the containers and their GPU grant (``devN: /dev/nvidia0``);
+    a power action is recorded, never done (the rule says none happens)."""
+
+    def __init__(self, vmids: list[int], node: str = "pve1") -> None:
+        self.node, self.vmids = node, vmids
+        self.calls: list[str] = []
+
+    def local_node(self) -> str:
+        return self.node
+
+    def where(self, vmid: int) -> Guest | None:
+        return Guest(vmid, self.node, "lxc") if vmid in self.vmids else None
+
+    def guests(self) -> list[Guest]:
+        return [Guest(v, self.node, "lxc") for v in self.vmids]
+
+    def ct_config(self, guest: Guest) -> str:
+        return "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"
+
+    def ct_status(self, guest: Guest) -> CtStatus:
+        return CtStatus("running")
+
+    def _power(self, what: str, guest: Guest) -> str:
+        self.calls.append(f"{what} {guest.vmid}")
+        raise AssertionError(f"{what} of CT {guest.vmid} with restart disabled")
+
+    def ct_stop(self, guest: Guest) -> str:
+        return self._power("stop", guest)
+
+    def ct_start(self, guest: Guest) -> str:
+        return self._power("start", guest)
 
 
 def _alive(p: Proc) -> bool:
@@ -422,9 +447,7 @@ def run_reset(world: dict[str, Any], dev: str, table: DeviceTable) -> None:
         real = ProcHost(table)
         rc = lab.get("rc")
         host = Recorder(Recycled(real, rc, lab.target) if rc is not None else real)
-        pve = FakePve(None)
-        for v in lab.vmids:
-            pve.add_ct(v)
+        pve = NoPowerPve(lab.vmids)
         with open(lab.go, "w"):
             pass  # transient processes start their countdown: they exit while reset scans
         t0 = time.monotonic()
