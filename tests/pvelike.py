@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PVE_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
@@ -105,3 +106,246 @@ def destroy_ct(vmid: int) -> None:
             os.rmdir(dirpath)
         except OSError:
             pass
+
+
+# -- generated process trees (tests/test_safety_property.py) ---------------------------------------------
+#
+# One launcher process, started by ``grow_world``, forks a whole node from a JSON spec: per container an
+# lxc-start-like monitor in lxc.monitor/<vmid>, which makes a new PID namespace whose PID 1 (the stand-in
+# init) enters /lxc/<vmid>/ns and forks the payload; host processes in a private host cgroup. Every
+# process reports its host pid, start ticks and NSpid in <ready>/<id> once it is in place, so the test
+# knows each process by identity without trusting pvegpu's reading of /proc. Forks, not new interpreters:
+# a tree of 20 processes is in place in a few tens of milliseconds.
+
+CLONE_NEWPID = 0x20000000
+
+
+def cgroup_base() -> str:
+    """The hierarchy PVE's container cgroups live in (v2 root, or the unified hierarchy of a hybrid host)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(cgroup_dir(0))))
+
+
+def monitor_dir(vmid: int) -> str:
+    """The cgroup of CT vmid's lxc-start monitor, as PVE lays it out."""
+    return os.path.join(cgroup_base(), "lxc.monitor", str(vmid))
+
+
+def kill_cgroup(top: str, timeout: float = 10.0) -> bool:
+    """SIGKILL every process under cgroup dir ``top`` (cgroup.kill where the kernel has it), wait until it is
+    empty, remove the dirs deepest first. False when something was still there at the deadline."""
+    if not os.path.isdir(top):
+        return True
+    try:
+        with open(os.path.join(top, "cgroup.kill"), "w") as f:
+            f.write("1")
+    except OSError:
+        pass
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = _cgroup_procs(top)
+        for p in pids:
+            try:
+                os.kill(p, 9)
+            except ProcessLookupError:
+                pass
+        if not pids or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    for dirpath, _d, _f in sorted(os.walk(top), key=lambda t: -len(t[0])):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            pass
+    return not os.path.isdir(top)
+
+
+def _cgroup_procs(top: str) -> list[int]:
+    out: list[int] = []
+    for dirpath, _d, _f in os.walk(top):
+        try:
+            with open(os.path.join(dirpath, "cgroup.procs")) as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def grow_world(spec: dict, workdir: str) -> subprocess.Popen[bytes]:
+    """Start the launcher for ``spec`` (see ``_grow``) in spec["host_cgroup"]; its stderr goes to workdir/agent.log.
+
+    spec: {"dev": path, "ready": dir, "go": path, "host_cgroup": dir, "launcher": id,
+           "cts": [{"vmid", "init", "monitor", "init_holds", "monitor_holds", "procs": [node]}], "host": [node]}
+    node: {"id", "hold", "ignore_term", "exit_after" (None, or seconds after the go file appears),
+           "orphan" (its parent exits at once: re-parented), "nested_ns" (PID 1 of a new PID namespace made by
+           a shim process "<id>.shim"), "cgroup" (None, or a path under the container's ns/), "children": [node]}
+    """
+    path = os.path.join(workdir, "spec.json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    host_cg = spec["host_cgroup"]
+
+    def enter() -> None:
+        with open(os.path.join(host_cg, "cgroup.procs"), "w") as f:
+            f.write("0")
+
+    code = f"import sys; sys.path.insert(0, {REPO!r}); from tests.pvelike import _grow; _grow(sys.argv[1])"
+    with open(os.path.join(workdir, "agent.log"), "wb") as log:
+        return subprocess.Popen([sys.executable, "-I", "-c", code, path], preexec_fn=enter, start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+
+def wait_ready(ready_dir: str, ids: set[str], launcher: subprocess.Popen[bytes], timeout: float = 30.0) -> dict[str, dict]:
+    """Each id's report {"pid", "start", "nspid"} once all are in place; AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        have = set(os.listdir(ready_dir))
+        if ids <= have:
+            break
+        if launcher.poll() is not None or time.monotonic() >= deadline:
+            raise AssertionError(f"process tree not in place (launcher rc {launcher.poll()}); missing {sorted(ids - have)}")
+        time.sleep(0.01)
+    out = {}
+    for i in ids:
+        with open(os.path.join(ready_dir, i)) as f:
+            out[i] = json.load(f)
+    return out
+
+
+# -- the launcher's side (runs in the forked processes; stdlib only) ----------------------------------
+
+
+def _grow(spec_path: str) -> None:
+    import signal
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # inherited: every parent, init and nested init reaps at once
+    _report(spec, spec["launcher"])
+    for ct in spec["cts"]:
+        _fork(_monitor, spec, ct)
+    for node in spec["host"]:
+        _child(spec, None, node, None)
+    _forever()
+
+
+def _forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def _fork(fn: Callable[..., object], *args: object) -> int:
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            fn(*args)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _unshare_pid() -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWPID) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _enter_cgroup(path: str) -> None:
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+        f.write("0")
+
+
+def _report(spec: dict, ident: str) -> None:
+    """Write ready/<id>: host pid and start ticks (read through the host's /proc), and NSpid."""
+    with open("/proc/self/comm", "w") as f:
+        f.write(f"pt-{ident}"[:15])
+    with open("/proc/self/stat") as f:
+        text = f.read()
+    fields = text[text.rfind(")") + 2 :].split()
+    with open("/proc/self/status") as f:
+        nspid = [int(x) for line in f if line.startswith("NSpid:") for x in line.split()[1:]]
+    tmp = os.path.join(spec["ready"], f".{ident}")
+    with open(tmp, "w") as f:
+        json.dump({"pid": int(text.split()[0]), "start": int(fields[19]), "nspid": nspid}, f)
+    os.rename(tmp, os.path.join(spec["ready"], ident))
+
+
+def _device(spec: dict, fd: int | None, hold: bool) -> int | None:
+    """Keep an inherited device fd (a fork-inherited holder), open one, or drop it."""
+    if hold:
+        return fd if fd is not None else os.open(spec["dev"], os.O_RDWR | os.O_NOCTTY)
+    if fd is not None:
+        os.close(fd)
+    return None
+
+
+def _monitor(spec: dict, ct: dict) -> None:
+    _enter_cgroup(monitor_dir(ct["vmid"]))
+    fd = _device(spec, None, ct["monitor_holds"])
+    _report(spec, ct["monitor"])
+    _unshare_pid()
+    _fork(_init, spec, ct, fd)
+    _forever()
+
+
+def _init(spec: dict, ct: dict, fd: int | None) -> None:
+    _enter_cgroup(cgroup_dir(ct["vmid"]))
+    fd = _device(spec, fd, ct["init_holds"])
+    _report(spec, ct["init"])
+    for node in ct["procs"]:
+        _child(spec, ct, node, fd)
+    _forever()
+
+
+def _child(spec: dict, ct: dict | None, node: dict, fd: int | None) -> None:
+    """Fork one node the way the spec says: plainly, as an orphan, or as PID 1 of a new PID namespace."""
+    if node["nested_ns"]:
+        _fork(_shim, spec, ct, node, fd)
+    elif node["orphan"]:
+        _fork(_orphan_parent, spec, ct, node, fd)
+    else:
+        _fork(_node, spec, ct, node, fd, None)
+
+
+def _shim(spec: dict, ct: dict | None, node: dict, fd: int | None) -> None:
+    """What a container runtime's shim does: unshare a PID namespace, fork its PID 1, stay around."""
+    _report(spec, node["id"] + ".shim")
+    _unshare_pid()
+    _fork(_node, spec, ct, node, fd, None)
+    _device(spec, fd, False)
+    _forever()
+
+
+def _orphan_parent(spec: dict, ct: dict | None, node: dict, fd: int | None) -> None:
+    _fork(_node, spec, ct, node, fd, os.getpid())
+    # returning exits at once: the node is re-parented to the namespace's init (or the host's subreaper)
+
+
+def _node(spec: dict, ct: dict | None, node: dict, fd: int | None, orphan_of: int | None) -> None:
+    import signal
+
+    if orphan_of is not None:
+        end = time.monotonic() + 10
+        while os.getppid() == orphan_of and time.monotonic() < end:
+            time.sleep(0.002)
+    if ct is not None and node["cgroup"]:
+        _enter_cgroup(os.path.join(cgroup_dir(ct["vmid"]), node["cgroup"]))
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if node["ignore_term"] else signal.SIG_DFL)
+    fd = _device(spec, fd, node["hold"])
+    for child in node["children"]:
+        _child(spec, ct, child, fd)
+    _report(spec, node["id"])
+    if node["exit_after"] is None:
+        _forever()
+    end = time.monotonic() + 60
+    while not os.path.exists(spec["go"]) and time.monotonic() < end:
+        time.sleep(0.005)
+    time.sleep(node["exit_after"])
