@@ -470,8 +470,6 @@ def test_reset_signals_only_target_payload_and_stops_every_holder(standin, world
     run_reset(world, *standin)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 7 item 1: a nested PID namespace's PID 1 is taken for the container's init "
-                                       "(never signalled, blamed as 'the init of CT N'), and the CT pid shown is the innermost one")
 @settings(max_examples=4, **PROFILE)
 @given(world=worlds(nested=True))
 @example(world=NESTED)
