@@ -13,6 +13,7 @@ import time
 
 from pvegpu.adapters.procfs import DeviceTable
 from pvegpu.model import CtStatus, Guest
+from tests.pvelike import claim_vmids, release_vmid  # noqa: F401 (the lab's id claims)
 
 FULL = os.stat("/dev/full").st_rdev
 TABLE = DeviceTable({(os.major(FULL), os.minor(FULL)): 0})
@@ -25,36 +26,6 @@ def available() -> str | None:
     if not shutil.which("lxc-create") or not os.path.exists("/usr/share/lxc/templates/lxc-busybox"):
         return "needs Debian's lxc package and busybox-static (apt-get install lxc busybox-static)"
     return None
-
-
-CLAIMS = "/run/pvegpu-test-ct"  # one O_EXCL file per container id a test run is using
-
-
-def claim_vmids(n: int) -> list[int]:
-    """``n`` container ids no other test run on this machine is using (claimed with O_EXCL files, and with no
-    LXC container or cgroup of that name left over), so concurrent runs never share a container."""
-    import random
-
-    os.makedirs(CLAIMS, exist_ok=True)
-    got: list[int] = []
-    rng = random.SystemRandom()
-    while len(got) < n:
-        vmid = rng.randrange(900_000, 999_000)
-        if os.path.exists(f"/var/lib/lxc/{vmid}") or any(os.path.exists(f"/sys/fs/cgroup/{k}/{vmid}") for k in ("lxc", "lxc.monitor")):
-            continue
-        try:
-            os.close(os.open(os.path.join(CLAIMS, str(vmid)), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        except FileExistsError:
-            continue
-        got.append(vmid)
-    return got
-
-
-def release_vmid(vmid: int) -> None:
-    try:
-        os.unlink(os.path.join(CLAIMS, str(vmid)))
-    except FileNotFoundError:
-        pass
 
 
 def cleanup_cgroups(vmid: int) -> None:
