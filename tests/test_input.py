@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
 import sys
@@ -116,8 +115,18 @@ def test_vmid_ascii_with_outer_whitespace_accepted():
     assert check_vmid("129") == check_vmid(" 129\n") == check_vmid(129) == 129
 
 
-def _sim_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "pvegpu-sim-*")))
+@pytest.fixture
+def made_dirs(monkeypatch):
+    """The temporary directories scenario.build creates in this test (and only those: other runs' are not looked at)."""
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*a, **kw):
+        made.append(real(*a, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(sc.tempfile, "mkdtemp", mkdtemp)
+    return made
 
 
 GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
@@ -133,16 +142,15 @@ GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
     ({"node": "s", "gpus": [GPU], "containers": [{"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": "lots"}]}]}, "mib"),
     ({"node": "s", "gpus": [GPU], "containers": ["x"]}, "container"),
 ])
-def test_bad_scenario_is_usage_error_before_anything_starts(bad, what):
+def test_bad_scenario_is_usage_error_before_anything_starts(bad, what, made_dirs):
     """A scenario with a non-numeric or duplicate vmid, or an undefined GPU, is a UsageError before anything
-    starts, and leaves no temporary directory behind."""
-    before = _sim_dirs()
+    starts (not even its temporary directory is made)."""
     with pytest.raises(UsageError, match=what):
         sc.build(bad)
-    assert _sim_dirs() <= before
+    assert made_dirs == []
 
 
-def test_scenario_failure_after_layout_removes_temp_dir(monkeypatch):
+def test_scenario_failure_after_layout_removes_temp_dir(monkeypatch, made_dirs):
     """A failure while the simulated node is being laid out removes its temporary directory."""
     from pvegpu.sim import state as state_mod
 
@@ -150,7 +158,6 @@ def test_scenario_failure_after_layout_removes_temp_dir(monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(state_mod.SimState, "set_gpus", boom)
-    before = _sim_dirs()
     with pytest.raises(OSError):
         sc.build({"node": "s", "gpus": [GPU], "containers": []})
-    assert _sim_dirs() <= before
+    assert len(made_dirs) == 1 and not os.path.exists(made_dirs[0])

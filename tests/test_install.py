@@ -67,6 +67,9 @@ def test_install_guards_gpu_containers_and_refuses_foreign_hookscript(tree):
     assert r.returncode == 1  # CT 130 refused
     guard = vz / "snippets" / "pvegpu-guard"
     assert os.access(guard, os.X_OK) and "hook \"$1\" \"$2\"" in guard.read_text()
+    from pvegpu.install import pvegpu_path
+
+    assert f"PVEGPU={pvegpu_path()}\n" in guard.read_text() and os.path.isabs(pvegpu_path())
     assert "pvesm set local --content iso,vztmpl,backup,snippets" in log()
     assert "pct set 129 --hookscript local:snippets/pvegpu-guard" in log()
     assert not any("pct set 130" in line or "pct set 131" in line for line in log())
