@@ -12,14 +12,16 @@ import enum
 import importlib.util
 import os
 import re
+import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .adapters.storagecfg import Storage, read_storage
-from .errors import PvegpuError
+from .errors import PvegpuError, UsageError
 from .lxcconf import parse_config
 
 GUARD = "pvegpu-guard"
@@ -27,17 +29,78 @@ Runner = Callable[[list[str]], tuple[int, str]]
 SnippetLister = Callable[[str], "set[str] | None"]  # node -> snippet file names there, None = unknown
 
 
+def pvegpu_path() -> str:
+    """The absolute path of this pvegpu's command: the one beside this interpreter (a venv's bin/), else PATH's."""
+    beside = os.path.join(os.path.dirname(sys.executable), "pvegpu")
+    if os.access(beside, os.X_OK):
+        return os.path.abspath(beside)
+    found = shutil.which("pvegpu")
+    return os.path.abspath(found) if found else "/usr/local/bin/pvegpu"
+
+
 def guard_text(template: str, pvegpu_bin: str | None = None, fast: bool = True) -> str:
-    """The guard with PVEGPU set to an absolute path and, if ``fast``, the -S fast path filled in."""
-    pvegpu_bin = pvegpu_bin or shutil.which("pvegpu") or "/usr/local/bin/pvegpu"
-    text = template.replace("PVEGPU=/usr/local/bin/pvegpu", f"PVEGPU={pvegpu_bin}")
+    """The guard with PVEGPU set to an absolute path and, if ``fast``, the -S fast path filled in
+    (every value shell-quoted: a path is data, never shell text)."""
+    pvegpu_bin = os.path.abspath(pvegpu_bin or pvegpu_path())
+    text = template.replace("PVEGPU=/usr/local/bin/pvegpu\n", f"PVEGPU={shlex.quote(pvegpu_bin)}\n")
     if fast:  # the gate needs pvegpu only (it reads NVML through ctypes): one directory on the path
         spec = importlib.util.find_spec("pvegpu")
         where = os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else ""
-        if where:
-            text = text.replace("PVEGPU_PYTHON=\n", f"PVEGPU_PYTHON={sys.executable}\n")
-            text = text.replace("PVEGPU_PYTHONPATH=\n", f"PVEGPU_PYTHONPATH={where}\n")
+        if where and ":" not in where:
+            text = text.replace("PVEGPU_PYTHON=\n", f"PVEGPU_PYTHON={shlex.quote(sys.executable)}\n")
+            text = text.replace("PVEGPU_PYTHONPATH=\n", f"PVEGPU_PYTHONPATH={shlex.quote(where)}\n")
     return text
+
+
+def write_atomic(path: str, text: str, mode: int = 0o755) -> None:
+    """Write ``path`` as root safely: a new file (O_CREAT|O_EXCL|O_NOFOLLOW) in the same directory, mode set with
+    fchmod, fsync'd, then renamed over ``path``. A symlink planted at ``path`` is replaced, never followed."""
+    d, name = os.path.split(path)
+    _check_dir(d)
+    for n in range(100):
+        tmp = os.path.join(d, f".{name}.pvegpu-{os.getpid()}-{n}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise PvegpuError(f"cannot create a temporary file in {d}", "remove stale .*.pvegpu-* files there")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_nofollow(path: str) -> str | None:
+    """The text of a regular file at ``path`` (not through a symlink), or None when there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        return f.read().decode("utf-8", "replace")
+
+
+def _check_dir(d: str) -> None:
+    """Refuse to write into a directory reached through a symlink or writable by others without the sticky bit."""
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{d} is a symbolic link or not a directory; pvegpu writes snippets only into a real directory",
+                         f"make {d} a plain directory owned by root")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise UsageError(f"{d} is writable by everyone", f"chmod o-w {d}")
 
 
 def template() -> str:
@@ -117,17 +180,18 @@ def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "
     plan = Plan()
     st = read_storage(pve_root, storage_name)
     sdir = os.path.join(st.path, "snippets")
-    os.makedirs(sdir, exist_ok=True)
+    os.makedirs(sdir, mode=0o755, exist_ok=True)
     path = os.path.join(sdir, GUARD)
     text = guard if guard is not None else guard_text(template())
-    if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
-        with open(path + ".new", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(path + ".new", 0o755)
-        os.replace(path + ".new", path)
+    if read_nofollow(path) != text or not os.path.isfile(path) or os.path.islink(path):
+        write_atomic(path, text, 0o755)
         plan.done.append(f"wrote {path}")
-    if "snippets" not in st.content:
-        argv = ["pvesm", "set", st.name, "--content", ",".join(st.content + ["snippets"])]
+    content = st.effective_content()
+    if content is None:
+        plan.warnings.append(f"storage {st.name} ({st.type}) has no content line and pvegpu does not know its default: "
+                             f"add snippets yourself (`pvesm set {st.name} --content <current>,snippets`)")
+    elif "snippets" not in content:
+        argv = ["pvesm", "set", st.name, "--content", ",".join(content + ["snippets"])]
         rc, out = run(argv)
         (plan.done if rc == 0 else plan.warnings).append(" ".join(argv) + ("" if rc == 0 else f" failed: {out}"))
     confs = _ct_confs(pve_root, node)
@@ -148,13 +212,12 @@ def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "
                                 f"then yours): `pvegpu hook install {vmid} --chain`")
             continue
         if current:
+            if not current.isprintable():
+                plan.refused.append(f"CT {vmid}: hookscript {current!r} has control characters; not chained")
+                continue
             chained = f"{GUARD}-chain-{vmid}"
             orig = _snippet_path(read_storage(pve_root, current.split(":", 1)[0]), current)
-            cpath = os.path.join(sdir, chained)
-            with open(cpath, "w", encoding="utf-8") as f:
-                f.write(f"#!/bin/sh\n# pvegpu guard chained before {current} (restored by `pvegpu hook uninstall {vmid}`)\n"
-                        f"# original: {current}\n{path} \"$1\" \"$2\" || exit $?\nexec {orig} \"$1\" \"$2\"\n")
-            os.chmod(cpath, 0o755)
+            write_atomic(os.path.join(sdir, chained), chain_text(vmid, current, path, orig), 0o755)
             want = f"{st.name}:snippets/{chained}"
             names.add(chained)
         argv = ["pct", "set", str(vmid), "--hookscript", want]
@@ -163,6 +226,14 @@ def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "
     if not st.shared:
         _check_nodes(pve_root, node, names, lister, plan)
     return plan
+
+
+def chain_text(vmid: int, original: str, guard_path: str, original_path: str) -> str:
+    """The chain script: the guard, then the admin's own hookscript. Paths are shell-quoted data; the original
+    volid is kept verbatim on the ``# original:`` line for uninstall."""
+    return (f"#!/bin/sh\n# pvegpu guard chained before the original hookscript (restored by `pvegpu hook uninstall {vmid}`)\n"
+            f"# original: {original}\n{shlex.quote(guard_path)} \"$1\" \"$2\" || exit $?\n"
+            f"exec {shlex.quote(original_path)} \"$1\" \"$2\"\n")
 
 
 def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "local", run: Runner = run_command) -> Plan:
@@ -180,17 +251,18 @@ def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str =
         argv = ["pct", "set", str(vmid), "--delete", "hookscript"]
         cpath = _snippet_path(st, str(current))
         if "-chain-" in str(current):
-            m = re.search(r"^# original: (\S+)$", open(cpath, encoding="utf-8").read(), re.M) if os.path.exists(cpath) else None
+            m = re.search(r"^# original: (.+)$", read_nofollow(cpath) or "", re.M)
             if m:
                 argv = ["pct", "set", str(vmid), "--hookscript", m.group(1)]
         rc, out = run(argv)
         (plan.done if rc == 0 else plan.refused).append(" ".join(argv) + ("" if rc == 0 else f" failed: {out}"))
-        if rc == 0 and "-chain-" in str(current) and os.path.exists(cpath):
+        if rc == 0 and "-chain-" in str(current) and os.path.lexists(cpath):
             os.unlink(cpath)
             plan.done.append(f"removed {cpath}")
-    still = [v for v, (_, t) in _ct_confs(pve_root).items() if parse_config(t).hookscript == f"{st.name}:snippets/{GUARD}"]
+    # the guard stays while any container uses it, directly or through its chain script
+    still = [v for v, (_, t) in _ct_confs(pve_root).items() if _is_ours(parse_config(t).hookscript, st.name)]
     path = os.path.join(st.path, "snippets", GUARD)
-    if os.path.exists(path) and not still and plan.ok:
+    if os.path.lexists(path) and not still and plan.ok:
         os.unlink(path)
         plan.done.append(f"removed {path}")
     elif still:

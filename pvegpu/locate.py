@@ -26,11 +26,16 @@ class Located:
 
 
 def check_vmid(text: str | int) -> int:
-    """A vmid as PVE accepts it (100..999999999), or a UsageError."""
-    try:
-        vmid = int(str(text).strip())
-    except ValueError:
-        raise UsageError(f"'{text}' is not a container id", "give the numeric CT id, e.g. `pvegpu reset 129`") from None
+    """A vmid as PVE accepts it (ASCII digits, 100..999999999), or a UsageError.
+
+    ``int()`` alone would take full-width or Arabic-Indic digits, ``+129`` and ``1_29`` as 129."""
+    digits = text if isinstance(text, int) and not isinstance(text, bool) else None
+    if digits is None:
+        s = str(text).strip()
+        if not (s.isascii() and s.isdigit() and len(s) <= 10):
+            raise UsageError(f"{str(text)!r} is not a container id", "give the numeric CT id, e.g. `pvegpu reset 129`")
+        digits = int(s)
+    vmid = digits
     if not 100 <= vmid <= 999_999_999:
         raise UsageError(f"{vmid} is not a valid Proxmox guest id", "guest ids are 100..999999999 (`pct list`)")
     return vmid

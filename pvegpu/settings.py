@@ -23,8 +23,8 @@ class ApiSettings:
     host: str = ""
     port: int = 8006
     user: str = "root@pam"
-    token_name: str = ""
-    token_file: str = ""  # file with the token secret; must not be readable by group/others
+    token_name: str = "pvegpu"
+    token_file: str = "/etc/pvegpu/token"  # the token secret: a regular file owned by root, mode 0600
     verify: str = "true"  # true | false | path to a CA file
     fingerprint: str = ""  # SHA-256 fingerprint of the node certificate (pinning)
     timeout: float = 30.0
@@ -70,6 +70,42 @@ class Settings:
 _SECTIONS = {"api": ApiSettings, "reset": ResetSettings, "gate": GateSettings}
 
 
+_NUMBER_CHARS = frozenset("0123456789+-.eE")
+MAX_SECONDS = 86400.0  # no wait of pvegpu is meant to last longer than a day
+MAX_GATE_DEADLINE = 600.0  # PVE's start task waits for the hook; beyond this the start looks hung
+
+
+def _plain_number(value: Any) -> str | None:
+    """``value`` as ASCII number text, or None (bools, full-width or other Unicode digits, ``1_0``, ``nan``)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).strip()
+    return text if text and text.isascii() and set(text) <= _NUMBER_CHARS else None
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        digits = text[1:] if text[:1] in "+-" else text
+        if digits.isascii() and digits.isdigit():
+            return int(text)
+    raise ValueError
+
+
+def _to_float(value: Any) -> float:
+    text = _plain_number(value)
+    if text is None:
+        raise ValueError
+    number = float(value) if isinstance(value, int | float) else float(text)
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ValueError  # nan, inf, and 1e400 (which parses as inf)
+    return number
+
+
 def _coerce(name: str, kind: Any, value: Any, problems: list[str]) -> Any:
     try:
         if kind in ("bool", bool):
@@ -82,15 +118,19 @@ def _coerce(name: str, kind: Any, value: Any, problems: list[str]) -> Any:
                 return False
             raise ValueError
         if kind in ("int", int):
-            return int(value)
+            return _to_int(value)
         if kind in ("float", float):
-            return float(value)
+            return _to_float(value)
         if kind in ("tuple[int, ...]",):
             items = value if isinstance(value, list) else [v for v in str(value).replace(",", " ").split() if v]
-            return tuple(int(v) for v in items)
+            return tuple(_to_int(v) for v in items)
+        if isinstance(value, dict | list):
+            raise ValueError
         return str(value)
-    except (TypeError, ValueError):
-        problems.append(f"{name}: {value!r} is not a valid {kind if isinstance(kind, str) else kind.__name__}")
+    except (TypeError, ValueError, OverflowError):
+        what = {"int": "whole number", "float": "finite number", "tuple[int, ...]": "list of whole numbers"}.get(
+            kind if isinstance(kind, str) else kind.__name__, kind if isinstance(kind, str) else kind.__name__)
+        problems.append(f"{name}: {value!r} is not a valid {what}")
         return None
 
 
@@ -110,19 +150,34 @@ def _apply(obj: Any, values: dict[str, Any], prefix: str, problems: list[str]) -
 def _validate(s: Settings, problems: list[str]) -> None:
     if s.api.backend not in ("auto", "local", "https"):
         problems.append(f"api.backend: {s.api.backend!r} must be auto, local or https")
+    if not 1 <= s.api.port <= 65535:
+        problems.append(f"api.port: {s.api.port} must be 1..65535")
+    if not 0 < s.api.timeout <= MAX_SECONDS:
+        problems.append(f"api.timeout: {s.api.timeout:g} must be > 0 and <= {MAX_SECONDS:g}")
     if s.gate.on_unknown not in ("refuse", "allow"):
         problems.append(f"gate.on_unknown: {s.gate.on_unknown!r} must be refuse or allow")
-    if s.reset.settle < 0:
+    if not 0 <= s.reset.settle <= MAX_SECONDS:
         problems.append("reset.settle: must be >= 0")
     for name in ("grace", "kill_wait", "timeout", "poll", "task_timeout"):
-        if getattr(s.reset, name) <= 0:
-            problems.append(f"reset.{name}: must be > 0")
+        value = getattr(s.reset, name)
+        if not 0 < value <= MAX_SECONDS:
+            problems.append(f"reset.{name}: {value:g} must be > 0 and <= {MAX_SECONDS:g}")
     if s.reset.poll > 0.05:
         problems.append("reset.poll: must be <= 0.05 s")
-    if s.reset.rounds < 1:
-        problems.append("reset.rounds: must be >= 1")
-    if s.gate.deadline <= 0:
-        problems.append("gate.deadline: must be > 0")
+    if s.reset.timeout <= s.reset.settle:
+        problems.append(f"reset.timeout ({s.reset.timeout:g}) must be greater than reset.settle ({s.reset.settle:g})")
+    if not 1 <= s.reset.rounds <= 100:
+        problems.append("reset.rounds: must be 1..100")
+    for sec in ("reset", "gate"):
+        if getattr(s, sec).threshold_mib < 0:
+            problems.append(f"{sec}.threshold_mib: must be >= 0")
+    if not 0 < s.gate.deadline <= MAX_GATE_DEADLINE:
+        problems.append(f"gate.deadline: {s.gate.deadline:g} must be > 0 and <= {MAX_GATE_DEADLINE:g}")
+    if not 0 < s.gate.override_ttl <= MAX_SECONDS:
+        problems.append(f"gate.override_ttl: {s.gate.override_ttl:g} must be > 0 and <= {MAX_SECONDS:g}")
+    bad_ids = [v for v in s.gate.exclusive if not 100 <= v <= 999_999_999]
+    if bad_ids:
+        problems.append(f"gate.exclusive: {bad_ids} are not guest ids (100..999999999)")
 
 
 def load(path: str | None = None, env: dict[str, str] | None = None, overrides: dict[str, Any] | None = None) -> Settings:
@@ -139,6 +194,8 @@ def load(path: str | None = None, env: dict[str, str] | None = None, overrides: 
                 data = tomllib.load(f)
             except tomllib.TOMLDecodeError as exc:
                 problems.append(f"{path}: {exc}")
+            except UnicodeDecodeError as exc:
+                problems.append(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})")
     except FileNotFoundError:
         if path != DEFAULT_PATH:
             problems.append(f"{path}: no such file")

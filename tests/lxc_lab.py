@@ -15,6 +15,7 @@ from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable
 from pvegpu.adapters.tasks import wait_task
 from pvegpu.model import CtStatus, Guest, TaskResult
+from tests.pvelike import claim_vmids, release_vmid  # noqa: F401 (the lab's id claims)
 
 FULL = os.stat("/dev/full").st_rdev
 TABLE = DeviceTable({(os.major(FULL), os.minor(FULL)): 0})

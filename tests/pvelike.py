@@ -58,6 +58,36 @@ def run_as_pve(script: str, vmid: int, phase: str, extra_env: dict[str, str], ti
     return subprocess.run([script, str(vmid), phase], stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=timeout)
 
 
+CLAIMS = "/run/pvegpu-test-ct"  # one O_EXCL file per container id a test run is using
+
+
+def claim_vmids(n: int) -> list[int]:
+    """``n`` container ids no other test run on this machine is using (claimed with O_EXCL files, and with no
+    LXC container or cgroup of that name left over), so concurrent runs never share a container."""
+    import random
+
+    os.makedirs(CLAIMS, exist_ok=True)
+    got: list[int] = []
+    rng = random.SystemRandom()
+    while len(got) < n:
+        vmid = rng.randrange(900_000, 999_000)
+        if os.path.exists(f"/var/lib/lxc/{vmid}") or any(os.path.exists(f"/sys/fs/cgroup/{k}/{vmid}") for k in ("lxc", "lxc.monitor")):
+            continue
+        try:
+            os.close(os.open(os.path.join(CLAIMS, str(vmid)), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            continue
+        got.append(vmid)
+    return got
+
+
+def release_vmid(vmid: int) -> None:
+    try:
+        os.unlink(os.path.join(CLAIMS, str(vmid)))
+    except FileNotFoundError:
+        pass
+
+
 def cgroup_dir(vmid: int) -> str:
     """The payload cgroup of CT vmid, as PVE lays it out (v2, or the unified hierarchy of a hybrid host)."""
     base = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"

@@ -49,7 +49,8 @@ def test_errors_are_one_line_with_hint_and_exit_code(sim_node):
 
 
 def test_audit_json_places_holders(sim_node):
-    """audit --json lists each holder under its container and the configured grants."""
+    """audit --json lists each holder under its container and the configured grants (only this node's
+    containers are asserted: another process holding the stand-in device shows as a host holder)."""
     node = sim_node({"node": "s", "gpus": [GPU], "containers": [
         {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 100}]},
         {"vmid": 130, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 200}]}]})

@@ -369,7 +369,6 @@ def test_sim_gpu_reads_hang(sim_node):
     assert r.rc not in (None, 0)
 
 
-@pytest.mark.xfail(strict=True, reason="needs settings fix: reset.timeout must exceed reset.settle")
 def test_sim_timeout_not_above_settle(sim_node, tmp_path):
     """--timeout shorter than settle is a usage error (exit 2), not a "clean" exit 0."""
     node = sim_node({"node": "s", "gpus": [GPU], "containers": [{"vmid": 129, "gpus": [0], "workloads": []}]})

@@ -89,7 +89,7 @@ def test_self_is_never_a_holder():
 def test_pid_namespace_and_cgroup_container():
     """A process in /lxc/<vmid>/ns and its own PID namespace is placed in the CT, its init recognised,
     its holders signalled through the pidfd, and the init never."""
-    vmid = 901
+    vmid = pvelike.claim_vmids(1)[0]  # this run's own cgroup name
     ct = pvelike.start_ct(vmid, [sys.executable, "-c", "import os,time; fd=os.open('/dev/full', os.O_RDONLY); time.sleep(60)"])
     try:
         host = ProcHost(TABLE)
@@ -113,6 +113,7 @@ def test_pid_namespace_and_cgroup_container():
     finally:
         pvelike.destroy_ct(vmid)
         ct.wait(5)
+        pvelike.release_vmid(vmid)
 
 
 def test_device_table_classifies_nvidia_numbers(tmp_path):

@@ -67,6 +67,9 @@ def test_install_guards_gpu_containers_and_refuses_foreign_hookscript(tree):
     assert r.returncode == 1  # CT 130 refused
     guard = vz / "snippets" / "pvegpu-guard"
     assert os.access(guard, os.X_OK) and "hook \"$1\" \"$2\"" in guard.read_text()
+    from pvegpu.install import pvegpu_path
+
+    assert f"PVEGPU={pvegpu_path()}\n" in guard.read_text() and os.path.isabs(pvegpu_path())
     assert "pvesm set local --content iso,vztmpl,backup,snippets" in log()
     assert "pct set 129 --hookscript local:snippets/pvegpu-guard" in log()
     assert not any("pct set 130" in line or "pct set 131" in line for line in log())
@@ -115,3 +118,113 @@ def test_guard_template_copies_agree():
     a = open(os.path.join(REPO, "contrib", "hookscripts", "pvegpu-guard")).read()
     b = open(os.path.join(REPO, "pvegpu", "data", "pvegpu-guard")).read()
     assert a == b
+
+
+def _hostile_tree(tree, name):
+    """CT 130's own hookscript renamed to ``name`` (a name PVE's snippet pattern allows); it records its run."""
+    pve, vz, cli, log = tree
+    marker = vz / "ran"
+    script = vz / "snippets" / name
+    script.write_text(f"#!/bin/sh\necho \"$1 $2\" >> '{marker}'\nexit 0\n")
+    script.chmod(0o755)
+    path = os.path.join(pve, "nodes", "pve1", "lxc", "130.conf")
+    with open(path, "w") as f:
+        f.write(GPU_CONF + f"hookscript: local:snippets/{name}\n")
+    return marker
+
+
+@pytest.mark.parametrize("name", ["my hook.sh", "hook$(id>&2).sh", "a'b\"c`d`.sh", "x;touch PWNED;.sh"])
+def test_chain_with_hostile_original_name_runs_it_as_data(tree, name, tmp_path):
+    """A chained original whose name has a space, $(...), quotes or ; is run as that file: the start succeeds,
+    no command in the name runs; uninstall restores exactly that volid."""
+    pve, vz, cli, log = tree
+    marker = _hostile_tree(tree, name)
+    r = cli("install", "130", "--chain")
+    assert r.returncode == 0, r.stderr
+    (vz / "snippets" / "pvegpu-guard").write_text("#!/bin/sh\nexit 0\n")  # the gate itself is not under test here
+    chain = vz / "snippets" / "pvegpu-guard-chain-130"
+    p = subprocess.run([str(chain), "130", "pre-start"], capture_output=True, text=True, cwd=tmp_path, timeout=10,
+                       env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"}, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
+    assert marker.read_text() == "130 pre-start\n"
+    assert "uid=" not in p.stderr and not (tmp_path / "PWNED").exists()
+    r = cli("uninstall", "130")
+    assert r.returncode == 0, r.stderr
+    assert f"hookscript: local:snippets/{name}" in conf(pve, 130)
+
+
+def test_uninstall_one_keeps_guard_used_by_another_chain(tree):
+    """Uninstalling the guard from CT 129 keeps the guard snippet that CT 130's chain script still runs."""
+    pve, vz, cli, log = tree
+    assert cli("install", "129").returncode == 0
+    assert cli("install", "130", "--chain").returncode == 0
+    r = cli("uninstall", "129")
+    assert r.returncode == 0, r.stderr
+    assert (vz / "snippets" / "pvegpu-guard").exists() and (vz / "snippets" / "pvegpu-guard-chain-130").exists()
+    assert cli("uninstall", "130").returncode == 0
+    assert not (vz / "snippets" / "pvegpu-guard").exists()
+
+
+def test_install_replaces_planted_symlink_never_writes_through_it(tree, tmp_path):
+    """A symlink planted at the guard's or a chain's path is replaced by a new file; its root-only target keeps
+    its content and mode."""
+    pve, vz, cli, log = tree
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    for name in ("pvegpu-guard", "pvegpu-guard-chain-130"):
+        (vz / "snippets" / name).symlink_to(victim)
+    assert cli("install", "129").returncode == 0
+    assert cli("install", "130", "--chain").returncode == 0
+    assert victim.read_text() == "secret\n" and (victim.stat().st_mode & 0o777) == 0o600
+    for name in ("pvegpu-guard", "pvegpu-guard-chain-130"):
+        p = vz / "snippets" / name
+        assert not p.is_symlink() and p.is_file() and (p.stat().st_mode & 0o777) == 0o755
+    assert not list((vz / "snippets").glob(".*pvegpu-*"))  # no temporary file left
+
+
+def test_install_without_content_line_keeps_implicit_defaults(tree):
+    """A dir storage with no content line has PVE's implicit default (images,rootdir); install adds snippets to
+    it instead of replacing it."""
+    pve, vz, cli, log = tree
+    with open(os.path.join(pve, "storage.cfg"), "w") as f:
+        f.write(f"dir: local\n\tpath {vz}\n")
+    assert cli("install", "129").returncode == 0
+    assert "pvesm set local --content images,rootdir,snippets" in log()
+
+
+def _guard_with(tmp_path, pvegpu_bin):
+    from pvegpu.install import guard_text, template
+
+    g = tmp_path / "guard"
+    g.write_text(guard_text(template(), pvegpu_bin, fast=False))
+    g.chmod(0o755)
+    return g
+
+
+def test_guard_runs_pvegpu_by_the_absolute_path_install_wrote(tmp_path):
+    """The guard runs pvegpu by the absolute path written at install, even with a space in it."""
+    d = tmp_path / "my venv" / "bin"
+    d.mkdir(parents=True)
+    fake = d / "pvegpu"
+    fake.write_text("#!/bin/sh\necho \"called $*\"\nexit 0\n")
+    fake.chmod(0o755)
+    g = _guard_with(tmp_path, str(fake))
+    r = subprocess.run([str(g), "129", "pre-start"], capture_output=True, text=True, env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"},
+                       stdin=subprocess.DEVNULL, timeout=10)
+    assert r.returncode == 0 and r.stdout == "called hook 129 pre-start\n"
+
+
+@pytest.mark.parametrize("phase,code", [("pre-start", 10), ("post-start", 0), ("pre-stop", 0), ("post-stop", 0)])
+def test_guard_with_missing_pvegpu_refuses_pre_start_with_fix(tmp_path, phase, code):
+    """pvegpu missing or not executable at the written path: pre-start refuses (10) with one line saying how to
+    fix it; the other phases exit 0."""
+    missing = tmp_path / "opt" / "x" / "bin" / "pvegpu"
+    g = _guard_with(tmp_path, str(missing))
+    r = subprocess.run([str(g), "129", phase], capture_output=True, text=True, env={"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C"},
+                       stdin=subprocess.DEVNULL, timeout=10)
+    assert r.returncode == code, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{missing} not found or not executable" in lines[0] and "pvegpu hook install" in lines[0]
+    if code:
+        assert "refusing to start CT 129" in lines[0]

@@ -22,9 +22,12 @@ HOLD = "(exec 3<>/dev/nvidia0; trap '' TERM; sleep 1000 & wait) >/dev/null 2>&1 
 
 @pytest.fixture
 def lab(tmp_path):
+    """Three container ids of this run only (never shared with a concurrent run), a PVE-like tree granting them
+    the stand-in GPU, and a maker that creates and starts a container; every container made is destroyed."""
     node = tmp_path / "nvidia0"
     os.mknod(node, 0o666 | 0o020000, lxc_lab.FULL)  # devN-style mknod copy of the stand-in device
-    etc = EtcPve(pvelike.etc_pve(str(tmp_path / "pve"), "lab", {941: CONF, 942: CONF, 943: CONF}))
+    ids = lxc_lab.claim_vmids(3)
+    etc = EtcPve(pvelike.etc_pve(str(tmp_path / "pve"), "lab", {v: CONF for v in ids}))
     made: list[int] = []
 
     def ct(vmid: int, inittab: str = "") -> None:
@@ -32,54 +35,59 @@ def lab(tmp_path):
         lxc_lab.make_ct(vmid, str(node), inittab)
         lxc_lab.start(vmid)
 
-    yield etc, ct
+    yield etc, ct, ids
     for v in made:
         lxc_lab.destroy(v)
+    for v in ids:
+        lxc_lab.release_vmid(v)
 
 
 def test_reset_stops_only_target_container_holders(lab):
-    """Holders in CT 941 (one ignoring SIGTERM, its fork-inherited sleep child) are stopped; CT 942 on the
-    same device, both inits and both lxc monitors survive; the memory stand-in returns."""
-    etc, ct = lab
-    ct(941)
-    ct(942)
-    lxc_lab.attach(941, HOLD)
-    lxc_lab.attach(942, HOLD)
+    """Holders in CT A (one ignoring SIGTERM, its fork-inherited sleep child) are stopped; CT B on the
+    same device, both inits and both lxc monitors survive; the memory stand-in returns. (Holders outside
+    this run's two containers, e.g. another process on the stand-in device, are not asserted on.)"""
+    etc, ct, (a, b, _) = lab
+    ct(a)
+    ct(b)
+    lxc_lab.attach(a, HOLD)
+    lxc_lab.attach(b, HOLD)
     host = ProcHost(lxc_lab.TABLE)
-    before942 = set(host.ct_pids(942))
-    monitors = [p for p in host.all_pids() if (i := host.describe(p)) and i.placement.place is Place.MONITOR]
+    before_b = set(host.ct_pids(b))
+    monitors = {p: i.placement.vmid for p in host.all_pids() if (i := host.describe(p)) and i.placement.place is Place.MONITOR
+                and i.placement.vmid in (a, b)}
     api = lxc_lab.LxcPve(etc)
-    rep = reset(941, Ports(api, FdBackedProbe(host), host, SystemClock()), ResetPolicy(grace=1.0, timeout=5, restart=False))
+    rep = reset(a, Ports(api, FdBackedProbe(host), host, SystemClock()), ResetPolicy(grace=1.0, timeout=5, restart=False))
     assert rep.outcome == "clean", rep.diagnosis
     sent = [s for s in rep.signalled if s["result"] == "sent"]
-    assert {s["signal"] for s in sent} == {"SIGTERM", "SIGKILL"}  # the trap '' TERM holder needed SIGKILL
-    assert all(s["cgroup"].startswith("/lxc/941/ns") and s["ns_pid"] != 1 for s in sent)
-    assert api.calls == [] and lxc_lab.running(941) and lxc_lab.running(942)
-    assert before942 <= set(host.ct_pids(942))  # nothing of 942 was touched
-    assert all(host.describe(p) is not None for p in monitors)
-    assert rep.after[0].other_holders and all(h.info.placement.vmid == 942 for h in rep.after[0].other_holders)
+    assert {s["signal"] for s in sent} == {"SIGKILL"}  # trap '' TERM (inherited by its child): SIGTERM would be dropped
+    assert all(s["cgroup"].startswith(f"/lxc/{a}/ns") and s["ns_pid"] != 1 for s in sent)
+    assert api.calls == [] and lxc_lab.running(a) and lxc_lab.running(b)
+    assert before_b <= set(host.ct_pids(b))  # nothing of B was touched
+    assert set(monitors.values()) == {a, b} and all(host.describe(p) is not None for p in monitors)
+    ours = [h for h in rep.after[0].other_holders if h.info.placement.vmid in (a, b)]
+    assert ours and all(h.info.placement.vmid == b for h in ours)
 
 
 def test_respawning_holder_forces_verified_restart(lab):
     """A holder busybox init respawns (about 1 s later) is fought for the rounds when settle outlasts the respawn
     delay, then the CT is restarted with lxc-stop/lxc-start and the device verified free while it was stopped."""
-    etc, ct = lab
-    ct(943, "::respawn:/bin/sh -c 'exec 3<>/dev/nvidia0; exec sleep 1000'\n")
+    etc, ct, (_, _, c) = lab
+    ct(c, "::respawn:/bin/sh -c 'exec 3<>/dev/nvidia0; exec sleep 1000'\n")
     host = ProcHost(lxc_lab.TABLE)
-    rep = reset(943, Ports(lxc_lab.LxcPve(etc), FdBackedProbe(host), host, SystemClock()), ResetPolicy(grace=1.0, timeout=5, rounds=2, settle=2.0))
+    rep = reset(c, Ports(lxc_lab.LxcPve(etc), FdBackedProbe(host), host, SystemClock()), ResetPolicy(grace=1.0, timeout=5, rounds=2, settle=2.0))
     assert any(s.name == "respawn" for s in rep.steps)
     assert rep.restarted and rep.outcome == "clean" and rep.exit_code == 0
-    assert lxc_lab.running(943)
+    assert lxc_lab.running(c)
 
 
 def test_dry_run_lists_holders_and_spares_init(lab):
     """--dry-run on a real CT lists its holders with container pids, marks nothing for the init, signals nothing."""
-    etc, ct = lab
-    ct(941)
-    lxc_lab.attach(941, HOLD)
+    etc, ct, (a, _, _) = lab
+    ct(a)
+    lxc_lab.attach(a, HOLD)
     host = ProcHost(lxc_lab.TABLE)
-    pids = set(host.ct_pids(941))
-    rep = reset(941, Ports(lxc_lab.LxcPve(etc), FdBackedProbe(host), host, SystemClock()), ResetPolicy(dry_run=True))
-    assert rep.signalled == [] and set(host.ct_pids(941)) == pids
+    pids = set(host.ct_pids(a))
+    rep = reset(a, Ports(lxc_lab.LxcPve(etc), FdBackedProbe(host), host, SystemClock()), ResetPolicy(dry_run=True))
+    assert rep.signalled == [] and pids <= set(host.ct_pids(a))  # nothing of the CT was stopped
     planned = [p for p in rep.plan if p["action"].startswith("SIGTERM")]
     assert len(planned) == 2 and all(p["ns_pid"] not in (None, 1) for p in planned)

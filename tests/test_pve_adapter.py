@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import requests
 import responses
@@ -432,3 +434,191 @@ def test_pvesh_missing_gets_the_node_hint(tmp_path, monkeypatch):
     with pytest.raises(PveApiError) as exc:
         ProxmoxerPve(connect(ApiSettings(), "local"), node="pve1").guests()
     assert "`pvesh` not found" in exc.value.message and "PVE node" in exc.value.hint and "certificate" not in exc.value.hint
+
+
+
+
+class _Recorder:
+    """A real local HTTPS server (its own self-signed certificate) that answers every GET with an empty list
+    and records which requests carried an Authorization header."""
+
+    def __init__(self, tmp, family_host: str) -> None:
+        import http.server
+        import socket
+        import ssl
+        import threading
+
+        from fakepve.certs import make_cert
+
+        cert, key, self.der = make_cert(str(tmp), name="other", hosts=("::1",))
+        seen: list[str] = []
+        self.seen = seen
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                seen.append(self.headers.get("Authorization") or "")
+                body = b'{"data": []}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        class S(http.server.ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in family_host else socket.AF_INET
+
+        self.server = S((family_host, 0), H)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def fingerprint(self) -> str:
+        import hashlib
+
+        return ":".join(f"{b:02X}" for b in hashlib.sha256(self.der).digest())
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(params=["127.0.0.1", "::1"])
+def recorder(request, tmp_path, monkeypatch):
+    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    r = _Recorder(tmp_path, request.param)
+    yield request.param, r
+    r.close()
+
+
+def _host_forms(addr: str, port: int) -> list[tuple[str, int]]:
+    if ":" in addr:  # IPv6: bare, bracketed, bracketed with port (the port setting then ignored)
+        return [(addr, port), (f"[{addr}]", port), (f"[{addr}]:{port}", 1)]
+    return [(addr, port), (f"{addr}:{port}", 1), ("localhost", port), (f"localhost:{port}", 1)]
+
+
+def test_wrong_pin_never_sends_the_token_for_any_host_form(recorder, tmp_path):
+    """With a wrong api.fingerprint, every host form (bare and bracketed IPv6, host:port, names) fails to
+    connect and the server with the other certificate never receives an Authorization header."""
+    from pvegpu.adapters.pve import connect
+    from pvegpu.settings import ApiSettings
+
+    addr, rec = recorder
+    for host, port in _host_forms(addr, rec.port):
+        cfg = ApiSettings(host=host, port=port, token_name="pvegpu", token_file=_token_file(tmp_path), timeout=5, fingerprint="AB" * 32)
+        with pytest.raises(PveApiError, match="cannot reach the API"):
+            ProxmoxerPve(connect(cfg, "https")).guests()
+    assert rec.seen == []
+
+
+def test_right_pin_connects_for_every_host_form(recorder, tmp_path):
+    """The same host forms with the server's own fingerprint connect and send the token (the pin is not just
+    refusing everything)."""
+    from pvegpu.adapters.pve import connect
+    from pvegpu.settings import ApiSettings
+
+    addr, rec = recorder
+    forms = _host_forms(addr, rec.port)
+    for host, port in forms:
+        cfg = ApiSettings(host=host, port=port, token_name="pvegpu", token_file=_token_file(tmp_path), timeout=5, fingerprint=rec.fingerprint())
+        assert ProxmoxerPve(connect(cfg, "https")).guests() == []
+    assert len(rec.seen) == len(forms) and all(h.startswith("PVEAPIToken=root@pam!pvegpu=") for h in rec.seen)
+
+
+@pytest.mark.parametrize("var", ["https_proxy", "HTTPS_PROXY", "all_proxy"])
+def test_pin_with_proxy_in_environment_is_refused(recorder, tmp_path, monkeypatch, var):
+    """With a proxy in the environment, pinning refuses to connect (a ConfigError) instead of sending the token
+    over a connection the pin never checks; no request reaches the server or the 'proxy'."""
+    from pvegpu.adapters.pve import connect
+    from pvegpu.errors import ConfigError
+    from pvegpu.settings import ApiSettings
+
+    addr, rec = recorder
+    host = f"[{addr}]" if ":" in addr else addr
+    monkeypatch.setenv(var, f"http://{host}:{rec.port}")
+    cfg = ApiSettings(host=addr, port=rec.port, token_name="pvegpu", token_file=_token_file(tmp_path), timeout=5, fingerprint="AB" * 32)
+    with pytest.raises(ConfigError, match="proxy"):
+        ProxmoxerPve(connect(cfg, "https")).guests()
+    assert rec.seen == []
+
+
+def test_pin_with_host_in_no_proxy_connects_directly(recorder, tmp_path, monkeypatch):
+    """A proxy that no_proxy excludes for api.host does not block pinning; the pinned direct connection works."""
+    from pvegpu.adapters.pve import connect
+    from pvegpu.settings import ApiSettings
+
+    addr, rec = recorder
+    monkeypatch.setenv("https_proxy", "http://192.0.2.1:3128")
+    monkeypatch.setenv("no_proxy", addr)
+    cfg = ApiSettings(host=addr, port=rec.port, token_name="pvegpu", token_file=_token_file(tmp_path), timeout=5, fingerprint=rec.fingerprint())
+    assert ProxmoxerPve(connect(cfg, "https")).guests() == []
+
+
+def test_malformed_fingerprint_refused(tmp_path):
+    """A fingerprint that is not 64 hex digits is a ConfigError, not a silent no-pin."""
+    from pvegpu.adapters.pve import connect
+    from pvegpu.errors import ConfigError
+    from pvegpu.settings import ApiSettings
+
+    cfg = ApiSettings(host="127.0.0.1", token_name="pvegpu", token_file=_token_file(tmp_path), fingerprint="AB:CD")
+    with pytest.raises(ConfigError, match="fingerprint"):
+        connect(cfg, "https")
+
+
+def test_token_file_symlink_refused(tmp_path):
+    """A symlink to a private token file is refused (O_NOFOLLOW), even though its target would pass."""
+    real = tmp_path / "real"
+    real.write_text("abc\n")
+    real.chmod(0o600)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        read_token(str(link))
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o700, 0o400, 0o660])
+def test_token_file_mode_must_be_600(tmp_path, mode):
+    """Only mode 0600 is accepted: group/other bits, exec bits or read-only-owner modes are refused."""
+    f = tmp_path / "tok"
+    f.write_text("abc\n")
+    f.chmod(mode)
+    with pytest.raises(ConfigError, match="mode"):
+        read_token(str(f))
+
+
+def test_token_file_not_regular_refused(tmp_path):
+    """A FIFO (which would block a plain open) or a directory is refused without hanging."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        read_token(str(fifo))
+    d = tmp_path / "dir"
+    d.mkdir(mode=0o700)
+    with pytest.raises(ConfigError):
+        read_token(str(d))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+@pytest.mark.root
+def test_token_file_owned_by_other_user_refused(tmp_path):
+    """A 0600 token file owned by another uid is refused when running as root."""
+    f = tmp_path / "tok"
+    f.write_text("abc\n")
+    f.chmod(0o600)
+    os.chown(f, 65534, 65534)
+    with pytest.raises(ConfigError, match="owned by uid 65534"):
+        read_token(str(f))
+
+
+def test_token_file_multiline_refused(tmp_path):
+    """A file with more than the secret (two lines) is refused rather than sent as a header."""
+    f = tmp_path / "tok"
+    f.write_text("abc\nevil: header\n")
+    f.chmod(0o600)
+    with pytest.raises(ConfigError):
+        read_token(str(f))

@@ -8,6 +8,7 @@ naming the call, the cause and a hint; the cause is kept.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -23,17 +24,36 @@ from .pvesh import PveshError, PveshSession
 
 
 def read_token(path: str) -> str:
-    """The token secret from a root-only file (refuses group/other-readable files)."""
+    """The token secret from a regular file owned by root (or by the running user) with mode 0600.
+
+    Manual equivalent: ``stat -c '%F %u %a' /etc/pvegpu/token`` says ``regular file 0 600``. The file is
+    opened without following a symlink and checked on the open descriptor (no stat-then-open race)."""
+    fix = f"`install -m 600 -o root /dev/stdin {path}` and paste the secret"
     try:
-        st = os.stat(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
-        raise ConfigError(f"api.token_file {path}: {exc.strerror}", "create it with `install -m 600 /dev/stdin /etc/pvegpu/token`") from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise ConfigError(f"api.token_file {path} is readable by others (mode {stat.S_IMODE(st.st_mode):o})", f"chmod 600 {path}")
-    with open(path, encoding="utf-8") as f:
-        secret = f.read().strip()
+        why = "is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise ConfigError(f"api.token_file {path}: {why}", fix) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"api.token_file {path} is not a regular file", fix)
+        if st.st_uid not in (0, os.geteuid()):
+            raise ConfigError(f"api.token_file {path} is owned by uid {st.st_uid}, not root", f"chown root {path}")
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            raise ConfigError(f"api.token_file {path} has mode {stat.S_IMODE(st.st_mode):o}, not 600 (readable by others or executable)",
+                              f"chmod 600 {path}")
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    try:
+        secret = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"api.token_file {path} is not UTF-8 text", "put the token's secret (a UUID) in it") from None
     if not secret:
         raise ConfigError(f"api.token_file {path} is empty", "put the token's secret (a UUID) in it")
+    if any(c.isspace() or not c.isprintable() for c in secret):
+        raise ConfigError(f"api.token_file {path} holds more than one line or control characters", "put only the token's secret (a UUID) in it")
     return secret
 
 
@@ -50,32 +70,58 @@ def connect(cfg: ApiSettings, backend: str, task_timeout: float | None = None) -
         return api
     if not cfg.host or not cfg.token_name or not cfg.token_file:
         raise ConfigError("the https API needs api.host, api.token_name and api.token_file",
-                          "create a token: `pveum user token add root@pam pvegpu --privsep 0`; see README 'API token'")
+                          "create a privilege-separated token with its own ACLs: "
+                          "`pveum user token add root@pam pvegpu --privsep 1`; see README 'API token'")
     verify: bool | str = cfg.verify
     if str(cfg.verify).lower() in ("true", "1", "yes"):
         verify = True
     elif str(cfg.verify).lower() in ("false", "0", "no"):
         verify = False
+    fp = ""
     if cfg.fingerprint:
-        verify = False  # the pinned fingerprint replaces CA verification
+        fp = cfg.fingerprint.replace(":", "").strip().lower()
+        if len(fp) != 64 or not all(c in "0123456789abcdef" for c in fp):
+            raise ConfigError(f"api.fingerprint {cfg.fingerprint!r} is not a SHA-256 fingerprint (64 hex digits)",
+                              "on the node: `openssl x509 -in /etc/pve/local/pve-ssl.pem -noout -fingerprint -sha256`")
+        verify = False  # the pinned fingerprint replaces CA verification (checked on every connection by _pin)
     api = ProxmoxAPI(cfg.host, port=cfg.port, user=cfg.user, token_name=cfg.token_name,
                      token_value=read_token(cfg.token_file), verify_ssl=verify, timeout=cfg.timeout)
-    if cfg.fingerprint:
-        _pin(api, cfg.host, cfg.port, cfg.fingerprint)
+    if fp:
+        _pin(api, fp)
     return api
 
 
-def _pin(api: Any, host: str, port: int, fingerprint: str) -> None:
-    from requests.adapters import HTTPAdapter
+def _pin(api: Any, fp: str) -> None:
+    """Every connection of the session checks the server certificate's SHA-256 against ``fp`` before a byte
+    (and so the token header) is sent, whatever URL form proxmoxer built for the host (``[::1]``, ``host:port``).
 
-    fp = fingerprint.replace(":", "").lower()
+    A proxy from the environment would get a connection the pin never sees, so pinning refuses one."""
+    from requests.adapters import HTTPAdapter
+    from requests.utils import get_environ_proxies
+
+    session = api._store["session"]
+    base = api._store["base_url"]
+    proxy = get_environ_proxies(base) or session.proxies
+    if proxy:
+        raise ConfigError(f"api.fingerprint is set but a proxy would carry the connection to {base.split('/api2')[0]} "
+                          f"({', '.join(sorted(proxy))}_proxy): the pin cannot be checked through it",
+                          "add api.host to no_proxy, unset https_proxy for pvegpu, or use api.verify with the node's CA file")
+    session.trust_env = False  # no proxy, netrc or CA bundle from the environment on the pinned session
 
     class Pinned(HTTPAdapter):
         def init_poolmanager(self, *a: Any, **kw: Any) -> Any:
             kw["assert_fingerprint"] = fp
             return super().init_poolmanager(*a, **kw)
 
-    api._store["session"].mount(f"https://{host}:{port}", Pinned())
+        def proxy_manager_for(self, *a: Any, **kw: Any) -> Any:
+            raise ConfigError("a proxy was configured on the pinned API session", "remove the proxy")
+
+    class Refused(HTTPAdapter):
+        def send(self, request: Any, *a: Any, **kw: Any) -> Any:
+            raise ConfigError(f"refusing to send the API token over plain HTTP ({request.url})", "use https")
+
+    session.mount("https://", Pinned())  # every https URL: no host-form prefix the pin could miss
+    session.mount("http://", Refused())
 
 
 _PERMISSION = re.compile(r"Permission check failed \(([^,()]+),\s*([^()]+)\)")

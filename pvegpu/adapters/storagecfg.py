@@ -8,13 +8,23 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 
+# A storage's content types when storage.cfg has no `content` line: the plugin's default
+# (pve-storage: PVE::Storage::<Type>Plugin::plugindata, second element of `content`).
+DEFAULT_CONTENT = {"dir": ["images", "rootdir"], "btrfs": ["images", "rootdir"], "nfs": ["images"], "cifs": ["images"],
+                   "glusterfs": ["images"], "cephfs": ["backup"]}
+
 
 @dataclass
 class Storage:
     name: str
     path: str
-    content: list[str]
+    content: list[str] | None  # None: no `content` line, the type's implicit default applies
     shared: bool = False
+    type: str = "dir"
+
+    def effective_content(self) -> list[str] | None:
+        """The content types PVE uses (explicit, or the type's default); None when unknown."""
+        return self.content if self.content is not None else DEFAULT_CONTENT.get(self.type)
 
 
 def read_storage(pve_root: str, name: str) -> Storage:
@@ -28,7 +38,7 @@ def read_storage(pve_root: str, name: str) -> Storage:
     cur: Storage | None = None
     for line in text.splitlines():
         if m := re.match(r"^(\w+):\s*(\S+)\s*$", line):
-            cur = found.setdefault(m.group(2), Storage(m.group(2), "", []))
+            cur = found.setdefault(m.group(2), Storage(m.group(2), "", None, type=m.group(1)))
         elif cur is not None and (m := re.match(r"^\s+(\S+)\s*(.*?)\s*$", line)):
             key, value = m.groups()
             if key == "path":

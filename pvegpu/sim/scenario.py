@@ -66,17 +66,53 @@ def ct_conf(ct: dict[str, Any]) -> str:
     return "\n".join(sorted(lines)) + "\n"
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def validate(sc: dict[str, Any]) -> None:
-    problems = []
-    if not sc.get("gpus"):
+    """Every problem of the scenario as one UsageError, before anything is laid out or started."""
+    problems: list[str] = []
+    gpus = sc.get("gpus")
+    if not isinstance(gpus, list) or not gpus:
         problems.append("no gpus")
-    for g in sc.get("gpus", []):
-        if "minor" not in g or not os.path.exists(str(g.get("stand_in", ""))):
-            problems.append(f"gpu {g.get('minor')}: needs minor and an existing stand_in device")
-    for ct in sc.get("containers", []):
-        for w in ct.get("workloads", []) + ct.get("on_restart", []):
+        gpus = []
+    minors: set[int] = set()
+    for g in gpus:
+        if not isinstance(g, dict) or not _is_int(g.get("minor")) or not os.path.exists(str(g.get("stand_in", ""))):
+            problems.append(f"gpu {g.get('minor') if isinstance(g, dict) else g!r}: needs an integer minor and an existing stand_in device")
+            continue
+        if g["minor"] in minors:
+            problems.append(f"gpu {g['minor']}: duplicate minor")
+        minors.add(g["minor"])
+    seen: set[int] = set()
+    guests = [("CT", c) for c in sc.get("containers", []) or []] + [("VM", v) for v in sc.get("vms", []) or []]
+    for kind, guest in guests:
+        if not isinstance(guest, dict):
+            problems.append(f"{'container' if kind == 'CT' else 'vm'} {guest!r}: must be an object")
+            continue
+        vmid: Any = guest.get("vmid")
+        if not _is_int(vmid) or not 100 <= vmid <= 999_999_999:
+            problems.append(f"{kind} vmid {vmid!r}: must be an integer 100..999999999")
+            continue
+        if vmid in seen:
+            problems.append(f"{kind} {vmid}: duplicate vmid")
+        seen.add(vmid)
+        if kind == "VM":
+            continue
+        for m in guest.get("gpus", []) or []:
+            if not _is_int(m) or m not in minors:
+                problems.append(f"CT {vmid}: GPU {m!r} is not defined in gpus")
+        for w in (guest.get("workloads", []) or []) + (guest.get("on_restart", []) or []):
+            if not isinstance(w, dict):
+                problems.append(f"CT {vmid}: workload {w!r} must be an object")
+                continue
             if w.get("kind", "simple") not in KINDS:
-                problems.append(f"CT {ct.get('vmid')}: unknown workload kind {w.get('kind')!r} (one of {', '.join(KINDS)})")
+                problems.append(f"CT {vmid}: unknown workload kind {w.get('kind')!r} (one of {', '.join(KINDS)})")
+            if not _is_int(w.get("gpu", 0)) or w.get("gpu", 0) not in minors:
+                problems.append(f"CT {vmid}: workload on GPU {w.get('gpu')!r}, which is not defined in gpus")
+            if not _is_int(w.get("mib", 0)) or w.get("mib", 0) < 0:
+                problems.append(f"CT {vmid}: workload mib {w.get('mib')!r} must be a whole number >= 0")
     if problems:
         raise UsageError("invalid scenario: " + "; ".join(problems), "see `pydoc pvegpu.sim.scenario` for the format")
 
@@ -109,6 +145,15 @@ def build(scenario: dict[str, Any], root: str | None = None) -> SimNode:
     validate(scenario)
     owns = root is None
     root = root or tempfile.mkdtemp(prefix="pvegpu-sim-")
+    try:
+        return _lay_out(scenario, root, owns)
+    except BaseException:
+        if owns:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+def _lay_out(scenario: dict[str, Any], root: str, owns: bool) -> SimNode:
     state = SimState(root)
     node = str(scenario.get("node", "pve-sim"))
     write_json(os.path.join(root, "scenario.json"), scenario | {"node": node})
