@@ -195,7 +195,7 @@ class Bench:
         if profile and argv[0] == self.python:
             argv.insert(1, "-X")
             argv.insert(2, "importtime")
-        t0 = time.monotonic()
+        t0, t0_epoch = time.monotonic(), time.time()
         t = time.perf_counter()
         p = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=300)
         wall = time.perf_counter() - t
@@ -203,6 +203,7 @@ class Bench:
         with open(self.pvesh_log) as f:
             extra["api_calls"] = f.read().split("\n")[:-1]
         extra |= M.pvegpu_phases(p.stdout, t0, wall)
+        extra["timeline"] = M.event_timeline(p.stderr, t0_epoch)
         if profile:
             extra["imports"] = M.import_profile(p.stderr)
         if verdict == "error":

@@ -332,3 +332,26 @@ def import_profile(stderr: str, top: int = 10) -> dict:
             rows.append((name.strip(), int(parts[1]) / 1000))
     rows.sort(key=lambda r: -r[1])
     return {"total_ms": round(sum(ms for _, ms in rows), 1), "top": [[n, round(ms, 1)] for n, ms in rows[:top]]}
+
+
+def event_timeline(stderr: str, t0_epoch: float) -> dict[str, float]:
+    """``pvegpu reset --json`` writes its events as JSON lines on stderr, each with an ISO timestamp:
+    seconds from the process's start (t0_epoch, wall clock) to the first event of each name. The first,
+    ``reset.locate``, comes after start-up, settings, NVML init and the first NVML read."""
+    import datetime
+
+    out: dict[str, float] = {}
+    for line in stderr.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            ev = json.loads(line)
+            ts = datetime.datetime.fromisoformat(str(ev["timestamp"]).replace("Z", "+00:00"))
+        except (ValueError, KeyError, TypeError):
+            continue
+        if ts.tzinfo is None:
+            ts = ts.replace(tzinfo=datetime.UTC)
+        name = str(ev.get("event", "?"))
+        key = f"{name}:{ev.get('outcome', '')}" if name in ("reset.verify", "reset.restart") else name
+        out.setdefault(key, round(ts.timestamp() - t0_epoch, 3))
+    return out

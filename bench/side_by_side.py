@@ -32,6 +32,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every allocation (a GPU smaller than 120 GiB)")
     ap.add_argument("--grace", type=float, default=3.0, help="pvegpu's reset.grace (SIGTERM → SIGKILL)")
+    ap.add_argument("--name", default="", help="file name stem of the results (default side_by_side-<date>)")
     ap.add_argument("--profile", action="store_true", help="one more pvegpu run of the first scenario under -X importtime")
     a = ap.parse_args(argv)
     methods = [m for m in a.methods.split(",") if m]
@@ -61,7 +62,7 @@ def main(argv: list[str]) -> int:
     meta["machine"] = f"{meta['gpu']} ({meta['total_mib']} MiB), {meta['cpus']} CPUs, Linux {meta['kernel']}, Python {meta['python']}"
     runs: list[M.Run] = []
     os.makedirs(a.out, exist_ok=True)
-    stem = os.path.join(a.out, f"side_by_side-{when:%Y-%m-%d}")
+    stem = os.path.join(a.out, a.name or f"side_by_side-{when:%Y-%m-%d}")
     try:
         for s in a.scenario_list:
             for rep in range(a.reps):

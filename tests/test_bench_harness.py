@@ -234,3 +234,15 @@ def test_pvesh_launcher_is_an_executable_for_path(tmp_path):
     path = pvesh_shim.launcher(str(tmp_path), "/repo", "/usr/bin/python3")
     assert os.path.basename(path) == "pvesh" and os.access(path, os.X_OK)
     assert open(path).read().startswith("#!/usr/bin/python3 -I\n") and "'/repo'" in open(path).read()
+
+
+def test_event_timeline_from_pvegpu_json_lines():
+    """pvegpu's JSON-line events become seconds since the process started, first occurrence of each, verify by outcome."""
+    err = ("import time: noise\n"
+           '{"event": "reset.locate", "level": "info", "timestamp": "2026-11-30T07:00:00.300000Z"}\n'
+           '{"event": "reset.signal", "timestamp": "2026-11-30T07:00:00.320000Z"}\n'
+           '{"event": "reset.signal", "timestamp": "2026-11-30T07:00:00.330000Z"}\n'
+           '{"event": "reset.verify", "outcome": "clean", "timestamp": "2026-11-30T07:00:00.700000Z"}\n'
+           '{"event": "broken", "timestamp": "yesterday"}\n')
+    t0 = 1_796_022_000.0  # 2026-11-30T07:00:00Z
+    assert M.event_timeline(err, t0) == {"reset.locate": 0.3, "reset.signal": 0.32, "reset.verify:clean": 0.7}
