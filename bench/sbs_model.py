@@ -292,7 +292,7 @@ def detail_table(runs: list[Run]) -> str:
 def markdown(meta: dict, runs: list[Run]) -> str:
     """The report: machine and command, the summary, the detail."""
     head = [f"Machine: {meta.get('machine', '?')}; driver {meta.get('driver', '?')}; {meta.get('when', '')}",
-            f"Command: `{meta.get('command', '?')}`", ""]
+            f"Command: `{meta.get('command', '?')}`", "", ""]
     return "\n".join(head) + summary_table(runs) + "\n\n" + detail_table(runs) + "\n"
 
 

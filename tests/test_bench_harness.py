@@ -246,3 +246,82 @@ def test_event_timeline_from_pvegpu_json_lines():
            '{"event": "broken", "timestamp": "yesterday"}\n')
     t0 = 1_796_022_000.0  # 2026-11-30T07:00:00Z
     assert M.event_timeline(err, t0) == {"reset.locate": 0.3, "reset.signal": 0.32, "reset.verify:clean": 0.7}
+
+
+# -- the PVE-like containers (real cgroups and namespaces; root, no GPU) ----------------------------------
+
+FULL = os.stat("/dev/full").st_rdev
+
+
+@pytest.fixture
+def vmid():
+    """A container id no other test or engineer uses; whatever is left of it is stopped afterwards."""
+    from bench import sbs_node as N
+
+    v = 700_000 + os.getpid() % 100_000
+    yield v
+    N.kill_ct(v)
+
+
+def _wait(pred, what: str, timeout: float = 10):
+    import time
+
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, what
+        time.sleep(0.02)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroups and PID namespaces")
+def test_container_is_pve_shaped_and_its_init_reaps(vmid):
+    """A container has its init as PID 1 in /lxc/<vmid>/ns, the monitor in /lxc.monitor/<vmid>, a nested
+    service cgroup, and an init that reaps orphans (no zombie is left after a payload process dies)."""
+    from bench import sbs_node as N
+
+    script = f"(sleep 0.2 &) ; echo $$ > {N.ns_cgroup(vmid)}/{M.NESTED_CGROUP}/cgroup.procs; exec sleep 60"
+    init = N.start_ct(vmid, script, subcgroups=(M.NESTED_CGROUP,))
+    assert N.ns_pid(init) == 1 and N.comm(init) == "init" and N.cgroup_of(init) == f"/lxc/{vmid}/ns"
+    with open(os.path.join(N.monitor_cgroup(vmid), "cgroup.procs")) as f:
+        monitor = [int(p) for p in f.read().split()]
+    assert monitor and all(N.cgroup_of(p) == f"/lxc.monitor/{vmid}" for p in monitor)
+    _wait(lambda: any(N.cgroup_of(p) == f"/lxc/{vmid}/ns/{M.NESTED_CGROUP}" for p in N.ct_pids(vmid)), "payload not in the nested cgroup")
+
+    def states() -> list[str]:
+        out = []
+        for p in N.ct_pids(vmid):
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    out.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass
+        return out
+
+    _wait(lambda: len(N.ct_pids(vmid)) == 2, "the orphaned sleep did not exit and get reaped")
+    assert "Z" not in states()
+    assert N.find_init(vmid) == init and N.owner(init, vmid) == "target" and N.owner(init, vmid + 1) == f"CT {vmid}"
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for cgroups and PID namespaces")
+def test_device_holders_and_collateral_on_real_processes(vmid):
+    """The fd scan finds the container's holder of a device by number; a stop leaves an outside process
+    alone and the collateral check says so, and names it once it is gone."""
+    import subprocess
+
+    from bench import sbs_node as N
+
+    N.start_ct(vmid, "exec 3<>/dev/full; exec sleep 60")
+    _wait(lambda: N.device_holders(N.ct_pids(vmid), {(os.major(FULL), os.minor(FULL))}), "holder not found")
+    holder = N.device_holders(N.ct_pids(vmid), {(os.major(FULL), os.minor(FULL))})
+    assert [N.comm(p) for p in holder] == ["sleep"] and N.device_holders(holder, {(195, 0)}) == []
+    outside = subprocess.Popen(["sleep", "60"])
+    try:
+        before = N.identities([outside.pid], vmid)
+        assert before[outside.pid][1:] == ("sleep", "host")
+        assert N.kill_ct(vmid) and not os.path.exists(N.ct_cgroup(vmid)) and not os.path.exists(N.monitor_cgroup(vmid))
+        assert M.collateral(before, {p: N.start_time(p) for p in before}) == []
+    finally:
+        outside.kill()
+        outside.wait()
+    assert M.collateral(before, {p: N.start_time(p) for p in before}) == [{"pid": outside.pid, "comm": "sleep", "owner": "host"}]
