@@ -297,8 +297,8 @@ def markdown(meta: dict, runs: list[Run]) -> str:
 
 
 def pvegpu_phases(stdout: str, t0: float, wall: float) -> dict:
-    """Where a ``pvegpu reset --json`` process spent its wall time: start-up (interpreter, imports,
-    settings, NVML init: wall minus the reset's own elapsed), the reset itself, and the first signal
+    """Where a ``pvegpu reset --json`` process spent its wall time: start-up and exit (interpreter, imports,
+    settings, NVML init, teardown: wall minus the reset's own elapsed), the reset itself, and the first signal
     (``signalled[].t`` is CLOCK_MONOTONIC, shared with the harness, which started the process at t0)."""
     try:
         rep = json.loads(stdout)
