@@ -98,7 +98,8 @@ class Bench:
         end = time.monotonic() + timeout
         while True:
             used = self.nvml.used_mib()
-            why = M.baseline_problem(used, [p for p, _ in self.nvml.listed()], used if idle is None and used is not None else (idle or 0))
+            ref = used if idle is None else idle  # the first call learns idle: only "nothing listed" is checked
+            why = M.baseline_problem(used, [p for p, _ in self.nvml.listed()], ref if ref is not None else 0.0)
             if why is None:
                 assert used is not None
                 return used
