@@ -19,9 +19,9 @@ import time
 # child (orphans too) forever. SIGTERM from inside is ignored by the kernel for a namespace init.
 INIT = r"""
 import ctypes, os, sys, time
+ctypes.CDLL(None).prctl(15, b"init", 0, 0, 0)  # named before it is visible in the cgroup
 with open(sys.argv[1] + "/cgroup.procs", "w") as f:
     f.write(str(os.getpid()))
-ctypes.CDLL(None).prctl(15, b"init", 0, 0, 0)
 if sys.argv[2]:
     if os.fork() == 0:
         os.execv("/bin/sh", ["sh", "-c", sys.argv[2]])
