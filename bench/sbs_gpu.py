@@ -193,6 +193,8 @@ class Bench:
         """pvegpu --config FILE reset VMID --json, as a whole process."""
         open(self.pvesh_log, "w").close()
         argv = [*self.pvegpu_argv, "--config", self.config, "reset", str(M.TARGET), "--json"]
+        if profile:  # -v: the events as JSON lines on stderr, for the timeline (costs structlog's import)
+            argv.append("-v")
         if profile and argv[0] == self.python:
             argv.insert(1, "-X")
             argv.insert(2, "importtime")

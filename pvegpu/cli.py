@@ -83,7 +83,7 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
     from .reclaim import reset
     from .render import reset_human, reset_json
 
-    log = configure(verbose=verbose, json_lines=json_out)
+    log = configure(verbose=verbose, json_lines=json_out and verbose)
     on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
     with wiring.ct_lock(s, vmid, s.reset.lock_wait), wiring.node(s, log) as ports:
         report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step)
@@ -99,8 +99,8 @@ def reset_cmd(
     timeout: float | None = typer.Option(None, "--timeout", metavar="SECONDS", help=f"wait for the memory to come back (reset.timeout, default {_R.timeout:g})"),
     grace: float | None = typer.Option(None, "--grace", metavar="SECONDS", help=f"between SIGTERM and SIGKILL (reset.grace, default {_R.grace:g})"),
     settle: float | None = typer.Option(None, "--settle", metavar="SECONDS", help=f"clean must hold this long (reset.settle, default {_R.settle:g})"),
-    json_out: bool = typer.Option(False, "--json", help="print the report as JSON (events as JSON lines on stderr)"),
-    verbose: bool = typer.Option(False, "-v", "--verbose", help="log every event"),
+    json_out: bool = typer.Option(False, "--json", help="print the report as JSON (with -v, every event as a JSON line on stderr)"),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="log every event (structlog)"),
 ) -> None:
     """Stop every process of the container that holds its GPUs, verify with NVML that the memory is back,
     and restart the container through the API if it is not."""
@@ -193,7 +193,7 @@ def demo_cmd(
     try:
         sim = sc.build(data)
         _OPTS = wiring.GlobalOptions(_OPTS.config, sim.root)
-        s = _settings({"reset.grace": grace, "reset.lock_dir": f"{sim.root}/lock"})
+        s = _settings({"reset.grace": grace})
         typer.echo(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.\n")
         typer.echo("$ pvegpu audit")
         typer.echo(_audit_table(s))

@@ -34,11 +34,21 @@ class GlobalOptions:
 
 
 def settings(opts: GlobalOptions, overrides: dict[str, Any] | None = None) -> Settings:
-    """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides."""
+    """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides.
+
+    A simulated node keeps its run-time state (reset locks) in its own directory, unless a setting says otherwise.
+    """
+    from dataclasses import replace
+
+    from .settings import ResetSettings
+
     extra = dict(overrides or {})
     if opts.simulate:
         extra["simulate"] = opts.simulate
-    return load(opts.config, overrides=extra)
+    s = load(opts.config, overrides=extra)
+    if s.simulate and s.reset.lock_dir == ResetSettings.lock_dir:
+        s = replace(s, reset=replace(s.reset, lock_dir=os.path.join(s.simulate, "lock")))
+    return s
 
 
 # -- policies: every default comes from settings.py ------------------------------------------------------
@@ -172,10 +182,18 @@ def bounded(probe: Any, s: Settings) -> Any:
 
 
 def open_nvml() -> Any:
-    """nvidia-ml-py (``pvegpu reset``, ``audit``); raises GpuQueryError when NVML cannot start."""
+    """nvidia-ml-py (``pvegpu audit``: health, bus ids); raises GpuQueryError when NVML cannot start."""
     from .adapters.nvml import NvmlProbe
 
     return NvmlProbe()
+
+
+def open_nvml_lite() -> Any:
+    """The ctypes NVML reader (``pvegpu reset``, the gate): the same structs and rules as nvidia-ml-py
+    (a GPU test checks they agree), without its ~50 ms import; raises GpuQueryError when NVML cannot start."""
+    from .adapters.nvml_lite import NvmlLite
+
+    return NvmlLite()
 
 
 def proc_host() -> Any:
@@ -195,7 +213,7 @@ class LazyNvml:
 
     def _open(self) -> Any:
         if self._probe is None:
-            self._probe = bounded(open_nvml(), self._s)
+            self._probe = bounded(open_nvml_lite(), self._s)
         return self._probe
 
     def gpus(self) -> list[GpuInfo]:

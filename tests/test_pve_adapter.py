@@ -511,7 +511,7 @@ def test_wrong_pin_never_sends_the_token_for_any_host_form(recorder, tmp_path):
     addr, rec = recorder
     for host, port in _host_forms(addr, rec.port):
         cfg = ApiSettings(host=host, port=port, token_name="pvegpu", token_file=_token_file(tmp_path), timeout=5, fingerprint="AB" * 32)
-        with pytest.raises(PveApiError, match="cannot reach the API"):
+        with pytest.raises(PveApiError, match="does not match api.fingerprint"):
             ProxmoxerPve(connect(cfg, "https")).guests()
     assert rec.seen == []
 

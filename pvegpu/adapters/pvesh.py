@@ -199,6 +199,6 @@ class PveshSession:
 
 
 def _warn(call: str, err: str) -> None:
-    import structlog
+    import logging
 
-    structlog.get_logger("pvegpu").warning("pve.pvesh_stderr", call=call, stderr=err[:500])
+    logging.getLogger("pvegpu").warning("pvesh %s wrote to stderr (its answer is used): %s", call, err[:500].replace("\n", " | "))
