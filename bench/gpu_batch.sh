@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every GPU measurement behind BENCHMARKS.md in one go, as root on an NVIDIA node, from the repo root:
+#   OUT=/tmp/pvegpu-gpu bash bench/gpu_batch.sh
+# On a machine without a package registry, put the wheels in .whl/ first (BENCHMARKS.md says how).
+set -u
+OUT=${OUT:-/tmp/pvegpu-gpu}
+PY=${PY:-python3}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  $PY -m pip install -q --break-system-packages --no-index --find-links .whl -e '.[test]' >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
+uname -r >>"$OUT/machine.txt"; $PY --version >>"$OUT/machine.txt"
+echo "== GPU tests"; date +%s
+PVEGPU_RESULTS="$OUT/gpu.jsonl" timeout "${T_TESTS:-240}" $PY -m pytest -q -p no:cacheprovider -rA tests/test_gpu.py tests/test_audit_gpu.py 2>&1 | tail -40 | tee "$OUT/gpu-tests.log"
+echo "== gate vs nvidia-smi"; date +%s
+timeout "${T_GATE:-90}" $PY bench/bench_gate.py "${GATE_N:-40}" 2>&1 | tee "$OUT/gate.txt"
+echo "== side by side"; date +%s
+timeout "${T_SBS:-200}" $PY bench/side_by_side.py --out "$OUT" --name "${SBS_NAME:-side_by_side}" --methods manual,pvegpu \
+  --scenarios "${SBS_SCENARIOS:-hold-20,ignore-term,two-cts}" --reps "${SBS_REPS:-3}" 2>&1 | tail -30
+date +%s
