@@ -19,6 +19,7 @@ from .inspect import GpuFacts, inspect_gpus
 from .locate import find_guest, granted_gpus
 from .lxcconf import parse_config
 from .model import MIB, GpuInfo, GpuSample, Place
+from .settings import GateSettings
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -37,14 +38,17 @@ class GateState(enum.StrEnum):
     UNKNOWN = "unknown"  # could not be read (refused unless on_unknown = allow)
 
 
+_G = GateSettings()  # the one source of defaults
+
+
 @dataclass(frozen=True)
 class GatePolicy:
-    """The gate's settings (``[gate]``), derived once by the composition root."""
+    """The gate's settings (``[gate]``), derived once by the composition root (``wiring.gate_policy``)."""
 
-    threshold_bytes: int = 64 * MIB
-    on_unknown: str = "refuse"  # refuse | allow
-    exclusive_vmids: frozenset[int] = frozenset()
-    exclusive_tag: str = "gpu-exclusive"
+    threshold_bytes: int = _G.threshold_mib * MIB
+    on_unknown: str = _G.on_unknown  # refuse | allow
+    exclusive_vmids: frozenset[int] = frozenset(_G.exclusive)
+    exclusive_tag: str = _G.exclusive_tag
 
     def exclusive(self, vmid: int, tags: Collection[str]) -> bool:
         return vmid in self.exclusive_vmids or (bool(self.exclusive_tag) and self.exclusive_tag in tags)

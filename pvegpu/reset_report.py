@@ -10,22 +10,26 @@ from . import errors as E
 from .inspect import GpuFacts
 from .model import MIB, Step
 from .ports import Clock, EventLog, GpuProbe, Host, NullLog, PveApi
+from .settings import ResetSettings
+
+_D = ResetSettings()  # the one source of defaults
 
 
 @dataclass(frozen=True)
 class ResetPolicy:
-    """How hard and how long ``pvegpu reset`` tries (``[reset]`` in the settings, ``--timeout``/``--grace``)."""
+    """How hard and how long ``pvegpu reset`` tries (``[reset]`` in the settings, ``--timeout``/``--grace``).
+    ``wiring.reset_policy`` derives it from the settings; its defaults are the settings' defaults."""
 
-    grace: float = 10.0  # seconds between SIGTERM and SIGKILL
-    kill_wait: float = 5.0  # seconds to wait for SIGKILLed processes to go
-    timeout: float = 30.0  # seconds to wait for the memory after the last signal / the stop
-    poll: float = 0.05  # seconds between readings
-    settle: float = 0.25  # clean must hold this long (a respawning unit restarts within ~0.1 s)
-    rounds: int = 3  # signal rounds against respawning holders
-    threshold_bytes: int = 64 * MIB  # residual v2 'used' still counted as clean
-    restart: bool = True
+    grace: float = _D.grace  # seconds between SIGTERM and SIGKILL
+    kill_wait: float = _D.kill_wait  # seconds to wait for SIGKILLed processes to go
+    timeout: float = _D.timeout  # seconds to wait for the memory after the last signal / the stop
+    poll: float = _D.poll  # seconds between readings
+    settle: float = _D.settle  # clean must hold this long (a respawning unit restarts within ~0.1 s)
+    rounds: int = _D.rounds  # signal rounds against respawning holders
+    threshold_bytes: int = _D.threshold_mib * MIB  # residual v2 'used' still counted as clean
+    restart: bool = _D.restart
     dry_run: bool = False
-    task_timeout: float = 120.0  # seconds for each PVE stop/start task (and for HA to act on it)
+    task_timeout: float = _D.task_timeout  # seconds for each PVE stop/start task (and for HA to act on it)
     state_wait: float = 15.0  # seconds to poll the CT's state after a failed stop/start to learn where it is
 
     @property

@@ -35,7 +35,7 @@ class ResetSettings:
     grace: float = 10.0
     kill_wait: float = 5.0
     timeout: float = 30.0
-    poll: float = 0.05
+    poll: float = 0.02  # seconds between readings while waiting (NVML + the CT's /proc: a few ms each)
     settle: float = 0.25  # clean must hold this long; raise it for services that respawn slowly
     rounds: int = 3
     threshold_mib: int = 64
