@@ -34,6 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--grace", type=float, default=3.0, help="pvegpu's reset.grace (SIGTERM → SIGKILL)")
     ap.add_argument("--name", default="", help="file name stem of the results (default side_by_side-<date>)")
     ap.add_argument("--profile", action="store_true", help="one more pvegpu run of the first scenario under -X importtime")
+    ap.add_argument("--pvegpu", default="", help="the pvegpu command to time, e.g. /opt/pvegpu/bin/pvegpu (default: this python -m pvegpu)")
     a = ap.parse_args(argv)
     methods = [m for m in a.methods.split(",") if m]
     if bad := [m for m in methods if m not in M.METHODS]:
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
         return 2
     from bench.sbs_gpu import Bench
 
-    b = Bench(a.grace)
+    b = Bench(a.grace, pvegpu=a.pvegpu.split() or None)
     when = datetime.datetime.now(datetime.UTC)
     meta = {"when": when.strftime("%Y-%m-%d %H:%M UTC"), "command": "python3 bench/side_by_side.py " + shlex.join(argv),
             "kernel": platform.release(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
