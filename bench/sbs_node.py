@@ -73,14 +73,9 @@ def start_ct(vmid: int, script: str = "", python: str = sys.executable, subcgrou
 
 
 def _procs(top: str) -> list[int]:
-    out: list[int] = []
-    for dirpath, _d, _f in os.walk(top):
-        try:
-            with open(os.path.join(dirpath, "cgroup.procs")) as f:
-                out += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return out
+    from tests.pvelike import cgroup_procs
+
+    return cgroup_procs(top)
 
 
 def ct_pids(vmid: int) -> list[int]:

@@ -108,14 +108,8 @@ def start_ct(vmid: int, argv: list[str]) -> subprocess.Popen[bytes]:
 
 
 def ct_procs(vmid: int) -> list[int]:
-    out: list[int] = []
-    for dirpath, _d, _f in os.walk(os.path.dirname(cgroup_dir(vmid))):
-        try:
-            with open(os.path.join(dirpath, "cgroup.procs")) as f:
-                out += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return out
+    """Host pids of every process in CT vmid's cgroups."""
+    return cgroup_procs(os.path.dirname(cgroup_dir(vmid)))
 
 
 def destroy_ct(vmid: int) -> None:
@@ -172,7 +166,7 @@ def kill_cgroup(top: str, timeout: float = 10.0) -> bool:
         pass
     deadline = time.monotonic() + timeout
     while True:
-        pids = _cgroup_procs(top)
+        pids = cgroup_procs(top)
         for p in pids:
             try:
                 os.kill(p, 9)
@@ -189,7 +183,8 @@ def kill_cgroup(top: str, timeout: float = 10.0) -> bool:
     return not os.path.isdir(top)
 
 
-def _cgroup_procs(top: str) -> list[int]:
+def cgroup_procs(top: str) -> list[int]:
+    """Host pids in the cgroup ``top`` and every cgroup below it (``cat .../cgroup.procs``)."""
     out: list[int] = []
     for dirpath, _d, _f in os.walk(top):
         try:
