@@ -65,6 +65,11 @@ class PveApiError(PvegpuError):
     exit_code = EXIT_PVE
 
 
+class PveNoAnswer(PveApiError):
+    """A request was (or may have been) sent, but no answer came back (read timeout, connection dropped, pvesh
+    killed at its deadline): what it asked for, a stop say, may still happen."""
+
+
 class TaskError(PveApiError):
     """A PVE task did not end OK; ``log_tail`` holds the last lines of its log (may be empty)."""
 

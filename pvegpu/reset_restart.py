@@ -41,9 +41,12 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int, GpuFac
         run_task(run, upid, "stop")
         if status.ha_managed:
             await_state(run, "stopped")
+        else:
+            confirm_state(run, "stopped", "stop")
     except E.PvegpuError as exc:
         failed(run, exc, upid)
-        pending = upid is not None and not isinstance(exc, E.TaskFailed)  # the stop may still take effect
+        # the stop may still take effect: its task is running, or the request went out and no answer came
+        pending = (upid is not None and not isinstance(exc, E.TaskFailed)) or isinstance(exc, E.PveNoAnswer)
         state = find_state(run, "stopped", pending)
         note_state(run, state, "stop" if pending else None, ha=status.ha_managed)
         if state != "stopped":
@@ -72,7 +75,7 @@ def start(run: ResetRun, *, ha: bool) -> None:
             await_state(run, "running")
     except E.PvegpuError as exc:
         failed(run, exc, upid)
-        pending = upid is not None and not isinstance(exc, E.TaskFailed)
+        pending = (upid is not None and not isinstance(exc, E.TaskFailed)) or isinstance(exc, E.PveNoAnswer)
         state = find_state(run, "running", pending)
         note_state(run, state, "start" if pending else None, ha=ha)
         r.restarted = state == "running"
@@ -104,6 +107,24 @@ def await_state(run: ResetRun, want: str) -> None:
             raise E.TaskTimeout(f"HA did not bring CT {run.vmid} to {want} within {pol.task_timeout:g} s",
                                 f"check `ha-manager status` for ct:{run.vmid}")
         deadline.pause(STATE_POLL)
+
+
+def confirm_state(run: ResetRun, want: str, what: str) -> None:
+    """A task said OK: check that the CT is ``want`` before trusting it (HA or an admin may have acted since);
+    a read that fails is retried within ``state_wait``. Raises TaskFailed (the task is over) when it is not."""
+    deadline = run.deadline.within(run.policy.state_wait)
+    state = "unknown"
+    while not deadline.expired():
+        try:
+            state = run.p.pve.ct_status(run.guest).status
+        except E.PvegpuError:
+            state = "unknown"
+        if state == want or state != "unknown":
+            break
+        deadline.pause(STATE_POLL)
+    if state != want:
+        raise E.TaskFailed(f"the {what} task of CT {run.vmid} ended OK, but CT {run.vmid} is {state}",
+                           f"did HA or an admin act on it meanwhile? `pct status {run.vmid}`, `ha-manager status`")
 
 
 def find_state(run: ResetRun, want: str, pending: bool) -> str:

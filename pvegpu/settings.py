@@ -67,6 +67,7 @@ class Settings:
     gate: GateSettings = field(default_factory=GateSettings)
 
 
+_TOP = ("node", "pve_root", "simulate")  # the settings outside a [section]
 _SECTIONS = {"api": ApiSettings, "reset": ResetSettings, "gate": GateSettings}
 
 
@@ -180,6 +181,27 @@ def _validate(s: Settings, problems: list[str]) -> None:
         problems.append(f"gate.exclusive: {bad_ids} are not guest ids (100..999999999)")
 
 
+MAX_FILE = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is not one
+
+
+def _read_settings_file(path: str) -> bytes:
+    """The file's bytes, if it is a regular file of sane size: a FIFO, a device or an endless file would hang
+    the start gate before its deadline starts counting (PVE runs hookscripts with no timeout)."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"not a regular file (mode {stat.S_IFMT(st.st_mode):o})")
+        data = os.read(fd, MAX_FILE + 1)
+        if len(data) > MAX_FILE:
+            raise OSError(f"larger than {MAX_FILE // 1024} KiB: not a settings file")
+        return data
+    finally:
+        os.close(fd)
+
+
 def load(path: str | None = None, env: dict[str, str] | None = None, overrides: dict[str, Any] | None = None) -> Settings:
     """Settings from file (missing default file is fine), environment and overrides ("reset.grace": 3)."""
     env = dict(os.environ) if env is None else env
@@ -187,15 +209,15 @@ def load(path: str | None = None, env: dict[str, str] | None = None, overrides: 
     problems: list[str] = []
     data: dict[str, Any] = {}
     try:
-        with open(path, "rb") as f:
-            import tomllib  # only when there is a file: the start gate pays for what it uses
+        raw = _read_settings_file(path)
+        import tomllib  # only when there is a file: the start gate pays for what it uses
 
-            try:
-                data = tomllib.load(f)
-            except tomllib.TOMLDecodeError as exc:
-                problems.append(f"{path}: {exc}")
-            except UnicodeDecodeError as exc:
-                problems.append(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})")
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            problems.append(f"{path}: {exc}")
+        except UnicodeDecodeError as exc:
+            problems.append(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})")
     except FileNotFoundError:
         if path != DEFAULT_PATH:
             problems.append(f"{path}: no such file")
@@ -205,10 +227,11 @@ def load(path: str | None = None, env: dict[str, str] | None = None, overrides: 
         if not key.startswith("PVEGPU_") or key == "PVEGPU_CONFIG":
             continue
         parts = key[7:].lower().split("_", 1)
-        if parts[0] in _SECTIONS and len(parts) == 2:
+        if parts[0] in _SECTIONS and len(parts) == 2:  # PVEGPU_RESET_GRAC: meant for us, so a typo is an error
             data.setdefault(parts[0], {})[parts[1]] = value
-        else:
+        elif key[7:].lower() in _TOP:
             data[key[7:].lower()] = value
+        # any other PVEGPU_* (PVEGPU_DEBUG, a script's own variable) is not a setting: left alone
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
@@ -226,5 +249,5 @@ def load(path: str | None = None, env: dict[str, str] | None = None, overrides: 
     _validate(s, problems)
     if problems:
         raise ConfigError(f"invalid settings ({len(problems)} problem(s)): " + "; ".join(problems),
-                          f"fix {path} or the PVEGPU_* variables; see README 'Settings'")
+                          f"fix the option given on the command line, {path} or the PVEGPU_* variables; see README 'Settings'")
     return s

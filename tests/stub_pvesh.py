@@ -6,7 +6,8 @@ next to it. A rule is keyed by "<verb> <path>" (or "*" for every call) and may s
 ``sleep`` (seconds before answering), ``child`` (seconds a forked child lives holding stdout and stderr),
 ``setsid_child`` (the same child, in its own session, out of pvesh's process group), ``pidfile`` (where the
 child writes its pid, in the stub's directory), ``write`` ([path, text]: a file written before answering).
-Every call is appended to ``calls.log`` as one line: "<verb> <path>".
+Every call is appended to ``calls.log`` as one line: "<verb> <path>". The CT's state is kept like PVE keeps it:
+a stop or start that answers (exit 0) changes what ``status/current`` says, unless a rule answers that itself.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def _rule(here: str, key: str) -> dict:
     return DEFAULTS.get(key, {"stderr": f"no such path '{key}'", "exit": 2})
 
 
+def _state(here: str) -> str:
+    try:
+        with open(os.path.join(here, "state")) as f:
+            return f.read().strip() or "running"
+    except OSError:
+        return "running"
+
+
 def main(argv: list[str]) -> int:
     here = os.environ["PVESH_STUB_DIR"]
     verb, path = argv[0], argv[1]
@@ -69,6 +78,13 @@ def main(argv: list[str]) -> int:
     if rule.get("write"):
         with open(rule["write"][0], "w") as f:
             f.write(rule["write"][1])
+    status_key = "get /nodes/pve1/lxc/129/status/current"
+    if f"{verb} {path}" == status_key and rule.get("json") == DEFAULTS[status_key]["json"]:  # the default answer: the live state
+        rule = rule | {"json": {"status": _state(here), "vmid": 129}}
+    done = {"create /nodes/pve1/lxc/129/status/stop": "stopped", "create /nodes/pve1/lxc/129/status/start": "running"}
+    if f"{verb} {path}" in done and not rule.get("exit") and "json" in rule and str(rule["json"]).startswith("UPID:"):
+        with open(os.path.join(here, "state"), "w") as f:
+            f.write(done[f"{verb} {path}"])
     time.sleep(float(rule.get("sleep", 0)))
     out = sys.stdout.buffer
     if "raw_hex" in rule:

@@ -161,3 +161,24 @@ def test_scenario_failure_after_layout_removes_temp_dir(monkeypatch, made_dirs):
     with pytest.raises(OSError):
         sc.build({"node": "s", "gpus": [GPU], "containers": []})
     assert len(made_dirs) == 1 and not os.path.exists(made_dirs[0])
+
+
+def test_settings_file_that_is_a_fifo_or_endless_is_refused_at_once(tmp_path):
+    """A FIFO or an endless device as the settings file is a one-line error (exit 2), never a hang."""
+    from tests.pvelike import REPO
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/zero"):
+        r = subprocess.run([sys.executable, "-m", "pvegpu", "--config", path, "check", "129"], capture_output=True, text=True,
+                           cwd=REPO, timeout=20)
+        assert r.returncode == 2 and "not a regular file" in r.stderr, r.stderr
+
+
+def test_unrelated_pvegpu_variables_are_not_settings():
+    """PVEGPU_DEBUG or a script's own PVEGPU_* variable is ignored; a typo in a section's key is still an error."""
+    from pvegpu.settings import load
+
+    assert load(None, env={"PVEGPU_RESULTS": "x", "PVEGPU_DEBUG": "1"}).reset.grace > 0
+    with pytest.raises(ConfigError, match="reset.grac: unknown setting"):
+        load(None, env={"PVEGPU_RESET_GRAC": "3"})

@@ -622,3 +622,32 @@ def test_token_file_multiline_refused(tmp_path):
     f.chmod(0o600)
     with pytest.raises(ConfigError):
         read_token(str(f))
+
+
+@responses.activate
+@pytest.mark.parametrize("exc,unanswered", [
+    (requests.exceptions.ReadTimeout("Read timed out. (read timeout=30)"), True),
+    (requests.ConnectionError("('Connection aborted.', RemoteDisconnected('Remote end closed connection'))"), True),
+    (requests.exceptions.ConnectTimeout("timed out"), False),
+    (requests.ConnectionError("[Errno 111] Connection refused"), False),
+    (requests.ConnectionError("Failed to resolve 'pve.test' ([Errno -2] Name or service not known)"), False),
+])
+def test_a_request_that_may_have_been_carried_out_says_so(exc, unanswered):
+    """A stop whose answer never came may still happen (PveNoAnswer); one that never reached PVE is a plain error."""
+    from pvegpu.errors import PveNoAnswer
+
+    responses.add(responses.POST, f"{BASE}/nodes/pve1/lxc/129/status/stop", body=exc)
+    with pytest.raises(PveApiError) as err:
+        offline_api().ct_stop(G)
+    assert isinstance(err.value, PveNoAnswer) is unanswered
+
+
+@responses.activate
+@pytest.mark.parametrize("data", [{"dev0": ["/dev/nvidia0"]}, {"lxc": "garbage"}, {"dev0": {"a": 1}},
+                                  {"lxc": [["lxc.mount.entry"]]}, {"dev0": True}])
+def test_config_with_wrongly_typed_fields_is_exit_4_not_no_gpu(data):
+    """A config answer whose fields have the wrong types names the call (exit 4); it is never read as 'no GPU'."""
+    responses.add(responses.GET, f"{BASE}/nodes/pve1/lxc/129/config", json={"data": data})
+    with pytest.raises(PveApiError) as exc:
+        offline_api().ct_config(G)
+    assert exc.value.exit_code == 4 and "read CT 129 config" in exc.value.message

@@ -547,3 +547,36 @@ def test_sigterm_that_cannot_arrive_is_not_waited_for(node):
     r = run(node, grace=10.0)
     assert r.exit_code == 0 and host.signals == [(p.pid, "SIGKILL")]
     assert r.elapsed < 2.0  # not the 10 s grace
+
+
+def test_stop_request_without_an_answer_is_followed_to_the_real_state(node):
+    """The stop request timed out (no UPID came back) but PVE carried it out a few seconds later: the CT's state
+    is polled until known, and the report says it was left stopped instead of 'running'."""
+    from pvegpu.errors import PveNoAnswer
+
+    clock, host, probe, pve = node
+    probe.leak[0] = 1024 * MIB  # memory no process holds: the restart fallback runs
+    real_stop = pve._stop_now
+
+    def stop_without_answer(g):
+        pve.calls.append(f"stop {g.vmid}")
+        clock.listeners.append(lambda t, at=clock.t + 3.0: at <= t and pve.status[g.vmid]["status"] == "running" and real_stop(g.vmid))
+        raise PveNoAnswer("stop CT 129: pve1:8006 did not answer within 2 s", "raise api.timeout")
+
+    pve.ct_stop = stop_without_answer
+    r = run(node, timeout=0.5)
+    assert pve.status[129]["status"] == "stopped"
+    assert r.left_stopped and r.ct_state == "stopped" and r.exit_code != 0
+
+
+def test_stop_task_ok_but_ct_still_running_is_not_called_stopped(node):
+    """The stop task ends OK but the CT is running (started again meanwhile): no "verified while stopped", no
+    "left stopped"; the report says what happened (exit 4)."""
+    _, host, probe, pve = node
+    probe.leak[0] = 1024 * MIB
+    real_stop = pve._stop_now
+    pve._stop_now = lambda vmid: (real_stop(vmid), pve._start_now(vmid))  # an admin starts it again at once
+    r = run(node, timeout=0.5)
+    assert pve.status[129]["status"] == "running"
+    assert not r.left_stopped and r.exit_code == 4
+    assert any("ended OK, but CT 129 is running" in d for d, _ in r.diagnosis)

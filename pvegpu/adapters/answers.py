@@ -70,8 +70,17 @@ def resources(value: Any) -> list[tuple[int, str, str, str]]:
 
 
 def ct_config(value: Any) -> dict[str, Any]:
-    """``GET /nodes/{node}/lxc/{vmid}/config``: an object of option -> value."""
-    return dict(obj(value))
+    """``GET /nodes/{node}/lxc/{vmid}/config``: an object of option -> scalar value, and ``lxc``: a list of
+    [key, value] pairs (the raw ``lxc.*`` lines). Anything else is not PVE's answer: never read as "no GPU"."""
+    conf = dict(obj(value))
+    for key, v in conf.items():
+        if key == "lxc":
+            pairs = v if isinstance(v, list) else None
+            if pairs is None or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs):
+                raise BadAnswer(f"lxc is {_kind(v)}, expected a list of [key, value] pairs")
+        elif not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            raise BadAnswer(f"{key} is {_kind(v)}, expected a string or a number")
+    return conf
 
 
 def ct_status(value: Any) -> tuple[str, bool, str | None]:

@@ -15,7 +15,7 @@ import stat
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import ConfigError, NotFoundError, PveApiError
+from ..errors import ConfigError, NotFoundError, PveApiError, PveNoAnswer
 from ..model import CtStatus, Guest, TaskResult
 from ..ports import Clock
 from ..settings import ApiSettings
@@ -158,6 +158,17 @@ def _transport(exc: Exception, target: str, timeout: float | None) -> tuple[str,
     return f"cannot reach {target}: {type(exc).__name__}", "check api.host and api.port, and the network between here and the node"
 
 
+def _maybe_sent(exc: Exception) -> bool:
+    """Could the request have reached PVE? Not when the connection was never made (refused, DNS, connect
+    timeout, TLS); yes when the answer did not come (read timeout, connection dropped)."""
+    import requests
+
+    text = str(exc)
+    if isinstance(exc, (requests.exceptions.ConnectTimeout, requests.exceptions.SSLError)) or "CERTIFICATE_VERIFY_FAILED" in text:
+        return False
+    return not (any(s in text for s in _DNS) or "Connection refused" in text or "Errno 111" in text or "Fingerprints did not match" in text)
+
+
 def _forbidden(content: str) -> tuple[str, str]:
     """A 403: the privilege and path PVE names ("Permission check failed (/vms/129, VM.PowerMgmt)")."""
     m = _PERMISSION.search(content)
@@ -205,14 +216,14 @@ class ProxmoxerPve:
         except AuthenticationError as exc:
             raise PveApiError(f"{what}: authentication failed ({exc})", "check api.user / api.token_name / api.token_file") from exc
         except PveshError as exc:
-            raise PveApiError(f"{what}: {exc.detail}", exc.hint) from exc
+            raise (PveNoAnswer if exc.unanswered else PveApiError)(f"{what}: {exc.detail}", exc.hint) from exc
         except OSError as exc:  # requests' ConnectionError/SSLError/Timeout derive from OSError via IOError
             m = _CA_PATH.search(str(exc))
             if m and "CA certificate bundle" in str(exc):
                 raise ConfigError(f"api.verify: CA file {m.group(1).strip()} not found",
                                   "copy /etc/pve/pve-root-ca.pem from the node there, or pin api.fingerprint") from exc
             cause, hint = _transport(exc, self.target, _timeout(self.api))
-            raise PveApiError(f"{what}: {cause}", hint) from exc
+            raise (PveNoAnswer if _maybe_sent(exc) else PveApiError)(f"{what}: {cause}", hint) from exc
         if check is None:
             return answer
         try:

@@ -36,10 +36,11 @@ _STATUS_LINE = re.compile(r"^(\d{3}) \S")
 class PveshError(Exception):
     """pvesh could not give an answer: ``detail`` says why, ``hint`` what to do. Mapped to PveApiError by the caller."""
 
-    def __init__(self, detail: str, hint: str) -> None:
+    def __init__(self, detail: str, hint: str, unanswered: bool = False) -> None:
         super().__init__(detail)
         self.detail = detail
         self.hint = hint
+        self.unanswered = unanswered  # pvesh was killed at its deadline: what it asked for may still happen
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ class PveshSession:
         if done.timed_out:
             raise PveshError(f"`{call}` did not finish within {timeout:g} s (killed with its process group)",
                              "raise reset.task_timeout; is the container stuck? (`pct status VMID`)" if task
-                             else "raise api.timeout; is pvedaemon healthy? (`systemctl status pvedaemon`)")
+                             else "raise api.timeout; is pvedaemon healthy? (`systemctl status pvedaemon`)", unanswered=True)
         err = done.stderr.decode("utf-8", "replace").strip()
         if done.returncode != 0:
             status = next((int(m.group(1)) for m in map(_STATUS_LINE.match, err.splitlines()) if m), 500)
