@@ -67,8 +67,9 @@ def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: int) -> list[tupl
             out.append((f"NVML still lists pid {pid} on {g}, which no longer exists",
                         "an unlisted process inherited its GPU context, or the driver has not let go; `fuser -v /dev/nvidia*` on the host"))
         res = f.residual_bytes
-        if res is not None and res > threshold and not f.ct_holders and not f.other_holders:
-            out.append((f"{g} still has {mib(res)} allocated with no holder anywhere: a driver-level leak",
+        unlisted = [h for h in f.other_holders if "nvml" not in h.via and h.could_own_context]
+        if res is not None and res > threshold and not f.ct_holders and not unlisted:  # listed neighbours' memory is not in res
+            out.append((f"{g} still has {mib(res)} allocated that no live process accounts for: a driver-level leak",
                         f"stop every container using it, then `nvidia-smi -pm 0; nvidia-smi -r -i {f.gpu.index}`, or reboot the host"))
         elif res is None and f.sample.known:
             out.append((f"{g}: memory of other processes is not reported (MIG?), so leftovers cannot be measured", "check with `nvidia-smi`"))

@@ -98,12 +98,19 @@ def hook_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: 
         if args[1] not in PHASES:
             raise E.UsageError(f"unknown hook phase '{args[1]}'", f"PVE calls hookscripts with one of: {', '.join(PHASES)}")
         vmid = check_vmid(args[0])
-        if args[1] not in ("pre-start", "post-stop"):
-            return E.EXIT_OK
-        s = wiring.settings(opts)
     except E.PvegpuError as exc:
         print(E.render(exc, prefix="pvegpu: "), file=err)
         return exc.exit_code
+    if args[1] not in ("pre-start", "post-stop"):
+        return E.EXIT_OK
+    try:
+        s = wiring.settings(opts)
+    except E.PvegpuError as exc:  # broken settings: pre-start fails closed with the gate's code, post-stop never fails a stop
+        if args[1] == "pre-start":
+            print(f"pvegpu: refusing to start CT {vmid}: {exc.message}" + (f" (fix: {exc.hint})" if exc.hint else ""), file=err)
+            return E.EXIT_REFUSED
+        print(f"pvegpu: post-stop check of CT {vmid} not done: {exc.message}" + (f" (fix: {exc.hint})" if exc.hint else ""), file=err)
+        return E.EXIT_OK
     out.flush()
     err.flush()
     if args[1] == "post-stop":

@@ -43,14 +43,25 @@ def test_config_is_honoured_wherever_it_stands(node_cfg, line):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("line", [["--config", "{bad}", "check", "129"], ["hook", "129", "pre-start", "--config", "{bad}"],
-                                  ["reset", "129", "--config", "{bad}"], ["audit", "--config={bad}"]])
+@pytest.mark.parametrize("line", [["--config", "{bad}", "check", "129"], ["reset", "129", "--config", "{bad}"], ["audit", "--config={bad}"]])
 def test_bad_config_file_is_an_error_for_every_command(tmp_path, line):
     """A broken settings file given with --config is never silently ignored (exit 2, the file named)."""
     bad = tmp_path / "bad.toml"
     bad.write_text("[reset\n")
     r = pvegpu(*[a.replace("{bad}", str(bad)) for a in line])
     assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("phase,code,text", [("pre-start", 10, "pvegpu: refusing to start CT 129: invalid settings"),
+                                             ("post-stop", 0, "pvegpu: post-stop check of CT 129 not done: invalid settings"),
+                                             ("post-start", 0, "")])
+def test_broken_settings_in_the_hook_fail_closed_with_the_gates_code(tmp_path, phase, code, text):
+    """Broken settings at pre-start refuse the start with the gate's exit 10 and the reason in the task log; post-stop
+    never fails a stop; other phases exit 0 at once."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[reset]\ngrace = 0\n")
+    r = pvegpu("hook", "129", phase, "--config", str(bad))
+    assert r.returncode == code and r.stderr.startswith(text) and str(bad) in r.stderr if text else r.returncode == code, r.stderr
 
 
 @pytest.mark.parametrize("line", [["--version"], ["check", "--version"], ["reset", "129", "--version"], ["hook", "--version"]])

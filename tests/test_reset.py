@@ -580,3 +580,14 @@ def test_stop_task_ok_but_ct_still_running_is_not_called_stopped(node):
     assert pve.status[129]["status"] == "running"
     assert not r.left_stopped and r.exit_code == 4
     assert any("ended OK, but CT 129 is running" in d for d, _ in r.diagnosis)
+
+
+def test_leak_on_a_shared_gpu_is_named_in_the_diagnosis(node):
+    """Memory no live process accounts for is named as a leak even when a neighbour also uses the GPU."""
+    _, host, probe, _ = node
+    neighbour = host.add(130, minors={0})
+    probe.context(0, 1024, neighbour)
+    probe.leak[0] = 2048 * MIB
+    r = run(node, timeout=0.3, restart=False)
+    assert r.exit_code == E.EXIT_MEMORY_LEFT
+    assert any("2048 MiB allocated that no live process accounts for" in d for d, _ in r.diagnosis), r.diagnosis

@@ -313,3 +313,75 @@ def test_nested_namespace_init_without_handler_is_term_futile():
     assert term_futile(status, [5000, 40, 1]) and not term_futile(status, [5000, 40]) and not term_futile(status, [5000, 1])
     handled = status.replace(b"0000000000000002", b"0000000000004002")
     assert not term_futile(handled, [5000, 40, 1])
+
+
+FUSE_HOLDER = r"""
+import ctypes, os, sys, time
+gpu = os.open(sys.argv[1], os.O_RDONLY)
+mnt = sys.argv[2]
+fuse = os.open("/dev/fuse", os.O_RDWR)
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.mount(b"hang", mnt.encode(), b"fuse", 0, f"fd={fuse},rootmode=40000,user_id=0,group_id=0".encode()) != 0:
+    print("mount failed", flush=True); sys.exit(1)
+root = os.open(mnt, os.O_PATH)   # an fd into a mount whose daemon (this process) never answers
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"), reason="needs root and /dev/fuse")
+def test_hung_fuse_mount_cannot_hang_the_scan(tmp_path):
+    """A process with an fd on a FUSE mount that never answers (a tenant can make one) is given up as unreadable
+    ('stuck') within the budget; the scan of the other processes goes on, and the second scan skips it at once."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", FUSE_HOLDER, "/dev/zero", str(mnt)],
+                         stdout=subprocess.PIPE, text=True)
+    plain = subprocess.Popen([sys.executable, "-c", "import os, time; fd = os.open('/dev/zero', 0); print(1, flush=True); time.sleep(120)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and plain.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        plain.stdout.readline()
+        host = ProcHost(DeviceTable({(os.major(ZERO), os.minor(ZERO)): 0}))
+        t = time.monotonic()
+        held = host.holdings([p.pid, plain.pid])
+        assert time.monotonic() - t < 3
+        assert held[p.pid].via >= {"unreadable", "stuck"} and held[plain.pid].minors == {0}
+        t = time.monotonic()
+        assert "stuck" in host.holdings([p.pid])[p.pid].via and time.monotonic() - t < 0.5
+    finally:
+        for q in (p, plain):
+            q.kill()
+            q.wait()
+
+
+@pytest.mark.root
+@root
+def test_member_in_a_cgroup_deeper_than_path_max_is_listed():
+    """A tenant nests cgroups past PATH_MAX: a process at the bottom is still one of the CT's processes (the gate sees it)."""
+    vmid = _vmid()
+    ct = pvelike.start_ct(vmid, ["sleep", "120"])
+    deep_proc = None
+    try:
+        host = ProcHost(TABLE)
+        _wait(lambda: host.ct_pids(vmid), "the container")
+        fd = os.open(pvelike.cgroup_dir(vmid), os.O_RDONLY | os.O_DIRECTORY)
+        for _ in range(18):  # 18 x 250 characters > 4096
+            os.mkdir("d" * 250, dir_fd=fd)
+            nfd = os.open("d" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        procs = os.open("cgroup.procs", os.O_WRONLY, dir_fd=fd)
+        r, w = os.pipe()
+        deep_proc = subprocess.Popen(["sleep", "120"], pass_fds=(r,), preexec_fn=lambda: (os.write(procs, str(os.getpid()).encode())))
+        os.close(procs)
+        os.close(fd)
+        assert deep_proc.pid in host.ct_pids(vmid)
+    finally:
+        if deep_proc is not None:
+            deep_proc.kill()
+            deep_proc.wait()
+        pvelike.destroy_ct(vmid)
+        ct.wait(5)

@@ -18,12 +18,14 @@ from ..cgroup import UNKNOWN, parse_cgroup
 from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
 from ..procstat import Stat, read_stat
 from ..safetext import escape
-from .devscan import DeviceTable, ProcessScan, ScanBudget, control_majors
+from .devscan import UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors
+
+STUCK = "stuck"  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate scans through this module
 if TYPE_CHECKING:
     from collections.abc import Iterable
-    from typing import Protocol
+    from typing import Any, Protocol
 
     class Boundary(Protocol):
         """Where containers begin and end on this node (a strategy passed to ProcHost)."""
@@ -55,6 +57,22 @@ def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
             return f.read(limit)
     except OSError:
         return None
+
+
+def _read_at(dirfd: int, name: str, limit: int = 1 << 20) -> bytes:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return b""
+    chunks: list[bytes] = []
+    try:
+        while sum(map(len, chunks)) < limit and (chunk := os.read(fd, 65536)):
+            chunks.append(chunk)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 SIGTERM_BIT = 1 << (15 - 1)
@@ -135,9 +153,8 @@ class CgroupBoundary:
             if not os.path.isdir(top):
                 continue
             found_dir = True
-            for dirpath, _dirs, _files in os.walk(top):
-                text = _read_bytes(os.path.join(dirpath, "cgroup.procs")) or b""
-                pids.update(int(x) for x in text.split() if x.isdigit())
+            for _path, _dirs, _files, dirfd in os.fwalk(top):  # by directory fd: no PATH_MAX, however deep a tenant nests
+                pids.update(int(x) for x in _read_at(dirfd, "cgroup.procs").split() if x.isdigit())
         if not found_dir and not self._cgroupfs_mounted():  # no cgroupfs: ask every process (placed, not unknown)
             want = Placement(Place.CONTAINER, vmid)
             for name in os.listdir(self.proc):
@@ -167,6 +184,7 @@ class ProcHost:
         self.boundary: Boundary = boundary or CgroupBoundary(proc, cgroup_root)
         self.budget = budget or ScanBudget()
         self.self_pid = os.getpid()
+        self._stuck: set[tuple[int, int]] = set()  # processes whose scan blocked in the kernel, by identity
 
     # -- liveness -------------------------------------------------------------------------------
     def _live_state(self, pid: int, st: Stat) -> str:
@@ -219,18 +237,60 @@ class ProcHost:
                       and (i.placement == want or i.placement.place is Place.UNKNOWN) and i.state not in DEAD)
 
     def holdings(self, pids: Iterable[int] | None = None, *, deep: bool = False) -> dict[int, Holding]:
-        """Holdings per pid; see devscan for the rules (device numbers, budget, threads of a dead leader)."""
+        """Holdings per pid; see devscan for the rules (device numbers, budget, threads of a dead leader).
+
+        The scan runs in a worker thread watched from here: a ``stat`` of a file on a FUSE or NFS mount that
+        does not answer blocks in the kernel where no budget check can reach it. Such a process is given up
+        after ``budget.seconds`` + 0.5 s as unreadable (``stuck``), remembered for the rest of this run, and the
+        scan goes on with a new worker: a tenant's hung mount costs at most that once, never a hang.
+        """
+        todo = [p for p in (self.all_pids() if pids is None else pids) if p != self.self_pid]
         out: dict[int, Holding] = {}
-        scan = ProcessScan(self.devices, self.budget, cache={})
-        for pid in self.all_pids() if pids is None else pids:
-            if pid == self.self_pid:
-                continue
-            st = read_stat(pid, self.proc)
-            zombie_leader = st is not None and st.state == "Z" and st.threads > 1
-            held = scan.run(self.proc, pid, zombie_leader, deep=deep)
-            if held is not None:
-                out[pid] = held
+        start = 0
+        while start < len(todo):
+            start = self._scan_watched(todo, start, deep, out)
         return out
+
+    def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding]) -> int:
+        """Scan ``todo[start:]`` into ``out``; returns where to go on (past a stuck process, or the end)."""
+        import threading
+        import time
+
+        found: dict[int, Holding] = {}
+        at: list[Any] = [start, time.monotonic(), None]  # index, since when, (pid, start ticks)
+        done, abandoned = threading.Event(), threading.Event()
+
+        def work() -> None:
+            scan = ProcessScan(self.devices, self.budget, cache={})
+            for j in range(start, len(todo)):
+                if abandoned.is_set():
+                    return
+                pid = todo[j]
+                st = read_stat(pid, self.proc)
+                ident = (pid, st.start_ticks) if st is not None else None
+                at[:] = [j, time.monotonic(), ident]
+                if ident in self._stuck:
+                    found[pid] = Holding(pid, frozenset(), frozenset({UNREADABLE, STUCK}))
+                    continue
+                zombie_leader = st is not None and st.state == "Z" and st.threads > 1
+                held = scan.run(self.proc, pid, zombie_leader, deep=deep)
+                if held is not None:
+                    found[pid] = held
+            done.set()
+
+        threading.Thread(target=work, daemon=True, name="pvegpu-scan").start()
+        limit = self.budget.seconds + 0.5
+        while not done.wait(0.05):
+            j, since, ident = at
+            if time.monotonic() - since > limit:
+                abandoned.set()
+                if ident is not None:
+                    self._stuck.add(ident)
+                out.update({p: h for p, h in dict(found).items() if p != todo[j]})
+                out[todo[j]] = Holding(todo[j], frozenset(), frozenset({UNREADABLE, STUCK}))
+                return int(j) + 1
+        out.update(found)
+        return len(todo)
 
     def alive(self, ident: ProcIdentity) -> bool:
         st = read_stat(ident.pid, self.proc)
