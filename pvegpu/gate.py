@@ -80,6 +80,7 @@ class Situation:
     exclusive: bool = False  # this container is exclusive
     exclusive_neighbours: frozenset[int] = frozenset()  # running containers on its GPUs that are exclusive
     reset_running: bool = False  # a pvegpu reset of this container holds its lock
+    running_init: int | None = None  # the container's own init is alive: the container is running
 
 
 def _mib(n: int | None) -> str:
@@ -96,7 +97,10 @@ def decide(vmid: int, facts: dict[int, GpuFacts], situation: Situation, policy: 
     d = GateDecision(True)
     if situation.reset_running:
         d.refuse(f"a pvegpu reset of CT {vmid} is in progress", f"wait for it to finish (`pvegpu check {vmid}` says when)")
-    if situation.ct_pids:
+    if situation.running_init is not None:
+        d.refuse(f"CT {vmid} is running (its init is pid {situation.running_init}); a start applies to a stopped container",
+                 f"`pct status {vmid}`; to free its GPUs while it runs: pvegpu reset {vmid}")
+    elif situation.ct_pids:
         pids = ", ".join(map(str, situation.ct_pids[:8]))
         d.refuse(f"{len(situation.ct_pids)} process(es) still sit in CT {vmid}'s cgroup (pids {pids})", f"pvegpu reset {vmid} --no-restart")
     for minor, f in sorted(facts.items()):
@@ -217,8 +221,9 @@ def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:
         for m in _missing if failed else ():  # a granted GPU NVML could not list: unknown, never clean
             g = GpuInfo(-1, m, "index unknown", "?")
             facts[m] = GpuFacts(g, GpuSample(m, None, None, "not listed by NVML (" + "; ".join(failed) + ")"))
+    init = next((p for p in pids if (i := ports.host.describe(p)) is not None and i.is_ct_init), None)
     situation = Situation(tuple(pids), policy.exclusive(vmid, conf.tags), _exclusive_neighbours(facts, ports.pve, policy),
-                          bool(ports.reset_running and ports.reset_running(vmid)))
+                          bool(ports.reset_running and ports.reset_running(vmid)), init)
     return CheckResult(vmid, decide(vmid, facts, situation, policy), facts)
 
 

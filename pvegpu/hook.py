@@ -77,12 +77,19 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         if len(words) != 1 or words[0].startswith("-"):
             raise E.UsageError("usage: pvegpu check VMID [--json]", "e.g. `pvegpu check 129`; `pvegpu check --help`")
         vmid = check_vmid(words[0])
-        v = bounded_verdict(vmid, wiring.settings(opts))
+        s = wiring.settings(opts)
+        v = bounded_verdict(vmid, s)
     except E.PvegpuError as exc:
         if json_out:  # the JSON consumer gets JSON; the person watching still gets the message
             print(json.dumps(E.to_json(exc), indent=2), file=out)
         print(E.render(exc), file=err)
         return exc.exit_code
+    from .adapters.override import pending
+
+    if not v["allow"] and pending(s.gate.override_dir, vmid, s.gate.override_ttl):  # what the hook will do differs: say so
+        note = f"an allow-once token is waiting: the next start of CT {vmid} passes the gate once anyway"
+        v["text"] += f"\npvegpu: note: {note}"
+        v["json"]["allow_once_pending"] = True
     print(json.dumps(v["json"], indent=2) if json_out else v["text"], file=out)
     return E.EXIT_OK if v["allow"] else E.EXIT_REFUSED
 

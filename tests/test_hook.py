@@ -239,3 +239,29 @@ def test_neighbours_fork_child_is_sharing_not_leftover(sim_node, guard):
     node.state.set_ct(129, ct | {"status": "stopped"})
     r = hook(node, guard)
     assert r.returncode == 0 and "shared with CT 131" in r.stdout, r.stdout + r.stderr
+
+
+def test_check_of_a_running_container_says_it_is_running(sim_node):
+    """`pvegpu check` on a running CT refuses because it is running (naming its init), not with a reset loop."""
+    import subprocess
+    import sys
+
+    node = sim_node({"node": "pve-sim", "gpus": [GPU], "containers": [{"vmid": 129, "status": "running", "gpus": [0], "workloads": []}]})
+    r = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "check", "129"], capture_output=True, text=True,
+                       cwd=pvelike.REPO, timeout=60)
+    assert r.returncode == 10 and "CT 129 is running (its init is pid" in r.stdout + r.stderr
+    assert "still sit in" not in r.stdout + r.stderr
+
+
+def test_check_says_an_allow_once_token_is_waiting(sim_node, tmp_path):
+    """check refuses as the hook would, and says that a pending allow-once token will let the next start through."""
+    import subprocess
+    import sys
+
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    env = dict(os.environ, PVEGPU_SIMULATE=node.root, PVEGPU_GATE_OVERRIDE_DIR=str(tmp_path / "once"))
+    base = [sys.executable, "-m", "pvegpu"]
+    assert subprocess.run(base + ["hook", "allow-once", "129"], env=env, cwd=pvelike.REPO, capture_output=True).returncode == 0
+    r = subprocess.run(base + ["check", "129"], env=env, cwd=pvelike.REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 10 and "allow-once token is waiting" in r.stdout + r.stderr
+    assert (tmp_path / "once" / "129").exists()  # check did not consume it

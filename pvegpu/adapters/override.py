@@ -33,6 +33,20 @@ def allow_once(override_dir: str, vmid: int) -> str:
     return path
 
 
+def pending(override_dir: str, vmid: int, ttl: float) -> bool:
+    """Is a fresh, complete token waiting for CT ``vmid``'s next start? (Read only; ``take`` consumes it.)"""
+    path = os.path.join(override_dir, str(vmid))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        age = time.time() - os.fstat(fd).st_mtime
+        return os.read(fd, 256).decode("ascii", "replace").startswith(MAGIC + " ") and -60 <= age <= ttl
+    finally:
+        os.close(fd)
+
+
 def take(override_dir: str, vmid: int, ttl: float) -> str | None:
     """Consume CT ``vmid``'s token if there is a fresh, complete one; returns its description."""
     path = os.path.join(override_dir, str(vmid))
