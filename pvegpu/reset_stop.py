@@ -27,6 +27,7 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
     pol = run.policy
     rounds = 0
     tried: set[ProcIdentity] = set()
+    killed: set[ProcIdentity] = set()  # got SIGKILL: if still here, it is stuck (D state), not worth another signal
     while True:
         killable = run.killable(facts)
         fresh = [h for _, h in sorted(killable.items()) if h.info.ident not in tried]
@@ -41,7 +42,14 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
                 return facts, Verified.NOT_CLEAN
             rounds += 1
             tried.update(h.info.ident for h in fresh)
-            signal_round(run, rounds, fresh)
+            killed |= signal_round(run, rounds, fresh)
+            facts = run.inspect()
+            continue
+        if unkilled := [h for _, h in sorted(killable.items()) if h.info.ident not in killed]:
+            # seen gone after SIGTERM, yet still here (a multi-threaded process mid-exit can flicker): finish it
+            send(run, unkilled, signal.SIGKILL)
+            killed |= {h.info.ident for h in unkilled}  # once each, whatever the answer: this loop always ends
+            wait_gone(run, unkilled, pol.kill_wait)
             facts = run.inspect()
             continue
         if killable:  # only processes that already survived SIGKILL are left: signalling again is pointless
@@ -51,7 +59,7 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
             return facts, verdict
 
 
-def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> None:
+def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> set[ProcIdentity]:
     """SIGTERM to every target, SIGKILL to those still there after ``grace``; survivors are named. A target that
     SIGTERM cannot reach (it ignores it, or it is a nested namespace's init without a handler) gets SIGKILL at once."""
     pol = run.policy
@@ -70,6 +78,7 @@ def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> None:
         d = run.p.host.describe(h.pid)
         state = d.state if d else "?"
         run.step("survivor", "failed", f"pid {h.pid} ({h.info.comm}) survived SIGKILL, state {state}", pid=h.pid, state=state)
+    return {h.info.ident for h in killed}
 
 
 def send(run: ResetRun, targets: list[Holder], sig: int) -> list[Holder]:

@@ -591,3 +591,17 @@ def test_leak_on_a_shared_gpu_is_named_in_the_diagnosis(node):
     r = run(node, timeout=0.3, restart=False)
     assert r.exit_code == E.EXIT_MEMORY_LEFT
     assert any("2048 MiB allocated that no live process accounts for" in d for d, _ in r.diagnosis), r.diagnosis
+
+
+def test_holder_seen_gone_after_sigterm_but_still_there_gets_sigkill(node):
+    """A holder that looked gone after SIGTERM but is still listed (a multi-threaded process mid-exit) is not
+    taken for a SIGKILL survivor: it gets SIGKILL, and the reset ends clean."""
+    clock, host, probe, _ = node
+    p = host.add(129, minors={0})
+    probe.context(0, 1024, p)
+    real_alive = host.alive
+    host.alive = lambda ident: False if ident.pid == p.pid and not host.signals[1:] else real_alive(ident)  # flicker: "gone" after SIGTERM
+    p.on_term = "ignore"
+    r = run(node, grace=3.0)
+    assert r.exit_code == 0, r.diagnosis
+    assert host.signals == [(p.pid, "SIGTERM"), (p.pid, "SIGKILL")] and r.elapsed < 3.0
