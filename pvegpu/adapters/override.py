@@ -33,37 +33,33 @@ def allow_once(override_dir: str, vmid: int) -> str:
     return path
 
 
-def pending(override_dir: str, vmid: int, ttl: float) -> bool:
-    """Is a fresh, complete token waiting for CT ``vmid``'s next start? (Read only; ``take`` consumes it.)"""
-    path = os.path.join(override_dir, str(vmid))
+def _age_if_valid(path: str, ttl: float) -> float | None:
+    """The token's age in seconds if it is a complete token (magic prefix) no older than ``ttl``; else None."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
     try:
         age = time.time() - os.fstat(fd).st_mtime
-        return os.read(fd, 256).decode("ascii", "replace").startswith(MAGIC + " ") and -60 <= age <= ttl
+        complete = os.read(fd, 256).decode("ascii", "replace").startswith(MAGIC + " ")
     finally:
         os.close(fd)
+    return age if complete and -60 <= age <= ttl else None
+
+
+def pending(override_dir: str, vmid: int, ttl: float) -> bool:
+    """Is a fresh, complete token waiting for CT ``vmid``'s next start? (Read only; ``take`` consumes it.)"""
+    return _age_if_valid(os.path.join(override_dir, str(vmid)), ttl) is not None
 
 
 def take(override_dir: str, vmid: int, ttl: float) -> str | None:
     """Consume CT ``vmid``'s token if there is a fresh, complete one; returns its description."""
     path = os.path.join(override_dir, str(vmid))
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    if not os.path.lexists(path):
         return None
+    age = _age_if_valid(path, ttl)
     try:
-        st = os.fstat(fd)
-        text = os.read(fd, 256).decode("ascii", "replace")
-    finally:
-        os.close(fd)
-    try:
-        os.unlink(path)
+        os.unlink(path)  # consumed whatever it held: a stale or partial token is not left for later
     except OSError:
         return None  # another start took it first
-    age = time.time() - st.st_mtime
-    if not text.startswith(MAGIC + " ") or age > ttl or age < -60:
-        return None
-    return f"{path}, {age:.0f} s old"
+    return None if age is None else f"{path}, {age:.0f} s old"
