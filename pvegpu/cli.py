@@ -242,7 +242,7 @@ def hook_install(
     node, lister = wiring.install_context(s, storage, need_root=True)
     plan = ins.install([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage, chain=chain, lister=lister)
     _print_plan(plan)
-    raise typer.Exit(0 if plan.ok else 1)
+    raise typer.Exit(0 if plan.ok else E.EXIT_AUDIT_ATTENTION)
 
 
 @hook_app.command("uninstall", cls=_Command)
@@ -257,7 +257,7 @@ def hook_uninstall(
     node, _ = wiring.install_context(s, storage, need_root=True)
     plan = ins.uninstall([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage)
     _print_plan(plan)
-    raise typer.Exit(0 if plan.ok else 1)
+    raise typer.Exit(0 if plan.ok else E.EXIT_AUDIT_ATTENTION)
 
 
 @hook_app.command("status", cls=_Command)
@@ -278,7 +278,7 @@ def hook_status(
             typer.echo(f"CT {row.vmid}: {row.state.value}" + (f" ({row.hookscript})" if row.hookscript else ""))
         for p in st.problems:
             typer.echo(f"problem: {p}")
-    raise typer.Exit(0 if st.ok else 1)
+    raise typer.Exit(0 if st.ok else E.EXIT_AUDIT_ATTENTION)
 
 
 @hook_app.command("allow-once", cls=_Command)

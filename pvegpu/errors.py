@@ -19,7 +19,7 @@ EXIT_PVE = 4  # Proxmox API / task failure (incl. lock, hookscript refusal)
 EXIT_GPU_UNKNOWN = 5  # a GPU could not be read (NVML missing, GPU lost)
 EXIT_HOLDERS_LEFT = 6  # container processes still hold the GPU (survivors, D state, respawn)
 EXIT_MEMORY_LEFT = 7  # memory still held with no holder in the container (leak / outside holder)
-EXIT_AUDIT_ATTENTION = 8  # `pvegpu audit`: something needs attention (flags listed with advice)
+EXIT_AUDIT_ATTENTION = 8  # something needs attention: audit findings, hook status, hook install/uninstall refusals
 EXIT_BUSY = 9  # another pvegpu reset of the same container is running
 EXIT_REFUSED = 10  # the start gate refuses
 

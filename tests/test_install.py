@@ -64,7 +64,7 @@ def test_install_guards_gpu_containers_and_refuses_foreign_hookscript(tree):
     replace CT 130's own hookscript, skips the GPU-less CT, and names the node missing the snippet."""
     pve, vz, cli, log = tree
     r = cli("install")
-    assert r.returncode == 1  # CT 130 refused
+    assert r.returncode == 8  # CT 130 refused: needs attention (1 is kept for internal errors)
     guard = vz / "snippets" / "pvegpu-guard"
     assert os.access(guard, os.X_OK) and "hook \"$1\" \"$2\"" in guard.read_text()
     from pvegpu.install import pvegpu_path
@@ -110,7 +110,7 @@ def test_status_lists_guarded_unguarded_and_missing_nodes(tree):
     st = json.loads(r.stdout)
     states = {row["vmid"]: row["state"] for row in st["containers"]}
     assert states == {129: "guarded", 130: "other hookscript"}
-    assert any("pve2" in p for p in st["problems"]) and r.returncode == 1
+    assert any("pve2" in p for p in st["problems"]) and r.returncode == 8
 
 
 def test_guard_template_copies_agree():
