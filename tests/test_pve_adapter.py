@@ -651,3 +651,85 @@ def test_config_with_wrongly_typed_fields_is_exit_4_not_no_gpu(data):
     with pytest.raises(PveApiError) as exc:
         offline_api().ct_config(G)
     assert exc.value.exit_code == 4 and "read CT 129 config" in exc.value.message
+
+
+class _Dripper:
+    """A real local HTTPS server that answers every GET one byte at a time (a hostile or broken proxy)."""
+
+    def __init__(self, tmp) -> None:
+        import http.server
+        import ssl
+        import threading
+        import time
+
+        from fakepve.certs import make_cert
+
+        cert, key, self.der = make_cert(str(tmp), name="drip", hosts=("127.0.0.1",))
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                body = b'{"data": [' + b" " * 200 + b"]}"
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    for b in body:
+                        self.wfile.write(bytes([b]))
+                        self.wfile.flush()
+                        time.sleep(0.05)
+                except OSError:
+                    pass
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def fingerprint(self) -> str:
+        import hashlib
+
+        return ":".join(f"{b:02X}" for b in hashlib.sha256(self.der).digest())
+
+
+def test_an_answer_dripped_slowly_is_cut_at_the_total_deadline(tmp_path, monkeypatch):
+    """api.timeout bounds the whole answer, not each read: a server dripping a byte every 50 ms is given up after
+    about the timeout (exit 4, a read timeout that may have been carried out), not after the whole drip (~11 s)."""
+    import time
+
+    from pvegpu.adapters.pve import connect
+    from pvegpu.errors import PveNoAnswer
+    from pvegpu.settings import ApiSettings
+
+    for var in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    d = _Dripper(tmp_path)
+    try:
+        cfg = ApiSettings(host="127.0.0.1", port=d.port, token_name="pvegpu", token_file=_token_file(tmp_path), timeout=1,
+                          fingerprint=d.fingerprint())
+        t = time.monotonic()
+        with pytest.raises(PveNoAnswer, match="did not answer within"):
+            ProxmoxerPve(connect(cfg, "https")).guests()
+        assert time.monotonic() - t < 4
+    finally:
+        d.server.shutdown()
+        d.server.server_close()
+
+
+@responses.activate
+def test_an_answer_larger_than_the_cap_is_refused(tmp_path, monkeypatch):
+    """A gigantic answer is cut at 32 MiB (exit 4, naming the host), never read whole into memory."""
+    from pvegpu.adapters import pve as pve_mod
+    from pvegpu.adapters.pve import connect
+    from pvegpu.settings import ApiSettings
+
+    monkeypatch.setattr(pve_mod, "MAX_ANSWER", 1024 * 1024)
+    responses.add(responses.GET, "https://pve.test:8006/api2/json/cluster/resources", body=b'{"data": [' + b" " * (2 << 20) + b"]}")
+    cfg = ApiSettings(host="pve.test", port=8006, token_name="pvegpu", token_file=_token_file(tmp_path), timeout=5)
+    with pytest.raises(PveApiError, match="larger than 1 MiB"):
+        ProxmoxerPve(connect(cfg, "https")).guests()

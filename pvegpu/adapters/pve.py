@@ -88,7 +88,43 @@ def connect(cfg: ApiSettings, backend: str, task_timeout: float | None = None) -
                      token_value=read_token(cfg.token_file), verify_ssl=verify, timeout=cfg.timeout)
     if fp:
         _pin(api, fp)
+    else:
+        api._store["session"].mount("https://", _bounded_adapter()())
     return api
+
+
+MAX_ANSWER = 32 * 1024 * 1024  # bytes of one API answer (the biggest real one, /cluster/resources, is far smaller)
+
+
+def _bounded_adapter() -> Any:
+    """An HTTPAdapter whose answers are bounded in total time and size, not just per socket read: a server that
+    drips its answer a byte at a time, or sends gigabytes, costs at most ``timeout`` (twice) and 32 MiB."""
+    import time
+
+    from requests.adapters import HTTPAdapter
+    from requests.exceptions import ChunkedEncodingError, ReadTimeout
+
+    class Bounded(HTTPAdapter):
+        def send(self, request: Any, stream: bool = False, timeout: Any = None, verify: Any = True, cert: Any = None,
+                 proxies: Any = None) -> Any:
+            resp = super().send(request, stream=True, timeout=timeout, verify=verify, cert=cert, proxies=proxies)
+            limit = sum(t or 0 for t in timeout) if isinstance(timeout, tuple) else float(timeout or 30)
+            deadline, size, chunks = time.monotonic() + limit, 0, []
+            try:
+                while chunk := resp.raw.read1(65536, decode_content=True):  # what has arrived, not a full 64 KiB
+                    size += len(chunk)
+                    if size > MAX_ANSWER:
+                        raise ChunkedEncodingError(f"answer larger than {MAX_ANSWER >> 20} MiB")
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        raise ReadTimeout(f"Read timed out. (the whole answer took longer than {limit:g} s)")
+            except BaseException:
+                resp.close()
+                raise
+            resp._content, resp._content_consumed = b"".join(chunks), True
+            return resp
+
+    return Bounded
 
 
 def _pin(api: Any, fp: str) -> None:
@@ -108,7 +144,7 @@ def _pin(api: Any, fp: str) -> None:
                           "add api.host to no_proxy, unset https_proxy for pvegpu, or use api.verify with the node's CA file")
     session.trust_env = False  # no proxy, netrc or CA bundle from the environment on the pinned session
 
-    class Pinned(HTTPAdapter):
+    class Pinned(_bounded_adapter()):  # type: ignore[misc]
         def init_poolmanager(self, *a: Any, **kw: Any) -> Any:
             kw["assert_fingerprint"] = fp
             return super().init_poolmanager(*a, **kw)
@@ -153,6 +189,8 @@ def _transport(exc: Exception, target: str, timeout: float | None) -> tuple[str,
         return f"cannot resolve the host name of {target}", "check api.host (a name this machine can resolve, or the node's IP address)"
     if "Connection refused" in text or "Errno 111" in text:
         return f"connection to {target} refused", "check api.host and api.port (8006); is pveproxy running? (`systemctl status pveproxy`)"
+    if "answer larger than" in text:
+        return f"{target} sent an answer larger than {MAX_ANSWER >> 20} MiB", "is this a Proxmox VE API? check api.host and api.port"
     if "RemoteDisconnected" in text or "Connection reset" in text or "Connection aborted" in text:
         return f"{target} closed the connection", "retry; if it persists, see `journalctl -u pveproxy` on the node"
     return f"cannot reach {target}: {type(exc).__name__}", "check api.host and api.port, and the network between here and the node"
