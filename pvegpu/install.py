@@ -151,8 +151,12 @@ def _ct_confs(pve_root: str, node: str | None = None) -> dict[int, tuple[str, st
     return out
 
 
-def _is_ours(volid: str | None, storage: str) -> bool:
-    return bool(volid) and (volid == f"{storage}:snippets/{GUARD}" or str(volid).startswith(f"{storage}:snippets/{GUARD}-chain-"))
+def _is_ours(volid: str | None, storage: str | None = None) -> bool:
+    """pvegpu's guard or one of its chain scripts, on ``storage`` (None: on any storage)."""
+    if not volid or ":" not in volid:
+        return False
+    where, _, name = str(volid).partition(":")
+    return (storage is None or where == storage) and (name == f"snippets/{GUARD}" or name.startswith(f"snippets/{GUARD}-chain-"))
 
 
 def _snippet_path(storage: Storage, volid: str) -> str:
@@ -203,7 +207,7 @@ def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "
             continue
         current = parse_config(confs[vmid][1]).hookscript
         want = f"{st.name}:snippets/{GUARD}"
-        if _is_ours(current, st.name):
+        if _is_ours(current):  # on any storage: never chain pvegpu's guard onto itself
             plan.done.append(f"CT {vmid}: already guarded ({current})")
             names.add(str(current).split("snippets/", 1)[-1])
             continue
@@ -242,14 +246,14 @@ def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str =
     plan = Plan()
     st = read_storage(pve_root, storage_name)
     confs = _ct_confs(pve_root, node)
-    targets = vmids or [v for v, (_, t) in confs.items() if _is_ours(parse_config(t).hookscript, st.name)]
+    targets = vmids or [v for v, (_, t) in confs.items() if _is_ours(parse_config(t).hookscript)]
     for vmid in targets:
         current = parse_config(confs.get(vmid, ("", ""))[1]).hookscript
-        if not _is_ours(current, st.name):
+        if not _is_ours(current):
             plan.refused.append(f"CT {vmid}: hookscript is {current or 'not set'}, not pvegpu's; left alone")
             continue
         argv = ["pct", "set", str(vmid), "--delete", "hookscript"]
-        cpath = _snippet_path(st, str(current))
+        cpath = _snippet_path(read_storage(pve_root, str(current).split(":", 1)[0]), str(current))  # where the CT's volid points
         if "-chain-" in str(current):
             m = re.search(r"^# original: (.+)$", read_nofollow(cpath) or "", re.M)
             if m:
@@ -309,7 +313,7 @@ def status(*, pve_root: str, node: str, storage_name: str = "local", lister: Sni
         if not (conf.gpus.minors or conf.gpus.all_gpus):
             continue
         hs = conf.hookscript
-        state = GuardState.GUARDED if _is_ours(hs, st.name) else (GuardState.OTHER if hs else GuardState.UNGUARDED)
+        state = GuardState.GUARDED if _is_ours(hs) else (GuardState.OTHER if hs else GuardState.UNGUARDED)
         rows.append(GuardRow(vmid, state, hs))
     plan = Plan()
     local = os.path.join(st.path, "snippets", GUARD)

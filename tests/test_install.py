@@ -228,3 +228,21 @@ def test_guard_with_missing_pvegpu_refuses_pre_start_with_fix(tmp_path, phase, c
     assert len(lines) == 1 and f"{missing} not found or not executable" in lines[0] and "pvegpu hook install" in lines[0]
     if code:
         assert "refusing to start CT 129" in lines[0]
+
+
+def test_guard_on_another_storage_is_ours_never_chained_onto_itself(tree, tmp_path):
+    """A CT guarded from one snippets storage counts as guarded for another: install there does not chain
+    pvegpu's guard onto itself, status says guarded, and uninstall from the other storage takes it off."""
+    pve, vz, cli, log = tree
+    vz2 = tmp_path / "vz2"
+    (vz2 / "snippets").mkdir(parents=True)
+    with open(os.path.join(pve, "storage.cfg"), "a") as f:
+        f.write(f"\ndir: snip2\n\tpath {vz2}\n\tcontent snippets\n")
+    assert cli("install", "129").returncode == 0
+    r = cli("install", "129", "--chain", "--storage", "snip2")
+    assert r.returncode == 0 and "already guarded (local:snippets/pvegpu-guard)" in r.stdout, r.stdout + r.stderr
+    assert not (vz2 / "snippets" / "pvegpu-guard-chain-129").exists()
+    r = cli("status", "--storage", "snip2", "--json")
+    assert {"vmid": 129, "state": "guarded", "hookscript": "local:snippets/pvegpu-guard"} in json.loads(r.stdout)["containers"]
+    assert cli("uninstall", "129", "--storage", "snip2").returncode == 0
+    assert "hookscript" not in conf(pve, 129)
