@@ -438,11 +438,10 @@ def test_pvesh_missing_gets_the_node_hint(tmp_path, monkeypatch):
 
 
 
-class _Recorder:
-    """A real local HTTPS server (its own self-signed certificate) that answers every GET with an empty list
-    and records which requests carried an Authorization header."""
+class _TlsServer:
+    """A real local HTTPS server with its own self-signed certificate, serving ``handler`` on ``host``."""
 
-    def __init__(self, tmp, family_host: str) -> None:
+    def __init__(self, tmp, host: str, name: str, handler) -> None:
         import http.server
         import socket
         import ssl
@@ -450,7 +449,35 @@ class _Recorder:
 
         from fakepve.certs import make_cert
 
-        cert, key, self.der = make_cert(str(tmp), name="other", hosts=("::1",))
+        cert, key, self.der = make_cert(str(tmp), name=name, hosts=(host,))
+
+        class S(http.server.ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self.server = S((host, 0), handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def fingerprint(self) -> str:
+        import hashlib
+
+        return ":".join(f"{b:02X}" for b in hashlib.sha256(self.der).digest())
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _Recorder(_TlsServer):
+    """A real local HTTPS server (its own self-signed certificate) that answers every GET with an empty list
+    and records which requests carried an Authorization header."""
+
+    def __init__(self, tmp, family_host: str) -> None:
+        import http.server
+
         seen: list[str] = []
         self.seen = seen
 
@@ -467,24 +494,7 @@ class _Recorder:
             def log_message(self, *a):
                 pass
 
-        class S(http.server.ThreadingHTTPServer):
-            address_family = socket.AF_INET6 if ":" in family_host else socket.AF_INET
-
-        self.server = S((family_host, 0), H)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, key)
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def fingerprint(self) -> str:
-        import hashlib
-
-        return ":".join(f"{b:02X}" for b in hashlib.sha256(self.der).digest())
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(tmp, family_host, "other", H)
 
 
 @pytest.fixture(params=["127.0.0.1", "::1"])
@@ -653,18 +663,12 @@ def test_config_with_wrongly_typed_fields_is_exit_4_not_no_gpu(data):
     assert exc.value.exit_code == 4 and "read CT 129 config" in exc.value.message
 
 
-class _Dripper:
+class _Dripper(_TlsServer):
     """A real local HTTPS server that answers every GET one byte at a time (a hostile or broken proxy)."""
 
     def __init__(self, tmp) -> None:
         import http.server
-        import ssl
-        import threading
         import time
-
-        from fakepve.certs import make_cert
-
-        cert, key, self.der = make_cert(str(tmp), name="drip", hosts=("127.0.0.1",))
 
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802 (http.server's name)
@@ -684,17 +688,7 @@ class _Dripper:
             def log_message(self, *a):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, key)
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def fingerprint(self) -> str:
-        import hashlib
-
-        return ":".join(f"{b:02X}" for b in hashlib.sha256(self.der).digest())
+        super().__init__(tmp, "127.0.0.1", "drip", H)
 
 
 def test_an_answer_dripped_slowly_is_cut_at_the_total_deadline(tmp_path, monkeypatch):
@@ -717,8 +711,7 @@ def test_an_answer_dripped_slowly_is_cut_at_the_total_deadline(tmp_path, monkeyp
             ProxmoxerPve(connect(cfg, "https")).guests()
         assert time.monotonic() - t < 4
     finally:
-        d.server.shutdown()
-        d.server.server_close()
+        d.close()
 
 
 @responses.activate
