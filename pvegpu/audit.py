@@ -11,26 +11,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from .audit_guests import GuestScan, scan_guests
 from .audit_model import Flag, FlagKind, GpuRow, HolderRow, NodeAudit, document
 from .errors import PvegpuError
 from .inspect import GpuFacts, inspect_gpus
+from .leftover import LeftoverRule, leftover
 from .model import MIB, GpuHealth, GpuInfo, Holder, Place
 from .ports import GpuProbe, Host, NodeFiles, PveApi
 from .qemuconf import same_device
 
-DEFAULT_THRESHOLD = 64 * MIB  # the start gate's default threshold: less than this is not worth a flag
+DEFAULT_THRESHOLD = LeftoverRule()  # the one leftover rule's defaults (``[leftover]``)
 
 
 def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: NodeFiles | None = None,
-              cluster: bool = False, threshold_bytes: int = DEFAULT_THRESHOLD, probe_error: str | None = None) -> NodeAudit:
+              cluster: bool = False, threshold_bytes: LeftoverRule | int = DEFAULT_THRESHOLD, probe_error: str | None = None) -> NodeAudit:
     """The audit of this node; one unreadable GPU or config never hides the others.
 
     ``probe`` None with ``probe_error``: NVML could not start (driver not loaded yet): an error, the configs still checked.
     ``cluster``: list other nodes' guests too (their runtime comes from their own audit, see ``audit_cluster``).
+    ``threshold_bytes``: the leftover rule (a plain number: the threshold with the default per-context allowance).
     """
+    rule = threshold_bytes if isinstance(threshold_bytes, LeftoverRule) else replace(LeftoverRule(), threshold_bytes=threshold_bytes)
     started = time.monotonic()
     node = pve.local_node() or ""
     rep = NodeAudit(node)
@@ -41,7 +45,7 @@ def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: 
         rep.error = probe_error or "GPUs not read"
         rep.flags.append(Flag(FlagKind.UNREADABLE, "all GPUs", rep.error))
     else:
-        _runtime(rep, probe, host, scan, threshold_bytes)
+        _runtime(rep, probe, host, scan, rule)
     rep.duration_seconds = round(time.monotonic() - started, 4)
     return rep
 
@@ -69,7 +73,7 @@ def audit_document(reports: Iterable[NodeAudit | Mapping[str, Any]], generated_a
     return document(nodes, time.time() if generated_at is None else generated_at)
 
 
-def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, threshold: int) -> None:
+def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, threshold: LeftoverRule) -> None:
     try:
         gpus = probe.gpus()
     except PvegpuError as exc:
@@ -93,19 +97,25 @@ def _health(read: Callable[[int], GpuHealth], minor: int) -> GpuHealth:
         return GpuHealth()
 
 
-def _holder_row(h: Holder, used: int | None, hostnames: Mapping[int, str]) -> HolderRow:
+def _holder_row(h: Holder, used: int | None, hostnames: Mapping[int, str], inherited: tuple[int, int | None] | None = None) -> HolderRow:
     p, info = h.info.placement, h.info
     place = {Place.CONTAINER: "lxc", Place.VM: "qemu", Place.MONITOR: "monitor", Place.HOST: "host"}.get(p.place, "unknown")
     hostname = hostnames.get(p.vmid) if p.vmid is not None and place in ("lxc", "qemu") else None
-    return HolderRow(h.pid, info.ns_pid, info.comm, info.cmdline, info.uid, place, p.vmid, hostname, used, tuple(sorted(h.via)))
+    ghost, credited = inherited if inherited is not None else (None, None)
+    return HolderRow(h.pid, info.ns_pid, info.comm, info.cmdline, info.uid, place, p.vmid, hostname, used, tuple(sorted(h.via)),
+                     credited, ghost)
 
 
-def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, threshold: int, flags: list[Flag]) -> GpuRow:
+def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: LeftoverRule, flags: list[Flag]) -> GpuRow:
     subject = f"GPU {gpu.index}"
     used_by_pid = {p.pid: p.used_bytes for p in f.sample.processes or ()}
-    row = GpuRow(gpu.index, gpu.minor, gpu.uuid, gpu.bus_id, gpu.name, gpu.total_bytes, f.used_bytes, f.residual_bytes,
+    inherited = {heir: (ghost, used_by_pid.get(ghost)) for ghost, heir in f.heirs.items()}  # credited as reset credits it
+    lo = leftover(f, rule)
+    row = GpuRow(gpu.index, gpu.minor, gpu.uuid, gpu.bus_id, gpu.name, gpu.total_bytes, f.used_bytes, lo.net_bytes,
+                 lo.residual_bytes, lo.allowance_bytes, lo.contexts_outside, rule.threshold_bytes,
                  error=f.sample.error if not f.sample.known else None)
-    row.holders = [_holder_row(h, used_by_pid.get(h.pid), scan.hostnames) for h in f.other_holders if h.pid != self_pid]
+    row.holders = [_holder_row(h, used_by_pid.get(h.pid), scan.hostnames, inherited.get(h.pid))
+                   for h in f.other_holders if h.pid != self_pid]
     row.dead_pids = list(f.ghosts)
     row.granted_to = sorted({g.id for g in scan.guests if g.type == "lxc" and g.node == scan.node
                              and (gpu.minor in g.minors or g.all_gpus)}
@@ -121,8 +131,9 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, threshol
         return row
     for pid in row.dead_pids:
         flag(FlagKind.DEAD_PID, f"NVML lists pid {pid} on /dev/nvidia{gpu.minor}; it no longer exists")
-    if row.unattributed_bytes is not None and row.unattributed_bytes > threshold:
-        flag(FlagKind.UNATTRIBUTED, f"{round(row.unattributed_bytes / MIB)} MiB used that no live process accounts for")
+    if lo.over and row.unattributed_bytes is not None:
+        flag(FlagKind.UNATTRIBUTED, f"{round(row.unattributed_bytes / MIB)} MiB used that no live process accounts for "
+                                    f"(after {round(lo.allowance_bytes / MIB)} MiB allowed for {lo.contexts_outside} context(s))")
     elif row.unattributed_bytes is None:
         flag(FlagKind.USAGE_UNKNOWN, "a process's memory is not reported: leftovers cannot be measured")
     guests = sorted({h.guest_id for h in row.holders if h.place == "lxc" and h.guest_id})

@@ -92,6 +92,15 @@ class HolderRow:
     hostname: str | None
     used_bytes: int | None  # NVML's number; None = not listed or not reported
     via: tuple[str, ...]  # "nvml", "fd", "maps"
+    credited_bytes: int | None = None  # memory of a dead listed parent this process inherited (as reset credits it)
+    inherited_from: int | None = None  # that dead parent's pid
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """What this process holds: NVML's number when listed, else the memory credited to it (0 if none)."""
+        if "nvml" in self.via:
+            return self.used_bytes
+        return self.credited_bytes if self.inherited_from is not None else 0
 
     @property
     def guest_id(self) -> str | None:
@@ -110,7 +119,8 @@ class HolderRow:
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "ns_pid": self.ns_pid, "comm": self.comm, "cmdline": self.cmdline, "uid": self.uid,
                 "place": self.place, "vmid": self.vmid, "id": self.guest_id, "hostname": self.hostname, "owner": self.owner,
-                "used_bytes": self.used_bytes, "used_mib": _mib(self.used_bytes), "via": list(self.via)}
+                "used_bytes": self.used_bytes, "used_mib": _mib(self.used_bytes), "via": list(self.via),
+                "credited_bytes": self.credited_bytes, "inherited_from": self.inherited_from}
 
 
 @dataclass(frozen=True)
@@ -173,7 +183,11 @@ class GpuRow:
     name: str
     total_bytes: int | None = None
     used_bytes: int | None = None
-    unattributed_bytes: int | None = None
+    unattributed_bytes: int | None = None  # net of the per-context allowance (the one leftover rule)
+    residual_bytes: int | None = None  # used minus the live processes' (and heirs') memory, before the allowance
+    allowance_bytes: int | None = None  # per-context overhead allowed for the live contexts
+    contexts: int | None = None  # live CUDA contexts (listed processes, credited heirs)
+    threshold_bytes: int | None = None  # unattributed above this is flagged
     health: GpuHealth = field(default_factory=GpuHealth)
     holders: list[HolderRow] = field(default_factory=list)
     dead_pids: list[int] = field(default_factory=list)
@@ -188,6 +202,8 @@ class GpuRow:
                 "total_bytes": self.total_bytes, "used_bytes": self.used_bytes, "reserved_bytes": h.reserved_bytes,
                 "unattributed_bytes": self.unattributed_bytes, "used_mib": _mib(self.used_bytes),
                 "unattributed_mib": _mib(self.unattributed_bytes),
+                "residual_bytes": self.residual_bytes, "context_allowance_bytes": self.allowance_bytes,
+                "contexts": self.contexts, "threshold_bytes": self.threshold_bytes,
                 "health": {"retired_pages_pending": h.retired_pages_pending, "remap_pending": h.remap_pending,
                            "remap_failed": h.remap_failed, "mig_enabled": h.mig_enabled},
                 "driver_version": h.driver_version,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import errors as E
 from .inspect import GpuFacts
+from .leftover import Leftover, LeftoverRule, leftover
 from .model import MIB, Place
 
 
@@ -11,12 +12,19 @@ def mib(n: int | None) -> str:
     return "unknown" if n is None else f"{n / MIB:.0f} MiB"
 
 
-def restart_would_not_help(facts: dict[int, GpuFacts]) -> str | None:
+def own_leftover(f: GpuFacts, rule: LeftoverRule) -> Leftover:
+    """What is left on the GPU beyond what was already left, not by the target, at the reset's first reading."""
+    return leftover(f, rule, baseline_bytes=f.baseline_bytes)
+
+
+def restart_would_not_help(facts: dict[int, GpuFacts], rule: LeftoverRule | None = None) -> str | None:
     """Why restarting the target cannot fix what is left (None: it may). A restart is for residue of the
-    target itself; it must not stop an innocent container for another workload's holder."""
+    target itself; it must not stop an innocent container for memory that was never its own (an existing
+    leak, a neighbour's hidden context, a ghost never seen in the target) or another workload's holder."""
+    rule = rule or LeftoverRule()
     if any(not f.sample.known for f in facts.values()):
         return "a GPU cannot be read, so the result could not be verified"
-    if any(f.ct_holders or f.unreadable for f in facts.values()):
+    if any(f.ct_holders or f.unreadable or f.target_ghosts for f in facts.values()):
         return None
     if unplaced := sorted({h.pid for f in facts.values() for h in f.unplaced}):
         return (f"process(es) {', '.join(map(str, unplaced))} hold the GPU and their container cannot be read; "
@@ -26,7 +34,30 @@ def restart_would_not_help(facts: dict[int, GpuFacts]) -> str | None:
     if unlisted:
         return (f"the memory left is likely held by process(es) {', '.join(map(str, unlisted))} outside this container "
                 "that NVML does not list (fork-inherited contexts)")
-    return None
+    if any(own_leftover(f, rule).over for f in facts.values()):
+        return None
+    return "the memory left was not this container's (it was there before, or belongs to others): see the diagnosis"
+
+
+def foreign_leftover(vmid: int, facts: dict[int, GpuFacts], rule: LeftoverRule) -> list[tuple[str, str]]:
+    """Memory left that was never the target's: named as someone else's problem, with what to do."""
+    out: list[tuple[str, str]] = []
+    for f in facts.values():
+        if not f.sample.known:
+            continue
+        g = f"GPU minor {f.gpu.minor}"
+        for pid in f.unexplained_ghosts:
+            out.append((f"NVML lists pid {pid} on {g}, which no longer exists and was never CT {vmid}'s; no live process "
+                        "accounts for its memory (another container's hidden context, or a leak)",
+                        "not this container's problem: `pvegpu audit` and `fuser -v /dev/nvidia*` on the host; the start gate refuses "
+                        "starts onto this GPU until it is gone"))
+        lo = leftover(f, rule)
+        if lo.over and not own_leftover(f, rule).over and not f.unexplained_ghosts:
+            out.append((f"{g} has {mib(lo.net_bytes)} allocated that no live process accounts for; it was there before this "
+                        f"reset and was not CT {vmid}'s",
+                        f"not this container's problem: `pvegpu audit`; if nothing holds it, stop every user of the GPU, then "
+                        f"`nvidia-smi -r -i {f.gpu.index}`"))
+    return out
 
 
 def exit_for(facts: dict[int, GpuFacts]) -> int:
@@ -38,8 +69,9 @@ def exit_for(facts: dict[int, GpuFacts]) -> int:
     return E.EXIT_MEMORY_LEFT
 
 
-def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: int) -> list[tuple[str, str]]:
+def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | int) -> list[tuple[str, str]]:
     """What is left on each GPU, and what the admin can do about it."""
+    rule = threshold if isinstance(threshold, LeftoverRule) else LeftoverRule(threshold_bytes=threshold)
     out: list[tuple[str, str]] = []
     for f in facts.values():
         g = f"GPU minor {f.gpu.minor}"
@@ -63,17 +95,19 @@ def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: int) -> list[tupl
             where = {Place.CONTAINER: f"CT {place.vmid}", Place.MONITOR: f"the monitor of CT {place.vmid}", Place.VM: f"VM {place.vmid}",
                      Place.UNKNOWN: "a place that cannot be read (its /proc/<pid>/cgroup)"}.get(place.place, "the host")
             out.append((f"{g} is also used by pid {h.pid} ({h.info.comm}) in {where}; not touched", "that is another workload; leave it or deal with it there"))
-        for pid in f.ghosts if not f.ghost_owners else ():
-            out.append((f"NVML still lists pid {pid} on {g}, which no longer exists",
-                        "an unlisted process inherited its GPU context, or the driver has not let go; `fuser -v /dev/nvidia*` on the host"))
-        res = f.residual_bytes
-        unlisted = [h for h in f.other_holders if "nvml" not in h.via and h.could_own_context]
-        if res is not None and res > threshold and not f.ct_holders and not unlisted:  # listed neighbours' memory is not in res
-            out.append((f"{g} still has {mib(res)} allocated that no live process accounts for: a driver-level leak",
+        for pid in f.target_ghosts:
+            out.append((f"NVML still lists pid {pid} of CT {vmid} on {g}, which no longer exists: its context lives on",
+                        f"a process of CT {vmid} may hold it out of sight (an fd in flight on a unix socket); restart the container "
+                        f"(`pvegpu reset {vmid}` without --no-restart, or `pct reboot {vmid}`)"))
+        own = own_leftover(f, rule)
+        unlisted = [h for h in f.other_holders if "nvml" not in h.via and h.could_own_context and h.pid not in f.ghost_owners]
+        if own.over and not f.ct_holders and not f.target_ghosts and not unlisted:
+            out.append((f"{g} still has {mib(own.net_bytes)} allocated that no live process accounts for (CT {vmid} held it): "
+                        "a driver-level leak",
                         f"stop every container using it, then `nvidia-smi -pm 0; nvidia-smi -r -i {f.gpu.index}`, or reboot the host"))
-        elif res is None and f.sample.known:
+        elif f.residual_bytes is None and f.sample.known:
             out.append((f"{g}: memory of other processes is not reported (MIG?), so leftovers cannot be measured", "check with `nvidia-smi`"))
-    return out
+    return out + foreign_leftover(vmid, facts, rule)
 
 
 def diagnose_respawns(vmid: int, respawns: list[dict[str, object]]) -> list[tuple[str, str]]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from .errors import GpuQueryError, PvegpuError
 from .inspect import GpuFacts, inspect_gpus
+from .leftover import LeftoverRule, leftover
 from .locate import find_guest, granted_gpus
 from .lxcconf import parse_config
 from .model import MIB, GpuInfo, GpuSample, Place
@@ -45,10 +46,11 @@ _G = GateSettings()  # the one source of defaults
 class GatePolicy:
     """The gate's settings (``[gate]``), derived once by the composition root (``wiring.gate_policy``)."""
 
-    threshold_bytes: int = _G.threshold_mib * MIB
+    rule: LeftoverRule = LeftoverRule()  # the one leftover rule (``[leftover]``)
     on_unknown: str = _G.on_unknown  # refuse | allow
     exclusive_vmids: frozenset[int] = frozenset(_G.exclusive)
     exclusive_tag: str = _G.exclusive_tag
+    host_users: str = _G.host_users  # share | refuse: a live host process that owns a context on the GPU
 
     def exclusive(self, vmid: int, tags: Collection[str]) -> bool:
         return vmid in self.exclusive_vmids or (bool(self.exclusive_tag) and self.exclusive_tag in tags)
@@ -121,6 +123,7 @@ def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: G
     neighbours = sorted({h.info.placement.vmid for h in f.other_holders
                          if h.info.placement.place is Place.CONTAINER and h.info.placement.vmid and h.could_own_context})
     host_users = [h for h in f.other_holders if h.info.placement.place not in (Place.CONTAINER, Place.UNKNOWN) and "nvml" in h.via]
+    sharers = [f"pid {h.pid} ({h.info.comm}, {h.info.placement.place.value})" for h in host_users]
     if f.unexplained_ghosts:
         refused = True
         d.refuse(f"{g}: NVML lists pid(s) {', '.join(map(str, f.unexplained_ghosts))} that no longer exist and no live process "
@@ -134,11 +137,13 @@ def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: G
         else:
             refused = True
             d.refuse(msg, "check `cat /proc/<pid>/cgroup` for them; `pvegpu audit`")
-    if host_users:
+    if host_users and policy.host_users == "refuse":
         refused = True
-        names = ", ".join(f"pid {h.pid} ({h.info.comm}, {h.info.placement.place.value})" for h in host_users)
-        d.refuse(f"{g} is used by process(es) outside any container: {names}")
-    res = f.residual_bytes
+        d.refuse(f"{g} is used by process(es) outside any container: {', '.join(sharers)}",
+                 "stop them, or set gate.host_users = \"share\" to let containers share a GPU with host processes")
+        sharers = []
+    lo = leftover(f, policy.rule)
+    res = lo.net_bytes
     if res is None:
         msg = f"{g}: {_mib(f.used_bytes)} used and other processes' usage is not reported (MIG?): cannot account for it"
         if policy.allow_unknown:
@@ -146,14 +151,22 @@ def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: G
         else:
             refused = True
             d.refuse(msg)
-    elif res > policy.threshold_bytes:
+    elif lo.over:
         refused = True
-        d.refuse(f"{g} holds {_mib(res)} that no running container accounts for (leftover or driver leak)",
+        d.refuse(f"{g} holds {_mib(res)} that no running container accounts for (leftover or driver leak; "
+                 f"{_mib(lo.allowance_bytes)} allowed for {lo.contexts_outside} context(s) outside)",
                  f"pvegpu reset {vmid} --no-restart   # or, with no holder left: stop all users, `nvidia-smi -r -i {f.gpu.index}`")
     if refused:
         return GateState.REFUSED
-    if not neighbours:
+    if not neighbours and not sharers:
         return GateState.CLEAN
+    if not neighbours:
+        if sit.exclusive:
+            d.refuse(f"{g} is in use by host process(es) {', '.join(sharers)} and CT {vmid} is exclusive",
+                     "stop them first, or drop the exclusive policy")
+            return GateState.REFUSED
+        d.reasons.append(f"{g} is shared with host process(es) {', '.join(sharers)}: allowed (gate.host_users = share)")
+        return GateState.SHARED
     listed = ", ".join(map(str, neighbours))
     if sit.exclusive:
         d.refuse(f"{g} is in use by CT {listed} and CT {vmid} is exclusive", f"stop CT {listed} first, or drop the exclusive policy")
@@ -162,7 +175,8 @@ def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: G
         names = ", ".join(map(str, blocking))
         d.refuse(f"{g} is in use by CT {names}, which is exclusive", f"stop CT {names} first, or drop its exclusive policy")
         return GateState.REFUSED
-    d.reasons.append(f"{g} is shared with CT {listed} ({_mib(f.foreign_bytes)}): allowed")
+    host = f" and host process(es) {', '.join(sharers)}" if sharers else ""
+    d.reasons.append(f"{g} is shared with CT {listed}{host} ({_mib(f.foreign_bytes)}): allowed")
     return GateState.SHARED
 
 
@@ -216,7 +230,8 @@ def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:
         unknown = [GpuInfo(-1, m, "index unknown", "?") for m in sorted(conf.gpus.minors)] or [GpuInfo(-1, -1, "all GPUs", "?")]
         facts = {g.minor: GpuFacts(g, GpuSample(g.minor, None, None, exc.message)) for g in unknown}
     else:
-        facts = inspect_gpus(vmid, granted, host=ports.host, probe=ports.probe, ct_pids=pids)
+        facts = inspect_gpus(vmid, granted, host=ports.host, probe=ports.probe, ct_pids=pids,
+                             heir_pids=lambda: _granted_pids(vmid, {g.minor for g in granted}, ports))
         failed = list(getattr(ports.probe, "failed", ()))
         for m in _missing if failed else ():  # a granted GPU NVML could not list: unknown, never clean
             g = GpuInfo(-1, m, "index unknown", "?")
@@ -225,6 +240,25 @@ def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:
     situation = Situation(tuple(pids), policy.exclusive(vmid, conf.tags), _exclusive_neighbours(facts, ports.pve, policy),
                           bool(ports.reset_running and ports.reset_running(vmid)), init)
     return CheckResult(vmid, decide(vmid, facts, situation, policy), facts)
+
+
+def _granted_pids(vmid: int, minors: set[int], ports: GatePorts) -> list[int]:
+    """Where the heir of a dead listed pid can be (only a container process can inherit its context): the
+    processes of this node's other containers granted one of ``minors`` (or all GPUs); a container whose
+    config cannot be read counts as granted. Bounded by those containers, not by the size of the node."""
+    node = ports.pve.local_node()
+    out: list[int] = []
+    for guest in ports.pve.guests():
+        if guest.type != "lxc" or guest.vmid == vmid or (node and guest.node != node):
+            continue
+        try:
+            gpus = parse_config(ports.pve.ct_config(guest)).gpus
+            granted = gpus.all_gpus or bool(gpus.minors & minors)
+        except PvegpuError:
+            granted = True
+        if granted:
+            out += ports.host.ct_pids(guest.vmid)
+    return out
 
 
 def _exclusive_neighbours(facts: dict[int, GpuFacts], pve: PveReader, policy: GatePolicy) -> frozenset[int]:

@@ -8,14 +8,25 @@ its cgroup. Manual equivalent: ``nvidia-smi --query-compute-apps=pid,used_memory
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .model import CONTROL, GpuInfo, GpuSample, Holder, Place, ProcInfo
+from .model import CONTROL, GpuInfo, GpuSample, Holder, Place, Placement, ProcInfo
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
     from .ports import GpuProbe, Host
+
+
+class FirstReading:
+    """What one reset remembers from its first reading: each NVML-listed pid's start time and placement
+    (None: already dead then). A ghost that was the target's stays the target's leftover, whatever else maps
+    the device later (a tenant that parks its context fd in flight on a unix socket gains nothing)."""
+
+    def __init__(self) -> None:
+        self.listed: dict[int, tuple[int, Placement] | None] = {}
+        self.done = False
+        self.baseline: dict[int, int] = {}  # minor -> leftover bytes at the first reading that were not the target's
 
 
 @dataclass
@@ -26,11 +37,16 @@ class GpuFacts:
     sample: GpuSample
     ct_holders: list[Holder] = field(default_factory=list)  # live, in the target container
     other_holders: list[Holder] = field(default_factory=list)  # live, elsewhere (never touched)
-    ghosts: list[int] = field(default_factory=list)  # NVML-listed pids with no live process
-    ghost_owners: list[int] = field(default_factory=list)  # live unlisted holders credited with the ghosts' memory
+    ghosts: list[int] = field(default_factory=list)  # NVML-listed pids with no live process (or a recycled pid)
+    ghost_owners: list[int] = field(default_factory=list)  # heirs: live unlisted holders credited with a ghost's memory
+    heirs: dict[int, int] = field(default_factory=dict)  # ghost pid -> the one heir credited with its memory
+    target_ghosts: list[int] = field(default_factory=list)  # ghosts that were the target's at the first reading
+    recycled: list[int] = field(default_factory=list)  # listed pids now used by a process that does not hold the GPU
     unreadable: list[int] = field(default_factory=list)  # container pids whose fds could not be read
-    foreign_bytes: int | None = 0  # NVML memory of live processes outside the container
-    ct_listed_bytes: int | None = 0  # NVML memory of live processes inside the container
+    foreign_bytes: int | None = 0  # NVML memory of live processes outside the container (and their heirs)
+    ct_listed_bytes: int | None = 0  # NVML memory of live processes inside the container (and its ghosts, heirs)
+    contexts_outside: int = 0  # live CUDA contexts outside the target (listed processes, credited heirs)
+    baseline_bytes: int = 0  # reset: leftover at its first reading that was not the target's
 
     @property
     def used_bytes(self) -> int | None:
@@ -38,8 +54,8 @@ class GpuFacts:
 
     @property
     def unexplained_ghosts(self) -> list[int]:
-        """Dead NVML-listed pids whose memory no live holder can own (a leak, or a holder pvegpu cannot see)."""
-        return [] if self.ghost_owners else self.ghosts
+        """Dead NVML-listed pids that are neither the target's nor explained by a plausible heir (unknown)."""
+        return [g for g in self.ghosts if g not in self.heirs and g not in self.target_ghosts]
 
     @property
     def unplaced(self) -> list[Holder]:
@@ -66,15 +82,18 @@ def inspect_gpus(
     probe: GpuProbe,
     whole_host: bool = False,
     ct_pids: list[int] | None = None,
+    heir_pids: Callable[[], Iterable[int]] | None = None,
+    first: FirstReading | None = None,
 ) -> dict[int, GpuFacts]:
     """Facts per GPU minor for container ``vmid`` (None: no container is the target, as in audit).
 
-    Scans the container's own processes plus every NVML-listed pid; ``whole_host`` scans every
-    process on the node (slower, used for diagnosis and audit). When NVML lists a dead pid (its context
-    was inherited by a child, which NVML never lists), the whole node is scanned for live holders that
-    map the device: their memory is theirs, credited to the target container if one of them is in it,
-    else to the neighbour or host process that holds it. Only a holder that could own a context (maps
-    the device, or is NVML-listed) can explain memory; an fd alone (an NVML client) never does.
+    Scans the container's own processes plus every NVML-listed pid; ``whole_host`` scans every process
+    on the node (diagnosis and audit). When NVML lists a dead pid (its context may live on in a fork child,
+    which NVML never lists), the processes that could be its heir are scanned too: ``heir_pids()`` (the
+    gate: processes of the containers granted these GPUs), else the whole node. A dead listed pid's memory
+    goes to one plausible heir at most (``_heir``); a listed pid whose live process holds neither an fd nor a
+    mapping of the GPU is a recycled pid, so a ghost. ``first`` (one reset): the first reading's listed pids
+    are remembered, and a ghost that was the target's is its leftover (``target_ghosts``).
     """
     gpus = list(gpus)
     minors = [g.minor for g in gpus]
@@ -92,8 +111,13 @@ def inspect_gpus(
             infos[pid] = host.describe(pid)
         return infos[pid]
 
-    if scan is not None and any(not _live(info(pid)) for pid in listed):
-        scan = None  # a dead pid is listed: its memory may be held by an unlisted child anywhere
+    if first is not None and not first.done:
+        for pid in listed:
+            i = info(pid)
+            first.listed[pid] = (i.ident.start_ticks, i.placement) if _live(i) and i is not None else None
+    if scan is not None and any(not _live(info(pid)) or _recycled_by_memory(first, pid, info(pid)) for pid in listed):
+        # a dead pid is listed: its memory may be held by an unlisted fork child
+        scan = None if heir_pids is None else scan | set(heir_pids())
     holdings = host.holdings(scan)
     fd_only = [pid for pid, h in holdings.items() if pid not in listed and "maps" not in h.via and any(m >= 0 for m in h.minors)]
     if fd_only:  # unlisted GPU fd holders: a context owner (maps the device) or an NVML client (fd only)?
@@ -114,12 +138,22 @@ def inspect_gpus(
             # elsewhere such holders (persistenced, DCGM) hold no GPU memory and are not listed
             if gpu.minor in held.minors or (CONTROL in held.minors and _in_ct(i, vmid)):
                 by_pid[pid] = (set(held.via), i)
-        ghost_bytes: int | None = 0
+        ghost_bytes: dict[int, int | None] = {}
         for proc in sample.processes or ():
             i = info(proc.pid)
-            if not _live(i):  # describe() just read it: no second look
+            hold = holdings.get(proc.pid)
+            recycled = _live(i) and (_recycled_by_memory(first, proc.pid, i) or (
+                hold is None or (gpu.minor not in hold.minors and "unreadable" not in hold.via)))
+            if not _live(i) or recycled:  # describe() just read it: no second look
                 facts.ghosts.append(proc.pid)
-                ghost_bytes = _add(ghost_bytes, proc.used_bytes)
+                if recycled:
+                    facts.recycled.append(proc.pid)
+                    by_pid.pop(proc.pid, None)
+                ghost_bytes[proc.pid] = proc.used_bytes
+                seen = first.listed.get(proc.pid) if first is not None else None
+                if seen is not None and _placed_in(seen[1], vmid):
+                    facts.target_ghosts.append(proc.pid)  # it was the target's: its leftover, whoever maps the device now
+                    facts.ct_listed_bytes = _add(facts.ct_listed_bytes, proc.used_bytes)
                 continue
             assert i is not None
             by_pid.setdefault(proc.pid, (set(), i))[0].add("nvml")
@@ -127,29 +161,74 @@ def inspect_gpus(
                 facts.ct_listed_bytes = _add(facts.ct_listed_bytes, proc.used_bytes)
             elif i.placement.place is not Place.UNKNOWN:  # memory of an unplaced process explains nothing
                 facts.foreign_bytes = _add(facts.foreign_bytes, proc.used_bytes)
+                facts.contexts_outside += 1
         for pid, (via, i) in sorted(by_pid.items()):
             holder = Holder(i, frozenset({gpu.minor}), frozenset(via))
             (facts.ct_holders if _in_ct(i, vmid) else facts.other_holders).append(holder)
         if facts.ghosts:
-            _credit_ghosts(facts, ghost_bytes)
+            _credit_ghosts(facts, ghost_bytes, vmid, first, info)
         out[gpu.minor] = facts
+    if first is not None:
+        first.done = True
     return out
 
 
-def _unlisted(holders: list[Holder]) -> list[int]:
-    """Live holders NVML does not list that map the device, in a known place (they may own a context)."""
-    return [h.pid for h in holders if "nvml" not in h.via and "maps" in h.via and h.info.placement.place is not Place.UNKNOWN]
+def _recycled_by_memory(first: FirstReading | None, pid: int, i: ProcInfo | None) -> bool:
+    """The listed pid is now another process than the one the first reading saw (or it was dead then)."""
+    if first is None or not first.done or pid not in first.listed or not _live(i):
+        return False
+    seen = first.listed[pid]
+    assert i is not None
+    return seen is None or seen[0] != i.ident.start_ticks
 
 
-def _credit_ghosts(facts: GpuFacts, ghost_bytes: int | None) -> None:
-    """Give the memory of dead listed pids to the live unlisted holders that inherited it: the target's
-    own first (its reset must stop them), else those elsewhere (a neighbour's memory is not leftover)."""
-    if inside := _unlisted(facts.ct_holders):
-        facts.ghost_owners = inside
-        facts.ct_listed_bytes = _add(facts.ct_listed_bytes, ghost_bytes)
-    elif outside := _unlisted(facts.other_holders):
-        facts.ghost_owners = outside
-        facts.foreign_bytes = _add(facts.foreign_bytes, ghost_bytes)
+def _placed_in(p: Placement, vmid: int | None) -> bool:
+    return vmid is not None and p.place is Place.CONTAINER and p.vmid == vmid
+
+
+def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: int | None, first: FirstReading | None,
+                   info: Callable[[int], ProcInfo | None]) -> None:
+    """Give each ghost's memory to one plausible heir: the target's own first (its reset must stop them), else a
+    neighbour's. A target's ghost is the target's leftover whatever maps the device; a ghost first seen in a
+    container can only be that container's heir's. One heir explains at most one ghost on this GPU."""
+    listed_live = {h.pid for h in facts.ct_holders + facts.other_holders if "nvml" in h.via}
+    mapping = {h.pid for h in facts.ct_holders + facts.other_holders if "maps" in h.via}
+    inside = [h for h in facts.ct_holders if _heir(h, listed_live, mapping, info)]
+    outside = [h for h in facts.other_holders if _heir(h, listed_live, mapping, info)]
+    used: set[int] = set()
+    for ghost in facts.ghosts:
+        if ghost in facts.target_ghosts:
+            continue
+        seen = first.listed.get(ghost) if first is not None else None
+        where = seen[1] if seen is not None else None
+        pool = [h for h in inside + outside if h.pid not in used
+                and (where is None or (where.place is Place.CONTAINER and h.info.placement == where))]
+        if not pool:
+            continue
+        heir = pool[0]
+        used.add(heir.pid)
+        facts.heirs[ghost] = heir.pid
+        facts.ghost_owners.append(heir.pid)
+        if _in_ct(heir.info, vmid):
+            facts.ct_listed_bytes = _add(facts.ct_listed_bytes, ghost_bytes.get(ghost))
+        else:
+            facts.foreign_bytes = _add(facts.foreign_bytes, ghost_bytes.get(ghost))
+            facts.contexts_outside += 1
+
+
+def _heir(h: Holder, listed_live: set[int], mapping: set[int], info: Callable[[int], ProcInfo | None]) -> bool:
+    """A plausible heir of a dead listed pid: a live, unlisted process in a container that maps the device and
+    has lost its parent (re-parented to the container's init or a subreaper there). Never a host process,
+    never the child of a live listed process (a DataLoader worker whose parent owns the context)."""
+    i = h.info
+    if "nvml" in h.via or "maps" not in h.via or i.placement.place is not Place.CONTAINER or i.is_ct_init or i.ppid is None:
+        return False
+    if i.ppid in listed_live or i.ppid in mapping:
+        return False
+    parent = info(i.ppid)
+    if parent is None or parent.placement != i.placement:
+        return False
+    return parent.is_ct_init or (parent.pid not in listed_live and parent.pid not in mapping)
 
 
 def _live(i: ProcInfo | None) -> bool:

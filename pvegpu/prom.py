@@ -70,7 +70,11 @@ class AuditCollector:
             "total_bytes": g("pvegpu_gpu_memory_total_bytes", "GPU memory size", G),
             "used_bytes": g("pvegpu_gpu_memory_used_bytes", "GPU memory allocated (NVML memory v2 used)", G),
             "reserved_bytes": g("pvegpu_gpu_memory_reserved_bytes", "GPU memory reserved by the driver (NVML memory v2)", G),
-            "unattributed_bytes": g("pvegpu_gpu_memory_unattributed_bytes", "GPU memory no live process accounts for", G),
+            "unattributed_bytes": g("pvegpu_gpu_memory_unattributed_bytes",
+                                    "GPU memory no live process accounts for, net of the per-context allowance", G),
+            "residual_bytes": g("pvegpu_gpu_memory_residual_bytes", "GPU memory no live process accounts for, before the allowance", G),
+            "context_allowance_bytes": g("pvegpu_gpu_memory_context_allowance_bytes",
+                                         "per-context overhead allowed for the live CUDA contexts (leftover.per_context_mib each)", G),
         }
         health = {
             "remap_pending": g("pvegpu_gpu_row_remap_pending", "1 when a row remapping waits for a GPU reset", G),
@@ -118,7 +122,8 @@ class AuditCollector:
                 if not gid:
                     continue
                 total, count = per.get(gid, (0, 0))
-                used = h.get("used_bytes") if "nvml" in h.get("via", []) else 0
+                used = h.get("used_bytes") if "nvml" in h.get("via", []) else (
+                    h.get("credited_bytes") if h.get("inherited_from") is not None else 0)
                 per[gid] = (None if total is None or used is None else total + int(used), count + 1)
             for gid, (total, count) in sorted(per.items()):
                 procs.add_metric([node, gid, *key], float(count))

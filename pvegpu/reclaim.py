@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import errors as E
-from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, exit_for, restart_would_not_help
+from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, exit_for, foreign_leftover, restart_would_not_help
 from .inspect import GpuFacts
 from .model import ProcIdentity, Step
 from .reset_find import find, plan
@@ -51,7 +51,7 @@ def may_restart(run: ResetRun) -> bool:
     if not run.policy.restart:
         run.step("restart", "skipped", "not clean, and --no-restart was given")
         return False
-    why_not = restart_would_not_help(run.inspect(whole_host=True))  # unlisted holders elsewhere need a full scan
+    why_not = restart_would_not_help(run.inspect(whole_host=True), run.policy.rule)  # unlisted holders elsewhere need a full scan
     if why_not:
         run.step("restart", "skipped", f"not restarting CT {run.vmid}: {why_not}")
         return False
@@ -64,12 +64,13 @@ def finish(run: ResetRun, facts: dict[int, GpuFacts], verdict: Verified) -> None
     r, pol = run.report, run.policy
     r.after = facts
     if verdict is Verified.CLEAN:
+        r.diagnosis.extend(foreign_leftover(run.vmid, facts, pol.rule))  # clean of its own memory; name what is others'
         ok = r.pve_error is None and not r.left_stopped
         r.outcome = ResetOutcome.CLEAN if ok else ResetOutcome.CLEAN_RESTART_FAILED
         r.exit_code = E.EXIT_OK if ok else (r.pve_error or E.EXIT_PVE)
         return
     whole = r.after = run.inspect(whole_host=True)
-    r.diagnosis.extend(diagnose(run.vmid, whole, pol.threshold_bytes))
+    r.diagnosis.extend(diagnose(run.vmid, whole, pol.rule))
     r.diagnosis.extend(diagnose_respawns(run.vmid, r.respawns))
     if verdict is Verified.UNSETTLED:
         r.outcome = ResetOutcome.NOT_VERIFIED

@@ -8,6 +8,7 @@ from typing import Any
 
 from . import errors as E
 from .inspect import GpuFacts
+from .leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
 from .model import MIB, Step
 from .ports import Clock, EventLog, GpuProbe, Host, NullLog, PveApi
 from .settings import ResetSettings
@@ -26,11 +27,16 @@ class ResetPolicy:
     poll: float = _D.poll  # seconds between readings
     settle: float = _D.settle  # clean must hold this long (a respawning unit restarts within ~0.1 s)
     rounds: int = _D.rounds  # signal rounds against respawning holders
-    threshold_bytes: int = _D.threshold_mib * MIB  # residual v2 'used' still counted as clean
+    threshold_bytes: int = DEFAULT_THRESHOLD_MIB * MIB  # leftover.threshold_mib: net leftover still counted as clean
+    per_context_bytes: int = LeftoverRule().per_context_bytes  # leftover.per_context_mib: allowance per outside context
     restart: bool = _D.restart
     dry_run: bool = False
     task_timeout: float = _D.task_timeout  # seconds for each PVE stop/start task (and for HA to act on it)
     state_wait: float = 15.0  # seconds to poll the CT's state after a failed stop/start to learn where it is
+
+    @property
+    def rule(self) -> LeftoverRule:
+        return LeftoverRule(self.threshold_bytes, self.per_context_bytes)
 
     @property
     def budget(self) -> float:

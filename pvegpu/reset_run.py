@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .inspect import GpuFacts, inspect_gpus
+from .inspect import FirstReading, GpuFacts, inspect_gpus
+from .leftover import baseline
 from .locate import Located
 from .model import Guest, Holder, Step
 from .ports import Clock
@@ -45,6 +46,7 @@ class ResetRun:
         self.on_step = on_step
         self.located: Located | None = None
         self.deadline = Deadline(ports.clock, ports.clock.monotonic() + policy.budget)
+        self.first = FirstReading()  # the first reading's listed pids (whose ghost is whose) and leftover baseline
 
     @property
     def clock(self) -> Clock:
@@ -66,7 +68,14 @@ class ResetRun:
     def inspect(self, whole_host: bool = False) -> dict[int, GpuFacts]:
         """One reading of the container's GPUs (``nvidia-smi`` + ``fuser -v /dev/nvidia*``)."""
         assert self.located is not None
-        return inspect_gpus(self.vmid, self.located.gpus, host=self.p.host, probe=self.p.probe, whole_host=whole_host)
+        first = self.first.done
+        facts = inspect_gpus(self.vmid, self.located.gpus, host=self.p.host, probe=self.p.probe, whole_host=whole_host,
+                             first=self.first)
+        if not first:
+            self.first.baseline = {m: baseline(f, self.policy.rule) for m, f in facts.items()}
+        for m, f in facts.items():
+            f.baseline_bytes = self.first.baseline.get(m, 0)
+        return facts
 
     def killable(self, facts: dict[int, GpuFacts]) -> dict[int, Holder]:
         """Holders pvegpu may signal: payload processes of the container (never its init, never pvegpu)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 
 from .inspect import GpuFacts
+from .leftover import LeftoverRule, leftover
 from .reset_run import Deadline, ResetRun
 
 
@@ -21,21 +22,25 @@ class Verified(enum.Enum):
     HOLDERS = "holders"  # payload holders (re)appeared: signal them first
 
 
-def is_clean(facts: GpuFacts, threshold: int) -> bool:
-    """The verified-clean predicate for one GPU after a reset."""
-    return (
-        facts.sample.known
-        and not facts.ct_holders
-        and not facts.unexplained_ghosts
-        and not facts.unplaced
-        and not facts.unreadable
-        and facts.residual_bytes is not None
-        and facts.residual_bytes <= threshold
-    )
+def own_leftover_gone(facts: GpuFacts, rule: LeftoverRule) -> bool:
+    """Nothing of the target's own is left on this GPU: no holder, no ghost of its, and no more memory left
+    than was already left before the reset by others (the one leftover rule, net of that baseline)."""
+    lo = leftover(facts, rule, baseline_bytes=facts.baseline_bytes)
+    return (facts.sample.known and not facts.ct_holders and not facts.target_ghosts and not facts.unreadable
+            and lo.known and not lo.over)
 
 
-def all_clean(facts: dict[int, GpuFacts], threshold: int) -> bool:
-    return all(is_clean(f, threshold) for f in facts.values())
+def is_clean(facts: GpuFacts, rule: LeftoverRule | int) -> bool:
+    """The verified-clean predicate for one GPU after a reset: the target is judged on its own memory.
+    Memory that was never the target's (an existing leak, a neighbour's hidden context, a ghost never seen in
+    the target) does not make it unclean; the report names it (``diagnosis.foreign_leftover``)."""
+    if isinstance(rule, int):
+        rule = LeftoverRule(threshold_bytes=rule)
+    return own_leftover_gone(facts, rule) and not facts.unplaced
+
+
+def all_clean(facts: dict[int, GpuFacts], rule: LeftoverRule | int) -> bool:
+    return all(is_clean(f, rule) for f in facts.values())
 
 
 def verify(run: ResetRun, facts: dict[int, GpuFacts], deadline: Deadline) -> tuple[dict[int, GpuFacts], Verified]:
@@ -49,7 +54,7 @@ def verify(run: ResetRun, facts: dict[int, GpuFacts], deadline: Deadline) -> tup
     t0 = read_start = read_end = clock.monotonic()
     clean_since: float | None = None
     while True:
-        if all_clean(facts, pol.threshold_bytes):
+        if all_clean(facts, pol.rule):
             if clean_since is None:
                 clean_since = read_end
             if max(0.0, read_start - clean_since) >= pol.settle:

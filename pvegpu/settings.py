@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 
 from .errors import ConfigError
+from .leftover import DEFAULT_PER_CONTEXT_MIB, DEFAULT_THRESHOLD_MIB
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ class ResetSettings:
     poll: float = 0.02  # seconds between readings while waiting (NVML + the CT's /proc: a few ms each)
     settle: float = 0.25  # clean must hold this long; raise it for services that respawn slowly
     rounds: int = 3
-    threshold_mib: int = 64
     restart: bool = True
     task_timeout: float = 120.0
     lock_dir: str = "/run/lock/pvegpu"  # one reset per container at a time: <lock_dir>/<vmid>.lock
@@ -51,10 +51,18 @@ class GateSettings:
     exclusive: tuple[int, ...] = ()  # vmids that must not share their GPUs at start
     exclusive_tag: str = "gpu-exclusive"  # PVE tag with the same effect
     deadline: float = 5.0  # seconds; on expiry the hook refuses
-    threshold_mib: int = 64
+    host_users: str = "share"  # share | refuse: a host process that owns a context on the GPU
     post_stop_reclaim: bool = False  # post-stop: also stop stray holders of the container
     override_dir: str = "/run/pvegpu/allow-once"  # `pvegpu hook allow-once VMID` drops a one-start token here
     override_ttl: float = 900.0  # seconds a token stays valid
+
+
+@dataclass(frozen=True)
+class LeftoverSettings:
+    """The one leftover rule (``pvegpu/leftover.py``) for reset's verify, the gate, audit and the diagnosis."""
+
+    threshold_mib: int = DEFAULT_THRESHOLD_MIB  # net leftover above this is left over
+    per_context_mib: float = DEFAULT_PER_CONTEXT_MIB  # allowance per live CUDA context outside the target
 
 
 @dataclass(frozen=True)
@@ -65,10 +73,12 @@ class Settings:
     api: ApiSettings = field(default_factory=ApiSettings)
     reset: ResetSettings = field(default_factory=ResetSettings)
     gate: GateSettings = field(default_factory=GateSettings)
+    leftover: LeftoverSettings = field(default_factory=LeftoverSettings)
 
 
 _TOP = ("node", "pve_root", "simulate")  # the settings outside a [section]
-_SECTIONS = {"api": ApiSettings, "reset": ResetSettings, "gate": GateSettings}
+_SECTIONS = {"api": ApiSettings, "reset": ResetSettings, "gate": GateSettings, "leftover": LeftoverSettings}
+_OLD_THRESHOLDS = ("reset", "gate")  # [reset]/[gate] threshold_mib: the old names of leftover.threshold_mib
 
 
 _NUMBER_CHARS = frozenset("0123456789+-.eE")
@@ -169,9 +179,12 @@ def _validate(s: Settings, problems: list[str]) -> None:
         problems.append(f"reset.timeout ({s.reset.timeout:g}) must be greater than reset.settle ({s.reset.settle:g})")
     if not 1 <= s.reset.rounds <= 100:
         problems.append("reset.rounds: must be 1..100")
-    for sec in ("reset", "gate"):
-        if getattr(s, sec).threshold_mib < 0:
-            problems.append(f"{sec}.threshold_mib: must be >= 0")
+    if s.leftover.threshold_mib < 0:
+        problems.append("leftover.threshold_mib: must be >= 0")
+    if not 0 <= s.leftover.per_context_mib <= 1024:
+        problems.append(f"leftover.per_context_mib: {s.leftover.per_context_mib:g} must be >= 0 and <= 1024")
+    if s.gate.host_users not in ("share", "refuse"):
+        problems.append(f"gate.host_users: {s.gate.host_users!r} must be share or refuse")
     if not 0 < s.gate.deadline <= MAX_GATE_DEADLINE:
         problems.append(f"gate.deadline: {s.gate.deadline:g} must be > 0 and <= {MAX_GATE_DEADLINE:g}")
     if not 0 < s.gate.override_ttl <= MAX_SECONDS:
@@ -200,6 +213,30 @@ def _read_settings_file(path: str) -> bytes:
         return data
     finally:
         os.close(fd)
+
+
+def _old_threshold(data: dict[str, Any], problems: list[str]) -> str:
+    """``reset.threshold_mib`` and ``gate.threshold_mib`` keep working as names of ``leftover.threshold_mib``;
+    given with different values (they used to be two rules), that is an error naming the one key."""
+    given: dict[str, Any] = {}
+    for sec in _OLD_THRESHOLDS:
+        raw = data.get(sec)
+        if isinstance(raw, dict) and "threshold_mib" in raw:
+            raw = dict(raw)
+            given[f"{sec}.threshold_mib"] = raw.pop("threshold_mib")
+            data[sec] = raw
+    if not given:
+        return ""
+    new = data.get("leftover")
+    if isinstance(new, dict) and "threshold_mib" in new:
+        given["leftover.threshold_mib"] = new["threshold_mib"]
+    if len({str(v).strip() for v in given.values()}) > 1:
+        problems.append(" and ".join(f"{k} = {v!r}" for k, v in given.items())
+                        + " differ: one leftover rule serves reset, the gate and audit now: set only leftover.threshold_mib")
+        return ""
+    if isinstance(new, dict) or new is None:
+        data["leftover"] = {**(new or {}), "threshold_mib": next(iter(given.values()))}
+    return " and ".join(k for k in given if not k.startswith("leftover."))
 
 
 def load(path: str | None = None, env: dict[str, str] | None = None, overrides: dict[str, Any] | None = None) -> Settings:
@@ -237,6 +274,7 @@ def load(path: str | None = None, env: dict[str, str] | None = None, overrides: 
             continue
         sec, _, key = dotted.rpartition(".")
         (data.setdefault(sec, {}) if sec else data)[key] = value
+    old = _old_threshold(data, problems)
     s = Settings()
     top = {k: v for k, v in data.items() if k not in _SECTIONS}
     s = _apply(s, top, "", problems)
@@ -247,6 +285,8 @@ def load(path: str | None = None, env: dict[str, str] | None = None, overrides: 
             continue
         s = replace(s, **{sec: _apply(cls(), raw, sec + ".", problems)})
     _validate(s, problems)
+    if old:
+        problems = [p.replace("leftover.threshold_mib:", f"leftover.threshold_mib (given as {old}):") for p in problems]
     if problems:
         raise ConfigError(f"invalid settings ({len(problems)} problem(s)): " + "; ".join(problems),
                           f"fix the option given on the command line, {path} or the PVEGPU_* variables; see README 'Settings'")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from . import errors as E
 from .gate import GatePolicy, GatePorts
+from .leftover import LeftoverRule
 from .model import MIB
 from .settings import Settings, load
 
@@ -54,13 +55,18 @@ def settings(opts: GlobalOptions, overrides: dict[str, Any] | None = None) -> Se
 # -- policies: every default comes from settings.py ------------------------------------------------------
 
 
+def leftover_rule(s: Settings) -> LeftoverRule:
+    """``[leftover]``: the one rule reset's verify, the gate, audit and the diagnosis judge leftover memory by."""
+    return LeftoverRule(s.leftover.threshold_mib * MIB, int(s.leftover.per_context_mib * MIB))
+
+
 def reset_policy(s: Settings, *, dry_run: bool = False) -> ResetPolicy:
     """``[reset]`` as the state machine's policy."""
     from .reclaim import ResetPolicy
 
     r = s.reset
     return ResetPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, poll=r.poll, settle=r.settle, rounds=r.rounds,
-                       threshold_bytes=r.threshold_mib * MIB, restart=r.restart, dry_run=dry_run, task_timeout=r.task_timeout)
+                       threshold_bytes=s.leftover.threshold_mib * MIB, per_context_bytes=leftover_rule(s).per_context_bytes, restart=r.restart, dry_run=dry_run, task_timeout=r.task_timeout)
 
 
 def post_stop_policy(s: Settings) -> ResetPolicy:
@@ -74,7 +80,7 @@ def post_stop_policy(s: Settings) -> ResetPolicy:
 def gate_policy(s: Settings) -> GatePolicy:
     """``[gate]`` as the start gate's policy."""
     g = s.gate
-    return GatePolicy(g.threshold_mib * MIB, g.on_unknown, frozenset(g.exclusive), g.exclusive_tag)
+    return GatePolicy(leftover_rule(s), g.on_unknown, frozenset(g.exclusive), g.exclusive_tag, g.host_users)
 
 
 # -- the start gate's light ports ------------------------------------------------------------------------
@@ -265,12 +271,12 @@ class AuditPorts:
     pve: Any
     host: Any
     files: Any
-    threshold_bytes: int
+    threshold_bytes: LeftoverRule  # the leftover rule (``[leftover]``); the name is the one callers pass on
 
 
 def audit_ports(s: Settings) -> AuditPorts:
     """Ports for ``pvegpu audit``: the simulated node, or this node (the API only if configured and needed)."""
-    threshold = s.gate.threshold_mib * MIB
+    threshold = leftover_rule(s)
     if s.simulate:
         from .sim.nodefiles import SimNodeFiles
 

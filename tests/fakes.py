@@ -21,7 +21,6 @@ from pvegpu.model import (
     GpuSample,
     Guest,
     Holding,
-    NvmlProcess,
     Place,
     Placement,
     ProcIdentity,
@@ -29,6 +28,7 @@ from pvegpu.model import (
     SignalResult,
     TaskResult,
 )
+from pvegpu.sim.driver import Context, DriverModel
 
 
 class FakeClock:
@@ -142,35 +142,46 @@ class FakeHost:
 
 
 class FakeProbe:
+    """NVML on the one driver model (``pvegpu.sim.driver``): per-context gap, release latency, dead owners
+    listed, lost GPUs; holders are FakeHost processes, time is the fake clock."""
+
     def __init__(self, host: FakeHost, minors: tuple[int, ...] = (0,)) -> None:
         self.host = host
         self.minors = minors
-        self.contexts: list[dict[str, Any]] = []  # {gpu, bytes, owner, holders: set}
-        self.leak: dict[int, int] = {}
+        self.model = DriverModel(host.clock, self._alive, minors)
+        self.model.names = {m: GpuInfo(i, m, f"GPU-fake-{m}", f"0000:0{m}:00.0") for i, m in enumerate(minors)}
+        self.leak = self.model.leak
         self.fail: set[int] = set()
         self.read_secs = 0.0  # each sample() takes this long (fake clock): the state is the one at its start
 
-    def context(self, gpu: int, mib: int, owner: FakeProc, *others: FakeProc) -> None:
-        self.contexts.append({"gpu": gpu, "bytes": mib * MIB, "owner": owner.pid, "holders": {owner.pid, *(o.pid for o in others)}})
+    def _alive(self, ident: tuple[int, int]) -> bool:
+        p = self.host.procs.get(ident[0])
+        return p is not None and p.start == ident[1]
+
+    @staticmethod
+    def _ident(p: FakeProc) -> tuple[int, int]:
+        return (p.pid, p.start)
+
+    def context(self, gpu: int, mib: int, owner: FakeProc, *others: FakeProc, pinned: bool = False, leaks: bool = False) -> Context:
+        return self.model.open_context(gpu, mib * MIB, self._ident(owner), *(self._ident(o) for o in others), pinned=pinned, leaks=leaks)
+
+    @property
+    def contexts(self) -> list[Context]:
+        return self.model.contexts
+
+    @property
+    def failed(self) -> list[str]:
+        return self.model.failed
 
     def gpus(self) -> list[GpuInfo]:
-        return [GpuInfo(i, m, f"GPU-fake-{m}", f"0000:0{m}:00.0") for i, m in enumerate(self.minors)]
+        return self.model.gpus()
 
     def sample(self, minors: Any) -> dict[int, GpuSample]:
-        self.contexts = [c for c in self.contexts if c["holders"] & set(self.host.procs)]
-        # a respawned holder gets a fresh context
-        for p in self.host.procs.values():
-            if p.respawned and not any(p.pid in c["holders"] for c in self.contexts):
-                self.contexts.append({"gpu": min(p.minors), "bytes": 1024 * MIB,
-                                      "owner": p.pid, "holders": {p.pid}})
-        out = {}
-        for m in minors:
-            if m in self.fail:
-                out[m] = GpuSample(m, None, None, "NVML: GPU is lost")
-                continue
-            cs = [c for c in self.contexts if c["gpu"] == m]
-            out[m] = GpuSample(m, sum(c["bytes"] for c in cs) + self.leak.get(m, 0),
-                               tuple(NvmlProcess(c["owner"], c["bytes"]) for c in cs))
+        for p in self.host.procs.values():  # a respawned holder gets a fresh context
+            if p.respawned and not any(self._ident(p) in c.holders for c in self.model.contexts):
+                self.model.open_context(min(p.minors), 1024 * MIB, self._ident(p))
+        self.model.fail = {m: "GPU is lost" for m in self.fail}
+        out = self.model.sample(minors)
         if self.read_secs:
             self.host.clock.sleep(self.read_secs)
         return out
@@ -290,19 +301,32 @@ class FakePve:
 
 
 class FdBackedProbe:
-    """NVML stand-in for hosts without a GPU: each live process holding the stand-in device open has a
-    "context" of ``mib_per_holder`` MiB, listed by its host pid as NVML lists CUDA processes; the memory
-    returns when the holder is gone, as the driver frees it at fd close."""
+    """NVML stand-in for hosts without a GPU, on the one driver model: each live process found holding the
+    stand-in device opens a "context" of ``mib_per_holder`` MiB, listed by its host pid as NVML lists CUDA
+    processes, with the model's per-context gap and release latency (real time)."""
 
-    def __init__(self, host: Any, mib_per_holder: int = 512) -> None:
+    def __init__(self, host: Any, mib_per_holder: int = 512, clock: Any = None) -> None:
+        from pvegpu.adapters.clock import SystemClock
+
         self.host = host
         self.mib = mib_per_holder
+        self.model = DriverModel(clock or SystemClock(), self._alive, (0,))
+        self.model.names = {0: GpuInfo(0, 0, "GPU-standin-0", "0000:00:00.0")}
+
+    def _alive(self, ident: tuple[int, int]) -> bool:
+        i = self.host.describe(ident[0])
+        return i is not None and i.state not in ("Z", "X") and i.ident.start_ticks == ident[1]
 
     def gpus(self) -> list[GpuInfo]:
-        return [GpuInfo(0, 0, "GPU-standin-0", "0000:00:00.0")]
+        return self.model.gpus()
 
     def sample(self, minors: Any) -> dict[int, GpuSample]:
-        held = self.host.holdings(None)
-        live = [h for h in held.values() if (i := self.host.describe(h.pid)) is not None and i.state not in ("Z", "X")]
-        return {m: GpuSample(m, sum(self.mib * MIB for h in live if m in h.minors),
-                             tuple(NvmlProcess(h.pid, self.mib * MIB) for h in live if m in h.minors)) for m in minors}
+        known = {h for c in self.model.contexts for h in c.holders}
+        for h in self.host.holdings(None).values():
+            i = self.host.describe(h.pid)
+            if i is None or i.state in ("Z", "X") or (h.pid, i.ident.start_ticks) in known:
+                continue
+            for m in h.minors:
+                if m >= 0:
+                    self.model.open_context(m, self.mib * MIB, (h.pid, i.ident.start_ticks))
+        return self.model.sample(minors)

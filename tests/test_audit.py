@@ -8,7 +8,9 @@ from pvegpu.audit import audit_document, audit_once, run_audit
 from pvegpu.audit_guests import device_paths
 from pvegpu.audit_model import FlagKind, GpuRow, HolderRow
 from pvegpu.errors import GpuQueryError
+from pvegpu.leftover import LeftoverRule
 from pvegpu.model import MIB, GpuHealth, Placement
+from pvegpu.sim.driver import context_gap
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
 
@@ -69,7 +71,9 @@ def test_two_containers_and_a_host_process_attributed_with_nvml_numbers():
     assert (by_pid[a.pid].place, by_pid[a.pid].vmid, by_pid[a.pid].hostname, by_pid[a.pid].used_bytes) == ("lxc", 129, "llm129", 1000 * MIB)
     assert by_pid[a.pid].ns_pid == a.pid - 4000 and by_pid[b.pid].guest_id == "lxc/130"
     assert (by_pid[h.pid].place, by_pid[h.pid].vmid, by_pid[h.pid].used_bytes) == ("host", None, 300 * MIB)
-    assert row.used_bytes == 3300 * MIB and row.unattributed_bytes == 0 and row.granted_to == ["lxc/129", "lxc/130"]
+    # NVML's used includes the per-context gap (driver model); unattributed is net of the allowance for 3 contexts
+    assert row.used_bytes == 3300 * MIB + context_gap(3) and row.granted_to == ["lxc/129", "lxc/130"]
+    assert row.allowance_bytes == 3 * LeftoverRule().per_context_bytes and row.unattributed_bytes == max(0, context_gap(3) - row.allowance_bytes)
     assert kinds(rep) == {FlagKind.SHARED, FlagKind.HOST_HOLDER} and rep.attention
 
 
@@ -114,7 +118,7 @@ def test_unreadable_gpu_is_an_error_row_that_hides_nothing():
     probe.fail.add(1)
     rep = run_audit(pve=pve, probe=probe, host=host, files=FakeFiles(NODES))
     ok, bad = rep.gpus
-    assert ok.error is None and ok.used_bytes == 100 * MIB and len(ok.holders) == 1
+    assert ok.error is None and ok.used_bytes == 100 * MIB + context_gap(1) and len(ok.holders) == 1
     assert bad.error and bad.used_bytes is None and bad.unattributed_bytes is None and bad.flags == [FlagKind.UNREADABLE]
     assert bad.to_json()["readable"] is False and bad.to_json()["used_mib"] is None and rep.attention
 

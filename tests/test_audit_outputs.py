@@ -14,9 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from pvegpu.audit import audit_document, audit_once, run_audit
 from pvegpu.audit_model import SCHEMA, SCHEMA_VERSION
 from pvegpu.errors import EXIT_AUDIT_ATTENTION, EXIT_FAILURE, GpuQueryError
+from pvegpu.leftover import LeftoverRule
 from pvegpu.model import MIB, GpuHealth
 from pvegpu.prom import render, write_textfile
 from pvegpu.render import audit_text
+from pvegpu.sim.driver import context_gap
 from tests.pvelike import REPO
 from tests.test_audit import NODES, FakeFiles, node
 
@@ -55,7 +57,9 @@ def test_textfile_parses_and_carries_nvml_numbers_per_guest(tmp_path):
     (info,) = [lb for lb, _ in m["pvegpu_gpu_info"] if lb["minor"] == "0"]
     assert info == {"node": "pve1", "uuid": "GPU-fake-0", "index": "0", "minor": "0", "bus_id": "0000:00:00.0", "name": "", "driver_version": "570.1"}
     gpu0 = {"node": "pve1", "uuid": "GPU-fake-0", "minor": "0"}
-    assert (gpu0, 3400 * MIB) in m["pvegpu_gpu_memory_used_bytes"] and (gpu0, 100 * MIB) in m["pvegpu_gpu_memory_unattributed_bytes"]
+    net = 100 * MIB + context_gap(3) - 3 * LeftoverRule().per_context_bytes  # net of the allowance for 3 contexts
+    assert (gpu0, 3400 * MIB + context_gap(3)) in m["pvegpu_gpu_memory_used_bytes"] and (gpu0, net) in m["pvegpu_gpu_memory_unattributed_bytes"]
+    assert (gpu0, 3 * LeftoverRule().per_context_bytes) in m["pvegpu_gpu_memory_context_allowance_bytes"]
     assert (gpu0, 1.0) in m["pvegpu_gpu_outside_holders"] and (gpu0, 615 * MIB) in m["pvegpu_gpu_memory_reserved_bytes"]
     assert ({"node": "pve1", "kind": "host-holder"}, 1.0) in m["pvegpu_audit_flags"]
     assert m["pvegpu_audit_last_success_timestamp_seconds"] == [({"node": "pve1"}, 1700000000.0)]
@@ -194,7 +198,8 @@ def test_cli_writes_the_textfile_and_exits_8_on_unattributed_memory(sim_node, tm
     assert r.returncode == EXIT_AUDIT_ATTENTION and "Traceback" not in r.stderr, r.stderr
     m = samples(out.read_text())
     assert ({"node": "s", "id": "lxc/129", "uuid": "GPU-sim-0", "minor": "0"}, 100 * MIB) in m["pvegpu_guest_gpu_memory_used_bytes"]
-    assert ({"node": "s", "uuid": "GPU-sim-0", "minor": "0"}, 300 * MIB) in m["pvegpu_gpu_memory_unattributed_bytes"]
+    net = 300 * MIB + context_gap(1) - LeftoverRule().per_context_bytes
+    assert ({"node": "s", "uuid": "GPU-sim-0", "minor": "0"}, net) in m["pvegpu_gpu_memory_unattributed_bytes"]
 
 
 def test_cli_table_exit_0_when_nothing_needs_attention(sim_node):

@@ -17,10 +17,12 @@ def holder(pid: int, place: Place, vmid: int | None, via: set[str]) -> Holder:
 
 
 def facts(used_mib: int | None = 0, procs: tuple[NvmlProcess, ...] = (), others: tuple[Holder, ...] = (),
-          ghosts: tuple[int, ...] = (), ghost_owners: tuple[int, ...] = (), foreign_mib: int | None = 0) -> dict[int, GpuFacts]:
+          ghosts: tuple[int, ...] = (), ghost_owners: tuple[int, ...] = (), foreign_mib: int | None = 0,
+          contexts: int = 0) -> dict[int, GpuFacts]:
     sample = GpuSample(0, None if used_mib is None else used_mib * MIB, None if used_mib is None else procs, None if used_mib is not None else "GPU is lost")
     f = GpuFacts(GPU, sample, other_holders=list(others), ghosts=list(ghosts), ghost_owners=list(ghost_owners),
-                 foreign_bytes=None if foreign_mib is None else foreign_mib * MIB)
+                 heirs=dict(zip(ghosts, ghost_owners, strict=False)), foreign_bytes=None if foreign_mib is None else foreign_mib * MIB,
+                 contexts_outside=contexts)
     return {0: f}
 
 
@@ -44,7 +46,12 @@ CASES = [
     ("ghost nobody explains", facts(used_mib=1024, ghosts=(77,)), Situation(), GatePolicy(), False, GateState.REFUSED, "no longer exist"),
     ("ghost of a neighbour's child", facts(used_mib=1024, others=(UNLISTED_NEIGHBOUR,), ghosts=(77,), ghost_owners=(501,), foreign_mib=1024), Situation(), GatePolicy(), True, GateState.SHARED, "shared with CT 130"),
     ("NVML client is not a user", facts(others=(NVML_CLIENT,)), Situation(), GatePolicy(), True, GateState.CLEAN, ""),
-    ("host job", facts(used_mib=512, others=(HOST_JOB,), foreign_mib=512), Situation(), GatePolicy(), False, GateState.REFUSED, "outside any container"),
+    ("host job shares by default", facts(used_mib=512, others=(HOST_JOB,), foreign_mib=512), Situation(), GatePolicy(), True, GateState.SHARED, "host process(es) pid 503"),
+    ("host job, host_users = refuse", facts(used_mib=512, others=(HOST_JOB,), foreign_mib=512), Situation(), GatePolicy(host_users="refuse"), False, GateState.REFUSED, "outside any container"),
+    ("host job, exclusive self", facts(used_mib=512, others=(HOST_JOB,), foreign_mib=512), Situation(exclusive=True), GatePolicy(), False, GateState.REFUSED, "CT 129 is exclusive"),
+    ("crowded: 12 neighbour contexts' gap is allowed", facts(used_mib=12 * 1024 + 73, others=(NEIGHBOUR,), foreign_mib=12 * 1024, contexts=12), Situation(), GatePolicy(), True, GateState.SHARED, "shared with CT 130"),
+    ("crowded, plus a real leak", facts(used_mib=12 * 1024 + 73 + 200, others=(NEIGHBOUR,), foreign_mib=12 * 1024, contexts=12), Situation(), GatePolicy(), False, GateState.REFUSED, "no running container accounts for"),
+    ("no flat allowance on an idle GPU", facts(used_mib=200), Situation(), GatePolicy(), False, GateState.REFUSED, "200 MiB"),
     ("process left in the CT", facts(), Situation(ct_pids=(9, 10)), GatePolicy(), False, GateState.CLEAN, "2 process(es) still sit"),
     ("reset in progress", facts(), Situation(reset_running=True), GatePolicy(), False, GateState.CLEAN, "reset of CT 129 is in progress"),
 ]

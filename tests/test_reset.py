@@ -24,6 +24,15 @@ def node():
     return clock, host, probe, pve
 
 
+def _target_left(node, nbytes, vmid=129):
+    """Memory CT ``vmid`` leaves behind: its holder's context stays allocated when the holder is gone (a
+    driver-level leak of the target's own memory; the driver model lists no pid for it once released)."""
+    _, host, probe, _ = node
+    p = host.add(vmid, minors={0})
+    probe.context(0, nbytes // MIB, p, leaks=True)
+    return p
+
+
 def run(node, vmid=129, **policy):
     clock, host, probe, pve = node
     return reset(vmid, Ports(pve, probe, host, clock), ResetPolicy(**policy))
@@ -122,7 +131,7 @@ def test_d_state_holder_diagnosed_as_stuck(node):
 def test_driver_leak_leaves_container_stopped_exit_7(node):
     """Memory with no holder anywhere survives the stop: the CT is left stopped, exit 7, reset advice."""
     _, _host, probe, pve = node
-    probe.leak[0] = 2048 * 1024 * 1024
+    _target_left(node, 2048 * 1024 * 1024)
     r = run(node, timeout=1.0)
     assert pve.calls == ["stop 129"] and r.left_stopped
     assert r.exit_code == E.EXIT_MEMORY_LEFT
@@ -133,7 +142,7 @@ def test_locked_container_is_not_restarted(node):
     """A CT with a lock (backup) is never stopped; the report says why, with exit 4."""
     _, _host, probe, pve = node
     pve.status[129]["lock"] = "backup"
-    probe.leak[0] = 1 << 30
+    _target_left(node, 1 << 30)
     r = run(node, timeout=0.5)
     assert pve.calls == [] and r.exit_code == E.EXIT_PVE
     assert any("locked (backup)" in d for d, _ in r.diagnosis)
@@ -225,7 +234,7 @@ def test_nvml_client_does_not_explain_leftover_memory(node):
     leftover memory: the restart fallback still runs, and the diagnosis does not blame it."""
     _, host, probe, pve = node
     client = host.add(None, minors={0}, maps=False, comm="nvidia-persist")
-    probe.leak[0] = 1024 * MIB  # memory no process holds, left by the container's dead job
+    _target_left(node, 1024 * MIB)  # memory no process holds, left by the container's dead job
     r = run(node, timeout=0.5)
     assert "stop 129" in pve.calls, pve.calls
     assert not any(f"pid {client.pid}" in d and "likely held" in d for d, _ in r.diagnosis)
@@ -371,7 +380,7 @@ def test_status_read_failing_after_the_stop_reports_unknown_state(node):
 def _leak_until(node, when):
     """Leftover memory with no holder, gone at fake time ``when(pve)`` (None: not yet)."""
     clock, _, probe, pve = node
-    probe.leak[0] = 2048 * 1024 * 1024
+    _target_left(node, 2048 * 1024 * 1024)
 
     def tick(t):
         at = when(pve)
@@ -397,6 +406,7 @@ def test_timeout_shorter_than_settle_never_exits_clean(node):
     _, host, probe, pve = node
     p = host.add(129, minors={0})
     probe.context(0, 1024, p)
+    probe.model.release_latency = 0.0  # this case is about the settle window: memory back at once
     r = run(node, timeout=0.1, settle=0.25)
     assert r.exit_code == E.EXIT_GPU_UNKNOWN and r.outcome == "not verified" and pve.calls == []
     assert any("not longer than settle" in d for d, _ in r.diagnosis)
@@ -483,7 +493,7 @@ def test_endless_respawn_diagnosis_names_the_parent(node):
 def test_verify_ends_within_one_read_of_its_deadline_with_slow_reads(node):
     """With every NVML reading taking 3 s and --timeout 2, verify gives up at most one read after 2 s."""
     _, _, probe, _ = node
-    probe.leak[0] = 1 << 30
+    _target_left(node, 1 << 30)
     probe.read_secs = 3.0
     r = run(node, restart=False, timeout=2.0)
     v = next(s for s in r.steps if s.name == "verify")
@@ -555,7 +565,7 @@ def test_stop_request_without_an_answer_is_followed_to_the_real_state(node):
     from pvegpu.errors import PveNoAnswer
 
     clock, host, probe, pve = node
-    probe.leak[0] = 1024 * MIB  # memory no process holds: the restart fallback runs
+    _target_left(node, 1024 * MIB)  # memory no process holds: the restart fallback runs
     real_stop = pve._stop_now
 
     def stop_without_answer(g):
@@ -573,7 +583,7 @@ def test_stop_task_ok_but_ct_still_running_is_not_called_stopped(node):
     """The stop task ends OK but the CT is running (started again meanwhile): no "verified while stopped", no
     "left stopped"; the report says what happened (exit 4)."""
     _, host, probe, pve = node
-    probe.leak[0] = 1024 * MIB
+    _target_left(node, 1024 * MIB)
     real_stop = pve._stop_now
     pve._stop_now = lambda vmid: (real_stop(vmid), pve._start_now(vmid))  # an admin starts it again at once
     r = run(node, timeout=0.5)
@@ -587,7 +597,7 @@ def test_leak_on_a_shared_gpu_is_named_in_the_diagnosis(node):
     _, host, probe, _ = node
     neighbour = host.add(130, minors={0})
     probe.context(0, 1024, neighbour)
-    probe.leak[0] = 2048 * MIB
+    _target_left(node, 2048 * MIB)
     r = run(node, timeout=0.3, restart=False)
     assert r.exit_code == E.EXIT_MEMORY_LEFT
     assert any("2048 MiB allocated that no live process accounts for" in d for d, _ in r.diagnosis), r.diagnosis

@@ -25,7 +25,18 @@ def _spawn(state: SimState, w: dict[str, object]) -> int:
     return pid
 
 
+def _subreaper() -> None:
+    """Orphans of the container re-parent to its init, as they do to PID 1 of a container's PID namespace."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str]) -> None:
+    _subreaper()
     state, vmid = SimState(argv[0]), int(argv[1])
     ct = state.ct(vmid)
     workloads = list(ct.get("workloads", []))

@@ -2,7 +2,9 @@
 
 A CUDA context lives while any process holding it is alive: its owner, or a child that inherited the
 owner's device fds. While it lives, its memory counts in ``used`` and its *owner's* pid is listed,
-even after the owner died (the fork-after-init trap); a child that inherited it is never listed.
+even after the owner died (the fork-after-init trap); a child that inherited it is never listed. The
+bookkeeping is the one driver model (``sim/driver.py``) with its measured defaults: the per-context gap
+in ``used``, and memory that returns ~0.15 s after the last holder died (the dead owner listed until then).
 ``leak_mib`` is memory no process holds. ``fail`` makes a GPU unreadable; ``hang`` makes reads slow.
 ``driver_ready: false`` on any GPU is a node whose driver is not loaded yet (boot): NVML cannot start.
 Health knobs (absent = NVML cannot tell): ``reserved_mib``, ``remap_pending``, ``remap_failed``,
@@ -15,9 +17,14 @@ import time
 from collections.abc import Iterable
 
 from ..errors import GpuQueryError
-from ..model import MIB, GpuHealth, GpuInfo, GpuSample, NvmlProcess
+from ..model import MIB, GpuHealth, GpuInfo, GpuSample
 from ..procstat import read_stat
+from .driver import Context, DriverModel
 from .state import SimState
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..ports import Clock
 
 
 def proc_alive(pid: int, start: int) -> bool:
@@ -27,8 +34,16 @@ def proc_alive(pid: int, start: int) -> bool:
 
 
 class SimNvml:
-    def __init__(self, state: SimState) -> None:
+    """NVML of the simulated node: the contexts the workloads registered, read through the one driver model
+    (``sim/driver.py``: per-context gap, release latency, dead owners listed). The state lives in files (every
+    pvegpu process of the simulated node sees the same driver), so the time a context's last holder was seen
+    dead is kept in its file (``CLOCK_MONOTONIC`` is one clock for every process of the host)."""
+
+    def __init__(self, state: SimState, clock: Clock | None = None) -> None:
+        from ..adapters.clock import SystemClock
+
         self.state = state
+        self.clock: Clock = clock or SystemClock()
         self.failed: list[str] = []
 
     def gpus(self) -> list[GpuInfo]:
@@ -43,41 +58,43 @@ class SimNvml:
                         str(g.get("bus_id", f"0000:{0x41 + int(g['minor']):02x}:00.0")), str(g.get("name", "Simulated GPU")),
                         int(g.get("total_mib", 81920)) * MIB) for i, g in enumerate(gpus) if not g.get("lost")]
 
-    def live_contexts(self) -> list[dict[str, object]]:
+    def _model(self) -> DriverModel:
+        gpus = self.state.gpus()
+        model = DriverModel(self.clock, lambda ident: proc_alive(*ident), [int(g["minor"]) for g in gpus])
+        model.lost = {int(g["minor"]) for g in gpus if g.get("lost")}
+        model.fail = {int(g["minor"]): str(g["fail"]) for g in gpus if g.get("fail")}
+        model.leak = {int(g["minor"]): int(g.get("leak_mib", 0)) * MIB for g in gpus}
         holders = self.state.holders()
-        live = []
         for ctx in self.state.contexts():
-            owner, start = int(ctx["owner"]), int(ctx["start"])
-            kept = proc_alive(owner, start) or any(
-                int(h["owner"]) == owner and proc_alive(int(h["pid"]), int(h["start"])) for h in holders)
-            if kept:
-                live.append(ctx)
-            else:  # the driver frees the context once its last holder is gone
-                self.state.drop("ctx", owner)
-                for h in holders:
-                    if int(h["owner"]) == owner:
-                        self.state.drop("holders", int(h["pid"]))
+            owner = (int(ctx["owner"]), int(ctx["start"]))
+            kids = [(int(h["pid"]), int(h["start"])) for h in holders if int(h["owner"]) == owner[0]]
+            c = model.open_context(int(ctx["gpu"]), int(ctx["bytes"]), owner, *kids, key=str(owner[0]))
+            c.dead_since = None if ctx.get("dead_since") is None else float(ctx["dead_since"])
+        return model
+
+    def live_contexts(self) -> list[Context]:
+        """The contexts the driver holds now; a released one's files are removed, a dying one's time of death kept."""
+        model = self._model()
+        before = list(model.contexts)
+        live = model.live()
+        kept = {id(c) for c in live}
+        for c in before:
+            if id(c) not in kept:
+                self.state.drop("ctx", c.owner_pid)
+                for h in c.holders:
+                    self.state.drop("holders", h[0])
+            elif c.dead_since is not None:
+                self.state.mark_context(c.owner_pid, c.dead_since)
         return live
 
     def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
+        minors = list(minors)
         gpus = {int(g["minor"]): g for g in self.state.gpus()}
-        live = self.live_contexts()
-        out: dict[int, GpuSample] = {}
-        for minor in minors:
-            g = gpus.get(minor)
-            if g is None or g.get("lost"):
-                out[minor] = GpuSample(minor, None, None, "NVML: GPU not found" if g is None else "NVML: GPU is lost")
-                continue
-            if g.get("hang"):
+        for m in minors:
+            if (g := gpus.get(m)) is not None and g.get("hang") and not g.get("lost"):
                 time.sleep(float(g["hang"]))
-            if g.get("fail"):
-                out[minor] = GpuSample(minor, None, None, f"NVML: {g['fail']}")
-                continue
-            ctxs = [c for c in live if int(c["gpu"]) == minor]  # type: ignore[call-overload]
-            used = sum(int(c["bytes"]) for c in ctxs) + int(g.get("leak_mib", 0)) * MIB  # type: ignore[call-overload]
-            procs = tuple(NvmlProcess(int(c["owner"]), int(c["bytes"])) for c in ctxs)  # type: ignore[call-overload]
-            out[minor] = GpuSample(minor, used, procs)
-        return out
+        self.live_contexts()
+        return self._model().sample(minors)
 
     def health(self, minor: int) -> GpuHealth:
         """The scenario's health knobs for that GPU; a knob left out is unknown (None)."""

@@ -80,6 +80,13 @@ class SimState:
     def add_holder(self, pid: int, start: int, owner: int) -> None:
         write_json(os.path.join(self.root, "holders", f"{pid}.json"), {"pid": pid, "start": start, "owner": owner})
 
+    def mark_context(self, owner: int, dead_since: float) -> None:
+        """Keep when the context's last holder was seen dead (the driver's release latency runs from then)."""
+        path = os.path.join(self.root, "ctx", f"{owner}.json")
+        ctx = read_json(path)
+        if ctx is not None and ctx.get("dead_since") is None:
+            write_json(path, {**ctx, "dead_since": dead_since})
+
     def drop(self, kind: str, pid: int) -> None:
         try:
             os.unlink(os.path.join(self.root, kind, f"{pid}.json"))
