@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -80,14 +79,19 @@ RESET_FAST = {"grace": 0.2, "kill_wait": 0.5, "timeout": 0.5, "settle": 0.1, "ta
 
 @pytest.fixture
 def leaky(sim_node, tmp_path):
-    """A simulated node whose GPU 0 holds 1 GiB nobody holds: only a restart of CT 129 can be tried.
+    """A simulated node where CT 129's job leaves 1 GiB behind when it dies (the driver keeps the memory of
+    the target's context, no pid listed): only a restart of CT 129 can be tried.
 
-    Its stand-in is a private device node no process can open (no driver behind it), so a concurrent test
+    Its stand-in is a private pseudo-terminal (a device number no other process holds), so a concurrent test
     holding /dev/full cannot look like a holder of this GPU."""
-    dev = tmp_path / "gpu0"
-    os.mknod(dev, 0o600 | stat.S_IFCHR, os.makedev(250, 129))
-    return sim_node({"node": "pve1", "gpus": [GPU | {"stand_in": str(dev), "leak_mib": 1024}],
-                     "containers": [{"vmid": 129, "gpus": [0], "workloads": []}]})
+    master, slave = os.openpty()
+    path = os.ttyname(slave)
+    os.close(slave)
+    try:
+        yield sim_node({"node": "pve1", "gpus": [GPU | {"stand_in": path}],
+                        "containers": [{"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024, "leak": True}]}]})
+    finally:
+        os.close(master)
 
 
 def clear_leak(sim) -> None:

@@ -19,7 +19,8 @@ def _spawn(state: SimState, w: dict[str, object]) -> int:
     if pid == 0:
         try:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            run(state, int(w.get("gpu", 0)), int(w.get("mib", 1024)), str(w.get("kind", "simple")))  # type: ignore[call-overload]
+            run(state, int(w.get("gpu", 0)), int(w.get("mib", 1024)), str(w.get("kind", "simple")),  # type: ignore[call-overload]
+                leak=bool(w.get("leak")))
         finally:
             os._exit(1)
     return pid

@@ -68,7 +68,7 @@ class SimNvml:
         for ctx in self.state.contexts():
             owner = (int(ctx["owner"]), int(ctx["start"]))
             kids = [(int(h["pid"]), int(h["start"])) for h in holders if int(h["owner"]) == owner[0]]
-            c = model.open_context(int(ctx["gpu"]), int(ctx["bytes"]), owner, *kids, key=str(owner[0]))
+            c = model.open_context(int(ctx["gpu"]), int(ctx["bytes"]), owner, *kids, leaks=bool(ctx.get("leaks")), key=str(owner[0]))
             c.dead_since = None if ctx.get("dead_since") is None else float(ctx["dead_since"])
         return model
 
@@ -80,7 +80,9 @@ class SimNvml:
         kept = {id(c) for c in live}
         for c in before:
             if id(c) not in kept:
-                self.state.drop("ctx", c.owner_pid)
+                if self.state.drop("ctx", c.owner_pid) and c.leaks:  # the one process that released it records the leak
+                    self.state.set_gpus([g | {"leak_mib": int(g.get("leak_mib", 0)) + c.nbytes // MIB}
+                                         if int(g["minor"]) == c.gpu else g for g in self.state.gpus()])
                 for h in c.holders:
                     self.state.drop("holders", h[0])
             elif c.dead_since is not None:

@@ -74,8 +74,9 @@ class SimState:
     def holders(self) -> list[dict[str, Any]]:
         return read_dir(os.path.join(self.root, "holders"))
 
-    def add_context(self, owner: int, start: int, gpu: int, nbytes: int) -> None:
-        write_json(os.path.join(self.root, "ctx", f"{owner}.json"), {"owner": owner, "start": start, "gpu": gpu, "bytes": nbytes})
+    def add_context(self, owner: int, start: int, gpu: int, nbytes: int, *, leaks: bool = False) -> None:
+        write_json(os.path.join(self.root, "ctx", f"{owner}.json"),
+                   {"owner": owner, "start": start, "gpu": gpu, "bytes": nbytes, "leaks": leaks})
 
     def add_holder(self, pid: int, start: int, owner: int) -> None:
         write_json(os.path.join(self.root, "holders", f"{pid}.json"), {"pid": pid, "start": start, "owner": owner})
@@ -87,8 +88,10 @@ class SimState:
         if ctx is not None and ctx.get("dead_since") is None:
             write_json(path, {**ctx, "dead_since": dead_since})
 
-    def drop(self, kind: str, pid: int) -> None:
+    def drop(self, kind: str, pid: int) -> bool:
+        """Remove one record; True when this call removed it."""
         try:
             os.unlink(os.path.join(self.root, kind, f"{pid}.json"))
         except FileNotFoundError:
-            pass
+            return False
+        return True

@@ -37,8 +37,9 @@ def _forever() -> None:
 _mapped: list[mmap.mmap] = []
 
 
-def run(state: SimState, gpu: int, mib: int, kind: str) -> None:
-    """Become a GPU holder of ``kind``; never returns."""
+def run(state: SimState, gpu: int, mib: int, kind: str, *, leak: bool = False) -> None:
+    """Become a GPU holder of ``kind``; never returns. ``leak``: the driver keeps the context's memory when it
+    is released (a driver-level leak of this container's memory, no pid listed for it)."""
     stand_in = next(g["stand_in"] for g in state.gpus() if int(g["minor"]) == gpu)
     fd = os.open(stand_in, os.O_RDONLY)  # "cuInit": the device fd the scan finds
     os.set_inheritable(fd, True)
@@ -49,7 +50,7 @@ def run(state: SimState, gpu: int, mib: int, kind: str) -> None:
     if kind == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     me = os.getpid()
-    state.add_context(me, start_ticks(), gpu, mib * MIB)
+    state.add_context(me, start_ticks(), gpu, mib * MIB, leaks=leak)
     if kind in ("fork", "orphan"):
         child = os.fork()
         if child == 0:

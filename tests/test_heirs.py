@@ -1,0 +1,311 @@
+"""Dead NVML-listed pids on real processes, cgroups and PID namespaces, with the driver model's gap on:
+whose memory a ghost is (only a plausible heir's, one per ghost), a target judged on its own memory,
+a crowded GPU, a real leak. Each attack here made the old code say clean / shared / stop the wrong CT."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from pvegpu import errors as E
+from pvegpu.adapters.clock import SystemClock
+from pvegpu.adapters.procfs import DeviceTable, ProcHost
+from pvegpu.audit import run_audit
+from pvegpu.audit_model import FlagKind
+from pvegpu.errors import PveApiError
+from pvegpu.gate import GatePolicy, GatePorts, GateState, evaluate
+from pvegpu.model import MIB, CtStatus, GpuInfo, Guest
+from pvegpu.procstat import read_stat
+from pvegpu.reclaim import Ports, ResetPolicy, reset
+from pvegpu.sim.driver import DriverModel
+from pvegpu.sim.nvml import proc_alive
+from tests import pvelike
+
+ZERO = os.stat("/dev/zero").st_rdev
+TABLE = DeviceTable({(os.major(ZERO), os.minor(ZERO)): 0})  # /dev/zero (it can be mapped, as CUDA maps /dev/nvidiaN)
+root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, PID namespaces)")
+pytestmark = [pytest.mark.root, root]
+
+# A GPU job stand-in: maps the device and keeps its fd (a CUDA context owner). Modes:
+#   own     one holder
+#   orphan  forks a holder child after "cuInit", then exits: the child is re-parented to the CT's init
+#   worker  forks a holder child (a DataLoader worker) and stays: the child's parent owns the context
+#   plain   holds nothing (a process that could be handed a recycled pid)
+JOB = r"""
+import mmap, os, sys, time
+mode = sys.argv[1]
+def name(n):
+    open('/proc/self/comm', 'w').write(n)
+if mode != 'plain':
+    fd = os.open('/dev/zero', os.O_RDWR)
+    m = mmap.mmap(fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
+name('job-' + mode)
+if mode in ('orphan', 'worker'):
+    if os.fork() == 0:
+        name('job-child')
+        time.sleep(300)
+        os._exit(0)
+    if mode == 'orphan':
+        os._exit(0)
+time.sleep(300)
+"""
+
+
+def _ident(pid: int) -> tuple[int, int]:
+    st = read_stat(pid)
+    assert st is not None, pid
+    return (pid, st.start_ticks)
+
+
+class Node:
+    """PVE-like containers of real processes, a stand-in NVML on the driver model (gap, latency), a recording PVE."""
+
+    def __init__(self) -> None:
+        self.vmids: list[int] = []
+        self.cts: list[subprocess.Popen[bytes]] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.model = DriverModel(SystemClock(), lambda ident: proc_alive(*ident), (0,))
+        self.model.names = {0: GpuInfo(0, 0, "GPU-standin-0", "0000:41:00.0")}
+        self.host = ProcHost(TABLE)
+        self.calls: list[str] = []
+        self.node = "pve1"
+
+    # -- building ---------------------------------------------------------------------------------------
+
+    def ct(self, mode: str) -> int:
+        """A container running one job of ``mode``; returns its vmid once the job (and its child) are in place."""
+        [vmid] = pvelike.claim_vmids(1)
+        self.vmids.append(vmid)
+        self.cts.append(pvelike.start_ct(vmid, [sys.executable, "-c", JOB, mode]))
+        want = {"own": {"job-own"}, "orphan": {"job-child"}, "worker": {"job-worker", "job-child"}, "plain": {"job-plain"}}[mode]
+        self._wait(lambda: want <= set(self.jobs(vmid)) and (mode != "orphan" or "job-orphan" not in self.jobs(vmid)),
+                   f"CT {vmid}'s {mode} job")
+        return vmid
+
+    def jobs(self, vmid: int) -> dict[str, int]:
+        """comm -> host pid of the container's processes."""
+        out = {}
+        for pid in pvelike.ct_procs(vmid):
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    out[f.read().strip()] = pid
+            except OSError:
+                pass
+        return out
+
+    def host_mapper(self) -> int:
+        """An unrelated host process (a local user's job) that maps the device."""
+        p = subprocess.Popen([sys.executable, "-c", JOB, "own"], stdin=subprocess.DEVNULL)
+        self.procs.append(p)
+        self._wait(lambda: _comm(p.pid) == "job-own", "the host mapper")
+        return p.pid
+
+    def dead_pid(self) -> tuple[int, int]:
+        """The identity of a process that has exited (a listed pid the driver keeps)."""
+        p = subprocess.Popen(["sleep", "30"])
+        ident = _ident(p.pid)
+        p.kill()
+        p.wait()
+        return ident
+
+    def context(self, mib: int, owner: tuple[int, int] | int, *holders: tuple[int, int], **kw) -> None:
+        self.model.open_context(0, mib * MIB, owner if isinstance(owner, tuple) else _ident(owner), *holders, **kw)
+
+    @staticmethod
+    def _wait(cond, what: str, limit: float = 20.0) -> None:
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            if cond():
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        for vmid, ct in zip(self.vmids, self.cts, strict=False):
+            pvelike.destroy_ct(vmid)
+            ct.kill()
+            ct.wait()
+            pvelike.release_vmid(vmid)
+
+    # -- the PVE ports (PveReader for the gate, PveApi for reset and audit) -------------------------------
+
+    def local_node(self) -> str:
+        return self.node
+
+    def where(self, vmid: int) -> Guest | None:
+        return Guest(vmid, self.node, "lxc") if vmid in self.vmids or vmid == self.target else None
+
+    def guests(self) -> list[Guest]:
+        return [Guest(v, self.node, "lxc") for v in {*self.vmids, self.target}]
+
+    def ct_config(self, guest: Guest) -> str:
+        return "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"
+
+    def ct_status(self, guest: Guest) -> CtStatus:
+        return CtStatus("running")
+
+    def ct_stop(self, guest: Guest) -> str:
+        self.calls.append(f"stop {guest.vmid}")
+        raise PveApiError(f"stop of CT {guest.vmid} refused by the test", "the innocent target must not be stopped")
+
+    ct_start = ct_stop
+    target = 0
+
+    # -- running pvegpu -----------------------------------------------------------------------------------
+
+    def reset(self, vmid: int, **policy):
+        self.target = vmid
+        pol = dict(grace=2.0, timeout=5.0, restart=False) | policy
+        return reset(vmid, Ports(self, self.model, self.host, SystemClock()), ResetPolicy(**pol))
+
+    def gate(self, vmid: int, **policy):
+        self.target = vmid
+        return evaluate(vmid, GatePorts(self, self.model, self.host), GatePolicy(**policy))
+
+    def audit(self):
+        return run_audit(pve=self, probe=self.model, host=self.host)
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@contextmanager
+def node():
+    n = Node()
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+def _stopped_target() -> int:
+    """A container id for a stopped target (no process, no cgroup)."""
+    return random.randint(600_000, 699_999)
+
+
+def test_unrelated_host_mapper_does_not_absorb_a_ghost():
+    """A stopped CT's dead listed pid holds 8 GiB (the leak the gate exists for); a local user's process that maps
+    the device is never its heir: the gate refuses instead of saying clean."""
+    with node() as n:
+        n.host_mapper()
+        n.context(8192, n.dead_pid(), pinned=True)
+        res = n.gate(_stopped_target())
+        assert not res.decision.allow and res.decision.per_gpu[0] is GateState.REFUSED
+        assert res.facts[0].unexplained_ghosts and not res.facts[0].ghost_owners
+
+
+def test_neighbours_dataloader_worker_does_not_absorb_a_ghost():
+    """A neighbour's worker forked after CUDA init (its parent, listed and alive, owns the context) is no heir of
+    another pid's 8 GiB: the gate refuses."""
+    with node() as n:
+        ct = n.ct("worker")
+        n.context(1024, n.jobs(ct)["job-worker"], _ident(n.jobs(ct)["job-child"]))
+        n.context(8192, n.dead_pid(), pinned=True)
+        res = n.gate(_stopped_target())
+        assert not res.decision.allow and res.facts[0].unexplained_ghosts
+
+
+def test_recycled_pid_does_not_absorb_a_ghost():
+    """NVML lists a pid with 8 GiB that a neighbour's plain process (no fd, no mapping) now has: a recycled pid, so
+    a ghost nobody explains; the gate refuses instead of calling the 8 GiB the neighbour's ("shared")."""
+    with node() as n:
+        ct = n.ct("plain")
+        n.context(8192, n.jobs(ct)["job-plain"], pinned=True)
+        res = n.gate(_stopped_target())
+        f = res.facts[0]
+        assert not res.decision.allow and f.recycled == f.ghosts == [n.jobs(ct)["job-plain"]]
+
+
+def test_neighbours_orphan_still_explains_its_own_dead_parent():
+    """A neighbour's fork child re-parented to its CT's init explains its dead parent's memory (one heir, one
+    ghost): the gate allows a shared start; audit credits the memory to that container."""
+    with node() as n:
+        ct = n.ct("orphan")
+        child = n.jobs(ct)["job-child"]
+        n.context(2048, n.dead_pid(), _ident(child))
+        res = n.gate(_stopped_target())
+        assert res.decision.allow and res.decision.per_gpu[0] is GateState.SHARED, res.decision.reasons
+        assert res.facts[0].heirs == {res.facts[0].ghosts[0]: child}
+        row = n.audit().gpus[0]
+        [h] = [h for h in row.holders if h.pid == child]
+        assert h.memory_bytes == 2048 * MIB and h.inherited_from == res.facts[0].ghosts[0]
+
+
+def test_one_heir_explains_one_ghost():
+    """Two dead listed pids and one orphan: one ghost stays unexplained, and the gate refuses."""
+    with node() as n:
+        ct = n.ct("orphan")
+        n.context(2048, n.dead_pid(), _ident(n.jobs(ct)["job-child"]))
+        n.context(2048, n.dead_pid(), pinned=True)
+        res = n.gate(_stopped_target())
+        assert not res.decision.allow and len(res.facts[0].unexplained_ghosts) == 1
+
+
+def test_in_flight_fd_in_the_target_is_not_clean():
+    """The target's job parks its context fd in flight (the context outlives it) while a neighbour's orphan maps the
+    device: the ghost was the target's at the first reading, so reset does not say clean (exit 7)."""
+    with node() as n:
+        target, other = n.ct("own"), n.ct("orphan")
+        n.context(1024, n.dead_pid(), _ident(n.jobs(other)["job-child"]))  # the neighbour's own orphaned context
+        n.context(4096, n.jobs(target)["job-own"], pinned=True)  # lives on after its owner dies
+        rep = n.reset(target, timeout=1.0)
+        assert rep.outcome == "not clean" and rep.exit_code == E.EXIT_MEMORY_LEFT
+        assert rep.after[0].target_ghosts
+
+
+def test_in_flight_fd_in_a_neighbour_never_stops_the_innocent_target():
+    """A neighbour's hidden context (its dead pid listed, no heir) was never the target's: the reset of the target is
+    clean once its own memory is back, nothing is stopped, and the diagnosis names the other's leftover."""
+    with node() as n:
+        target = n.ct("own")
+        n.context(1024, n.dead_pid(), pinned=True)
+        n.context(4096, n.jobs(target)["job-own"])
+        rep = n.reset(target, restart=True)
+        assert (rep.outcome, rep.exit_code) == ("clean", E.EXIT_OK), rep.diagnosis
+        assert n.calls == [] and not rep.left_stopped
+        assert any("was never CT" in d for d, _ in rep.diagnosis)
+
+
+def test_crowded_gpu_is_clean_shared_and_not_flagged():
+    """12 neighbour containers with one context each plus the target: the gap of 13 contexts is more than 64 MiB,
+    yet reset of the target is clean at once (no restart), the gate allows a shared start, audit flags nothing."""
+    with node() as n:
+        neighbours = [n.ct("own") for _ in range(12)]
+        for ct in neighbours:
+            n.context(1024, n.jobs(ct)["job-own"])
+        target = n.ct("own")
+        n.context(4096, n.jobs(target)["job-own"])
+        rep = n.reset(target, restart=True)
+        assert (rep.outcome, rep.exit_code) == ("clean", E.EXIT_OK), rep.diagnosis
+        assert n.calls == [] and rep.elapsed < 5.0
+        pvelike.destroy_ct(target)  # stopped, as PVE would start it
+        res = n.gate(target)
+        assert res.decision.allow and res.decision.per_gpu[0] is GateState.SHARED, res.decision.reasons
+        assert FlagKind.UNATTRIBUTED not in n.audit().gpus[0].flags
+
+
+def test_real_leak_of_the_target_is_exit_7_and_refused_by_the_gate():
+    """The target's 8 GiB stay allocated after its job died, with no pid listed (a driver leak): reset exits 7, and
+    the gate refuses the start onto that GPU."""
+    with node() as n:
+        target = n.ct("own")
+        n.context(8192, n.jobs(target)["job-own"], leaks=True)
+        rep = n.reset(target, timeout=1.0)
+        assert rep.outcome == "not clean" and rep.exit_code == E.EXIT_MEMORY_LEFT
+        pvelike.destroy_ct(target)
+        res = n.gate(target)
+        assert not res.decision.allow and res.decision.per_gpu[0] is GateState.REFUSED
