@@ -241,3 +241,39 @@ def test_running_containers_read_once_from_lxc_command_sockets(tmp_path):
         "0000000000000000: 00000002 00000000 00010000 0001 01 31339 @/var/lib/lxc/131/command\n")
     assert LocalNodeFiles(proc=str(tmp_path)).running_cts() == frozenset({129, 131})
     assert LocalNodeFiles(proc=str(tmp_path / "none")).running_cts() is None
+
+
+def test_fork_child_of_a_dead_listed_parent_is_credited_to_its_container():
+    """CT 130's fork child holds the 4 GiB context of its dead, still-listed parent: audit credits those bytes to
+    CT 130 (JSON holder and Prometheus per-guest bytes), as reset credits them."""
+    from pvegpu.prom import AuditCollector
+
+    host, probe, pve = node()
+    pve.add_ct(130)
+    host.add(130, init=True)
+    parent, child = host.add(130, minors={0}), host.add(130, minors={0})
+    probe.context(0, 4096, parent, child)
+    del host.procs[parent.pid]
+    rep = run_audit(pve=pve, probe=probe, host=host, files=FakeFiles(NODES))
+    [h] = [h for h in rep.gpus[0].holders if h.pid == child.pid]
+    assert (h.inherited_from, h.credited_bytes, h.memory_bytes) == (parent.pid, 4096 * MIB, 4096 * MIB)
+    assert h.to_json()["credited_bytes"] == 4096 * MIB
+    fams = {f.name: f for f in AuditCollector(audit_document([rep], 0.0)).collect()}
+    mem = {s.labels["id"]: s.value for s in fams["pvegpu_guest_gpu_memory_used_bytes"].samples}
+    assert mem["lxc/130"] == 4096 * MIB
+
+
+def test_crowded_gpu_gap_is_allowed_not_flagged():
+    """12 containers with one context each: NVML's used exceeds the listed bytes by the per-context gap (more than
+    64 MiB); audit reports it net of the allowance and raises no unattributed-memory flag."""
+    host, probe, pve = node()
+    for vmid in range(130, 142):
+        pve.add_ct(vmid)
+        probe.context(0, 1024, host.add(vmid, minors={0}))
+    rep = run_audit(pve=pve, probe=probe, host=host, files=FakeFiles(NODES))
+    row = rep.gpus[0]
+    assert row.residual_bytes == context_gap(12) > 64 * MIB and row.contexts == 12
+    assert row.unattributed_bytes == max(0, context_gap(12) - 12 * LeftoverRule().per_context_bytes)
+    assert FlagKind.UNATTRIBUTED not in kinds(rep)
+    j = row.to_json()
+    assert j["context_allowance_bytes"] == 12 * LeftoverRule().per_context_bytes and j["threshold_bytes"] == 64 * MIB

@@ -615,3 +615,55 @@ def test_holder_seen_gone_after_sigterm_but_still_there_gets_sigkill(node):
     r = run(node, grace=3.0)
     assert r.exit_code == 0, r.diagnosis
     assert host.signals == [(p.pid, "SIGTERM"), (p.pid, "SIGKILL")] and r.elapsed < 3.0
+
+
+# -- the target is judged on its own memory (issue 14.3) ------------------------------------------------
+
+def test_existing_leak_never_stops_the_target(node):
+    """2 GiB were leaked before the reset (no pid listed, never the target's): the target's own memory comes back,
+    so the reset is clean (exit 0), nothing is stopped, and the diagnosis names the leftover as someone else's."""
+    _, host, probe, pve = node
+    probe.leak[0] = 2048 * MIB
+    p = host.add(129, minors={0})
+    probe.context(0, 4096, p)
+    r = run(node, timeout=1.0)
+    assert (r.outcome, r.exit_code) == ("clean", E.EXIT_OK) and pve.calls == [] and not r.left_stopped
+    assert any("was not CT 129's" in d for d, _ in r.diagnosis)
+
+
+def test_neighbours_hidden_context_never_stops_the_target(node):
+    """A dead pid listed with 1 GiB that no heir explains and that was never the target's: the target is clean of
+    its own memory, not stopped; the diagnosis names the ghost as another's."""
+    _, host, probe, pve = node
+    gone = host.add(130, minors={0})
+    probe.context(0, 1024, gone, pinned=True)
+    del host.procs[gone.pid]
+    probe.context(0, 2048, host.add(129, minors={0}))
+    r = run(node, timeout=1.0)
+    assert (r.outcome, r.exit_code) == ("clean", E.EXIT_OK) and pve.calls == []
+    assert r.after[0].unexplained_ghosts == [gone.pid]
+    assert any(f"pid {gone.pid}" in d and "never CT 129's" in d for d, _ in r.diagnosis)
+
+
+def test_targets_own_ghost_is_its_leftover_and_a_restart_may_help(node):
+    """The target's job is listed, then dies while its context lives on (an fd in flight): that ghost was the
+    target's at the first reading, so the reset is not clean by itself and the restart runs (the stop frees it)."""
+    _, host, probe, pve = node
+    p = host.add(129, minors={0})
+    ctx = probe.context(0, 4096, p, pinned=True)
+    real_stop = pve._stop_now
+    pve._stop_now = lambda vmid: (real_stop(vmid), setattr(ctx, "pinned", False))  # the CT's stop closes the socket
+    r = run(node, timeout=1.0)
+    assert pve.calls[:1] == ["stop 129"] and r.restarted and r.exit_code == E.EXIT_OK
+
+
+def test_crowded_gpu_reset_is_clean_without_restart(node):
+    """12 neighbours with one context each: the gap of 13 contexts exceeds 64 MiB, yet the target is clean once its
+    own memory is back, with no restart."""
+    _, host, probe, pve = node
+    for vmid in range(131, 143):
+        pve.add_ct(vmid)
+        probe.context(0, 1024, host.add(vmid, minors={0}))
+    probe.context(0, 4096, host.add(129, minors={0}))
+    r = run(node, timeout=2.0)
+    assert (r.outcome, r.exit_code) == ("clean", E.EXIT_OK) and pve.calls == [] and r.elapsed < 1.0
