@@ -130,7 +130,7 @@ def main() -> None:
         for label, bounded in (("bounded", True), ("whole_node", False)):
             real = gate.inspect_gpus
             if not bounded:
-                gate.inspect_gpus = lambda *a, **kw: real(*a, **{k: v for k, v in kw.items() if k != "heir_pids"})  # type: ignore[assignment]
+                gate.inspect_gpus = lambda *a, real=real, **kw: real(*a, **{k: v for k, v in kw.items() if k != "heir_pids"})
             times, verdict = [], None
             try:
                 for _ in range(runs):

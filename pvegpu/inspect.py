@@ -146,9 +146,8 @@ def inspect_gpus(
                 hold is None or (gpu.minor not in hold.minors and "unreadable" not in hold.via)))
             if not _live(i) or recycled:  # describe() just read it: no second look
                 facts.ghosts.append(proc.pid)
-                if recycled:
+                if recycled:  # a new process got the pid: if it holds the GPU it stays a holder (never hidden), not listed
                     facts.recycled.append(proc.pid)
-                    by_pid.pop(proc.pid, None)
                 ghost_bytes[proc.pid] = proc.used_bytes
                 seen = first.listed.get(proc.pid) if first is not None else None
                 if seen is not None and _placed_in(seen[1], vmid):
