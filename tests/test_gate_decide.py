@@ -71,3 +71,34 @@ def test_fix_lines_are_not_repeated():
     d = decide(129, two, Situation(ct_pids=(5,)), GatePolicy())
     assert not d.allow and len(d.fix) == len(set(d.fix))
     assert sum("pvegpu reset 129 --no-restart" == f for f in d.fix) == 1
+
+
+def test_gate_scan_for_a_dead_pids_heir_is_bounded_by_the_granted_containers():
+    """With a dead pid listed, the gate never scans the whole node: only listed pids and the processes of the
+    containers granted the GPU (a host process or a container without the GPU is never read), and the orphan in a
+    granted container is still found as the heir."""
+    from pvegpu.gate import GatePorts, evaluate
+    from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
+
+    host = FakeHost(FakeClock())
+    probe, pve = FakeProbe(host), FakePve(host)
+    pve.add_ct(129)
+    pve.add_ct(130)
+    pve.add_ct(131, minors=(1,))
+    for vmid in (130, 131):
+        host.add(vmid, init=True)
+    parent, child = host.add(130, minors={0}), host.add(130, minors={0})
+    probe.context(0, 2048, parent, child)
+    del host.procs[parent.pid]
+    strangers = {host.add(None).pid for _ in range(50)} | {host.add(131).pid}
+    scanned: list[object] = []
+    real = host.holdings
+
+    def holdings(pids=None, *, deep=False):
+        scanned.append(None if pids is None else set(pids))
+        return real(pids, deep=deep)
+
+    host.holdings = holdings
+    res = evaluate(129, GatePorts(pve, probe, host), GatePolicy())
+    assert None not in scanned and not strangers & set().union(*scanned)
+    assert res.decision.allow and res.facts[0].heirs == {parent.pid: child.pid}

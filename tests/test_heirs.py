@@ -99,9 +99,10 @@ class Node:
                 pass
         return out
 
-    def host_mapper(self) -> int:
-        """An unrelated host process (a local user's job) that maps the device."""
-        p = subprocess.Popen([sys.executable, "-c", JOB, "own"], stdin=subprocess.DEVNULL)
+    def host_mapper(self, uid: int | None = None) -> int:
+        """An unrelated host process (a local user's job, as ``uid`` if given) that maps the device."""
+        python = sys.executable if uid is None else "/usr/bin/python3"  # the test's venv may not be readable by that user
+        p = subprocess.Popen([python, "-c", JOB, "own"], stdin=subprocess.DEVNULL, user=uid, cwd="/")
         self.procs.append(p)
         self._wait(lambda: _comm(p.pid) == "job-own", "the host mapper")
         return p.pid
@@ -308,4 +309,18 @@ def test_real_leak_of_the_target_is_exit_7_and_refused_by_the_gate():
         assert rep.outcome == "not clean" and rep.exit_code == E.EXIT_MEMORY_LEFT
         pvelike.destroy_ct(target)
         res = n.gate(target)
+        assert not res.decision.allow and res.decision.per_gpu[0] is GateState.REFUSED
+
+
+def test_unprivileged_host_cuda_process_is_a_sharer_by_default():
+    """An unprivileged user's CUDA job on the host (NVML lists it) no longer blocks every container start on that
+    GPU: the gate allows a shared start and names it; gate.host_users = "refuse" restores the refusal."""
+    with node() as n:
+        job = n.host_mapper(uid=65534)
+        n.context(1024, job)
+        vmid = _stopped_target()
+        res = n.gate(vmid)
+        assert res.decision.allow and res.decision.per_gpu[0] is GateState.SHARED
+        assert f"pid {job}" in "; ".join(res.decision.reasons)
+        res = n.gate(vmid, host_users="refuse")
         assert not res.decision.allow and res.decision.per_gpu[0] is GateState.REFUSED
