@@ -2,10 +2,11 @@
 
 ``evaluate`` gathers the facts (``/etc/pve``, NVML, ``/proc``) through the ports; ``decide`` is the pure
 decision over them, shared by ``pvegpu check`` and the hookscript. It refuses when a GPU holds memory that
-live processes of other *running* containers do not account for, when NVML lists a pid that no longer
-exists and no live holder elsewhere explains it, when a process still sits in this container, when this
-container or a running neighbour on the GPU is exclusive, or when a granted GPU cannot be read (fail closed
-unless ``on_unknown = "allow"``). A pvegpu reset in progress on the container also refuses.
+live processes of other *running* containers do not account for (the one leftover rule, ``leftover.py``),
+when NVML lists a pid that no longer exists and no plausible heir explains it, when a process still sits in
+this container, when this container or a running neighbour on the GPU is exclusive, when a host process owns
+a context there and ``host_users = "refuse"`` (by default it is a sharer), or when a granted GPU cannot be
+read (fail closed unless ``on_unknown = "allow"``). A pvegpu reset in progress on the container also refuses.
 Manual equivalent: ``nvidia-smi --query-gpu=index,memory.used`` + ``--query-compute-apps=pid,used_memory``.
 """
 
