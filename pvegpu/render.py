@@ -23,6 +23,10 @@ def _facts_json(f: GpuFacts) -> dict[str, Any]:
         "other_holders": [{"pid": h.pid, "comm": h.info.comm, "vmid": h.info.placement.vmid,
                            "place": h.info.placement.place.value} for h in f.other_holders],
         "ghost_pids": f.ghosts, "error": f.sample.error,
+        "heirs": {str(g): h for g, h in f.heirs.items()}, "target_ghost_pids": f.target_ghosts,
+        "unexplained_ghost_pids": f.unexplained_ghosts, "recycled_pids": f.recycled,
+        "contexts_outside": f.contexts_outside,
+        "baseline_mib": round(f.baseline_bytes / MIB, 1),  # left before the reset by others: not held against the target
     }
 
 
