@@ -115,10 +115,14 @@ def inspect_gpus(
         for pid in listed:
             i = info(pid)
             first.listed[pid] = (i.ident.start_ticks, i.placement) if _live(i) and i is not None else None
-    if scan is not None and any(not _live(info(pid)) or _recycled_by_memory(first, pid, info(pid)) for pid in listed):
-        # a dead pid is listed: its memory may be held by an unlisted fork child
+    widen = scan is not None and any(not _live(info(pid)) or _recycled_by_memory(first, pid, info(pid)) for pid in listed)
+    if widen and scan is not None:  # a dead pid is listed: its memory may be held by an unlisted fork child
         scan = None if heir_pids is None else scan | set(heir_pids())
     holdings = host.holdings(scan)
+    if scan is not None and not widen and any(pid not in holdings and _live(info(pid)) for pid in listed):
+        # a listed pid whose process holds nothing (a recycled pid): the heir of the dead one may be elsewhere
+        extra = set(heir_pids()) - scan if heir_pids is not None else None
+        holdings.update(host.holdings(extra))
     fd_only = [pid for pid, h in holdings.items() if pid not in listed and "maps" not in h.via and any(m >= 0 for m in h.minors)]
     if fd_only:  # unlisted GPU fd holders: a context owner (maps the device) or an NVML client (fd only)?
         holdings.update(host.holdings(fd_only, deep=True))

@@ -102,3 +102,28 @@ def test_gate_scan_for_a_dead_pids_heir_is_bounded_by_the_granted_containers():
     res = evaluate(129, GatePorts(pve, probe, host), GatePolicy())
     assert None not in scanned and not strangers & set().union(*scanned)
     assert res.decision.allow and res.facts[0].heirs == {parent.pid: child.pid}
+
+
+def test_recycled_listed_pid_still_finds_the_real_heir():
+    """NVML lists a dead parent whose pid a host process (holding nothing) now has, while the parent's orphan in a
+    granted container keeps the context: the pid is a ghost, the scan widens to the granted containers and the
+    orphan is its heir, so the start is allowed as shared (not refused, not blamed on the host process)."""
+    from pvegpu.gate import GatePorts, evaluate
+    from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
+
+    host = FakeHost(FakeClock())
+    probe, pve = FakeProbe(host), FakePve(host)
+    pve.add_ct(129)
+    pve.add_ct(130)
+    host.add(130, init=True)
+    parent, child = host.add(130, minors={0}), host.add(130, minors={0})
+    probe.context(0, 2048, parent, child)
+    del host.procs[parent.pid]
+    stranger = host.add(None)
+    del host.procs[stranger.pid]
+    stranger.pid = parent.pid  # the kernel handed the dead parent's pid to an unrelated host process
+    host.procs[parent.pid] = stranger
+    res = evaluate(129, GatePorts(pve, probe, host), GatePolicy())
+    f = res.facts[0]
+    assert f.recycled == [parent.pid] and f.heirs == {parent.pid: child.pid}
+    assert res.decision.allow and res.decision.per_gpu[0] is GateState.SHARED and "host process" not in "; ".join(res.decision.reasons)
