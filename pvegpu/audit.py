@@ -130,7 +130,10 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: Le
         flag(FlagKind.UNREADABLE, f"{gpu.uuid}: {row.error}")
         return row
     for pid in row.dead_pids:
-        flag(FlagKind.DEAD_PID, f"NVML lists pid {pid} on /dev/nvidia{gpu.minor}; it no longer exists")
+        heir = f.heirs.get(pid)
+        whose = f"its context is kept by pid {heir}, credited with its memory" if heir is not None else \
+            "no plausible heir (an orphaned fork child in a container) keeps it: unexplained"
+        flag(FlagKind.DEAD_PID, f"NVML lists pid {pid} on /dev/nvidia{gpu.minor}; it no longer exists; {whose}")
     if lo.over and row.unattributed_bytes is not None:
         flag(FlagKind.UNATTRIBUTED, f"{round(row.unattributed_bytes / MIB)} MiB used that no live process accounts for "
                                     f"(after {round(lo.allowance_bytes / MIB)} MiB allowed for {lo.contexts_outside} context(s))")
