@@ -110,7 +110,10 @@ def gate_ports(s: Settings) -> GatePorts:
 
     if not EtcPve.present(s.pve_root):
         raise E.NotPveNodeError(s.pve_root)
-    return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(), ProcHost(), running)
+    from .adapters.procfs import ScanBudget
+
+    # each of the (at most two) process scans gets under a third of the deadline: a verdict, not a timeout
+    return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(), ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3)), running)
 
 
 def _lite_nvml() -> GpuProbe:
@@ -196,11 +199,14 @@ def open_nvml_lite() -> Any:
     return NvmlLite()
 
 
+PROC_SCAN_TOTAL = 15.0  # seconds one process scan of reset/audit may take (audit's unit allows 50 s in all)
+
+
 def proc_host() -> Any:
     """``/proc``, cgroupfs and pidfd signals of this node."""
-    from .adapters.procfs import ProcHost
+    from .adapters.procfs import ProcHost, ScanBudget
 
-    return ProcHost()
+    return ProcHost(budget=ScanBudget(total=PROC_SCAN_TOTAL))
 
 
 class LazyNvml:
