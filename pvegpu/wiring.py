@@ -287,6 +287,13 @@ def audit_ports(s: Settings) -> AuditPorts:
     return AuditPorts(lambda: bounded(open_nvml(), s), pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), threshold)
 
 
+def write_textfile(path: str, doc: Any) -> None:
+    """``audit --prometheus``: the textfile, written safely into a directory the exporter's user may own."""
+    from .adapters.textfile import write_textfile as write
+
+    write(path, doc)
+
+
 def cluster_audits(timeout: float, options: list[str]) -> Any:
     """The other nodes' audits, over the root SSH trust PVE sets up between cluster nodes."""
     from .adapters.ssh import SshAudits

@@ -11,11 +11,12 @@ import types
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pvegpu.adapters.textfile import write_textfile
 from pvegpu.audit import audit_document, audit_once, run_audit
 from pvegpu.audit_model import SCHEMA, SCHEMA_VERSION
 from pvegpu.errors import EXIT_AUDIT_ATTENTION, EXIT_FAILURE, GpuQueryError
 from pvegpu.model import MIB, GpuHealth
-from pvegpu.prom import render, write_textfile
+from pvegpu.prom import render
 from pvegpu.render import audit_text
 from tests.pvelike import REPO
 from tests.test_audit import NODES, FakeFiles, node
