@@ -226,4 +226,4 @@ def test_tenant_text_cannot_draw_on_the_terminal():
     probe.context(0, 100, host.add(129, minors={0}, comm="x\n! fake-flag\x1b[2J"))
     probe.context(0, 100, host.add(None, minors={0}, comm="y\n! fake-flag\x1b[2J"))  # its comm also appears in the host-holder flag
     text = audit_text(audit_document([run_audit(pve=pve, probe=probe, host=host, files=FakeFiles(NODES))]))
-    assert "\x1b" not in text and "\n! fake-flag" not in text and "x\\n! fake-flag\\x1b[2J" in text
+    assert "\x1b" not in text and "\n! fake-flag" not in text and "x\\x0a! fake-flag\\x1b[2J" in text

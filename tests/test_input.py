@@ -182,3 +182,22 @@ def test_unrelated_pvegpu_variables_are_not_settings():
     assert load(None, env={"PVEGPU_RESULTS": "x", "PVEGPU_DEBUG": "1"}).reset.grace > 0
     with pytest.raises(ConfigError, match="reset.grac: unknown setting"):
         load(None, env={"PVEGPU_RESET_GRAC": "3"})
+
+
+def test_task_exitstatus_and_log_lines_are_escaped_at_the_adapter():
+    """A failed task's exitstatus and log lines (remote text a guest can write into) reach no terminal raw: OSC 52,
+    screen clears and bidi overrides come out as visible escapes, in the message and the tail."""
+    from pvegpu.adapters.clock import SystemClock
+    from pvegpu.adapters.tasks import wait_task
+    from pvegpu.errors import TaskFailed
+
+    evil = "startup failed\x1b[2J\x1b]52;c;cm0gLXJmIC8=\x07\u202eKO\n! forged"
+    with pytest.raises(TaskFailed) as got:
+        wait_task(lambda: {"status": "stopped", "exitstatus": evil}, lambda: [evil, "ok line"], SystemClock(),
+                  node="pve1", upid="UPID:pve1:0:0:0:vzstart:129:root@pam:", timeout=1, what="start CT 129")
+    exc = got.value
+    shown = [exc.message, *exc.log_tail]
+    assert all(s.isprintable() for s in shown) and "ok line" in exc.log_tail
+    res = wait_task(lambda: {"status": "stopped", "exitstatus": "WARNINGS: 1\x1b[2J"}, lambda: [], SystemClock(),
+                    node="pve1", upid="UPID:pve1:0:0:0:vzstart:129:root@pam:", timeout=1, what="start CT 129")
+    assert res.exitstatus.isprintable()
