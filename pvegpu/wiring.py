@@ -36,19 +36,34 @@ class GlobalOptions:
 def settings(opts: GlobalOptions, overrides: dict[str, Any] | None = None) -> Settings:
     """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides.
 
-    A simulated node keeps its run-time state (reset locks) in its own directory, unless a setting says otherwise.
+    A simulated node keeps its run-time state (reset locks, allow-once tokens, any ``*_dir`` of the settings)
+    in its own directory, unless a setting says otherwise: ``--simulate`` never touches this node's real state.
     """
-    from dataclasses import replace
-
-    from .settings import ResetSettings
-
     extra = dict(overrides or {})
     if opts.simulate:
         extra["simulate"] = opts.simulate
     s = load(opts.config, overrides=extra)
-    if s.simulate and s.reset.lock_dir == ResetSettings.lock_dir:
-        s = replace(s, reset=replace(s.reset, lock_dir=os.path.join(s.simulate, "lock")))
-    return s
+    return simulated_state(s) if s.simulate else s
+
+
+SIM_STATE = {"lock_dir": "lock", "override_dir": "allow-once"}  # where under the simulated node's dir; else the key's stem
+
+
+def simulated_state(s: Settings) -> Settings:
+    """``s`` with every state directory still at its real default moved under the simulated node's directory."""
+    from dataclasses import fields, is_dataclass, replace
+
+    assert s.simulate
+    changes: dict[str, Any] = {}
+    for f in fields(s):
+        section = getattr(s, f.name)
+        if not is_dataclass(section) or isinstance(section, type):
+            continue
+        moved = {g.name: os.path.join(s.simulate, SIM_STATE.get(g.name, g.name.removesuffix("_dir")))
+                 for g in fields(section) if g.name.endswith("_dir") and getattr(section, g.name) == g.default}
+        if moved:
+            changes[f.name] = replace(section, **moved)
+    return replace(s, **changes)
 
 
 # -- policies: every default comes from settings.py ------------------------------------------------------
@@ -312,6 +327,9 @@ def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str,
     """(this node's name, a per-node snippet lister or None) for ``hook install | uninstall | status``."""
     from .adapters.etcpve import EtcPve
 
+    if s.simulate:  # it would run the real `pct set` on this node's real containers
+        raise E.UsageError("hook install | uninstall | status work on the real node only, not with --simulate",
+                           "the simulated node's guard is `pvegpu --simulate DIR hook VMID pre-start`")
     if need_root and os.geteuid() != 0:
         raise E.UsageError("installing the guard needs root on the node", "`pct set --hookscript` is allowed for root@pam only; run it as root")
     if not EtcPve.present(s.pve_root):
