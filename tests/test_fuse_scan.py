@@ -141,7 +141,7 @@ def test_gate_facts_with_eight_stuck_holders_in_the_container_are_unknown_within
 def test_pvegpu_stays_killable_after_scanning_a_hung_fuse_mount(eight):
     """A pvegpu process that scanned 8 holders on a never-answering FUSE mount dies at once on SIGKILL: none of its
     threads is left waiting in the kernel for the server."""
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    env = dict(os.environ, PYTHONPATH=pvelike.REPO)
     scanner = subprocess.Popen([sys.executable, "-c", SCANNER, *[str(p.pid) for p in eight]], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert scanner.stdout is not None
