@@ -4,6 +4,7 @@ never waits on the server, and pvegpu stays killable."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0 or not os.p
 DAEMON = r"""
 import ctypes, os, struct, sys, threading, time
 mnt, cgroup, gpu = sys.argv[1], sys.argv[2], sys.argv[3]
+forks = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 libc = ctypes.CDLL(None, use_errno=True)
 if cgroup != "-":
     with open(cgroup, "w") as f:
@@ -52,7 +54,14 @@ def serve():
 
 threading.Thread(target=serve, daemon=True).start()
 time.sleep(0.2)
-print("ready", flush=True)
+kids = []
+for _ in range(forks):  # more processes holding an fd on the same mount (the server stays this one)
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(300)
+        os._exit(0)
+    kids.append(pid)
+print("ready", *kids, flush=True)
 time.sleep(300)
 """
 
@@ -81,6 +90,12 @@ def _daemons(tmp_path, n: int, cgroup: str = "-") -> list[subprocess.Popen[str]]
     return procs
 
 
+def _blocking_stat(path: str) -> tuple[int, int]:
+    """A plain stat, which asks the FUSE server (what the scan did before)."""
+    st = os.stat(path)
+    return st.st_mode, st.st_rdev
+
+
 def _stop(procs: list[subprocess.Popen[str]]) -> None:
     for p in procs:
         p.kill()
@@ -107,11 +122,38 @@ def test_fuse_server_that_never_answers_costs_the_scan_nothing(eight):
 def test_scan_that_blocks_in_the_kernel_is_bounded_in_total(eight):
     """Where a stat does wait on the server (a plain stat, as before), 8 stuck processes cost the scan's total budget,
     not 8 x the per-process one, and each is unknown (unreadable), never 'holds nothing'."""
-    host = ProcHost(TABLE, budget=ScanBudget(total=1.5), stat_of=lambda p: (lambda st: (st.st_mode, st.st_rdev))(os.stat(p)))
+    host = ProcHost(TABLE, budget=ScanBudget(total=1.5), stat_of=_blocking_stat)
     t = time.monotonic()
     held = host.holdings([p.pid for p in eight])
     assert time.monotonic() - t < 1.5 + 1.0
     assert all("unreadable" in held[p.pid].via for p in eight)
+
+
+def test_seventy_stuck_processes_cost_one_total_budget(tmp_path):
+    """70 processes stuck on a never-answering FUSE mount (a blocking stat): the whole scan, as audit's, ends at its total
+    bound (here 3 s; audit's is 15 s in a 50 s unit), never 70 x 0.75 s, and every one of them is unknown."""
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(mnt), "-", "/dev/zero", "69"], stdout=subprocess.PIPE, text=True)
+    pids = [daemon.pid]
+    try:
+        assert daemon.stdout is not None
+        words = daemon.stdout.readline().split()
+        assert words[0] == "ready"
+        pids += map(int, words[1:])
+        host = ProcHost(TABLE, budget=ScanBudget(total=3.0), stat_of=_blocking_stat)
+        t = time.monotonic()
+        held = host.holdings(pids)
+        assert time.monotonic() - t < 3.0 + 1.5
+        assert len(pids) == 70 and all("unreadable" in held[p].via for p in pids)
+    finally:
+        for pid in pids[1:]:  # the forked holders (they keep the FUSE connection open too), by pid
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        daemon.kill()
+        daemon.wait(10)
 
 
 def test_gate_facts_with_eight_stuck_holders_in_the_container_are_unknown_within_the_deadline(tmp_path):
@@ -122,7 +164,7 @@ def test_gate_facts_with_eight_stuck_holders_in_the_container_are_unknown_within
     os.makedirs(cg, exist_ok=True)
     procs = _daemons(tmp_path, 8, os.path.join(cg, "cgroup.procs"))
     try:
-        host = ProcHost(TABLE, budget=ScanBudget(total=5.0 * 0.3), stat_of=lambda p: (lambda st: (st.st_mode, st.st_rdev))(os.stat(p)))
+        host = ProcHost(TABLE, budget=ScanBudget(total=5.0 * 0.3), stat_of=_blocking_stat)
 
         class Probe:
             def sample(self, minors):
