@@ -258,3 +258,19 @@ def test_settings_file_a_user_can_write_is_refused_and_pre_start_refuses(tmp_pat
         load(str(cfg), env={})
     os.chmod(cfg, 0o644)
     assert load(str(cfg), env={}).gate.on_unknown == "allow"
+
+
+def test_api_error_text_is_escaped_before_it_reaches_a_message():
+    """The API's error text (remote: PVE puts it in the HTTP reason, pvesh in its stderr; a task or a proxy can put
+    escapes in it) is escaped in the PveApiError's message."""
+    from proxmoxer import ResourceException
+
+    from pvegpu.adapters.pve import ProxmoxerPve
+    from pvegpu.errors import PveApiError
+
+    def fail():
+        raise ResourceException(500, "Internal Server Error", "boom\x1b[2J\x1b]52;c;cm0gLXJmIC8=\x07\u202e")
+
+    with pytest.raises(PveApiError) as got:
+        ProxmoxerPve(api=None, node="pve1")._call("stop CT 129", fail)
+    assert got.value.message.isprintable() and "\\x1b[2J" in got.value.message
