@@ -145,9 +145,7 @@ def audit_cmd(
     else:
         doc = audit_document([rep])
     if prometheus:
-        from .prom import write_textfile
-
-        write_textfile(prometheus, doc)
+        wiring.write_textfile(prometheus, doc)
     if json_out:
         typer.echo(json.dumps(doc, indent=2))
     elif not prometheus:

@@ -5,6 +5,10 @@ shows it). Each other online node is asked over the root SSH trust PVE sets up b
 (``ssh -o BatchMode=yes root@<ip> pvegpu audit --json``, see ``adapters/ssh.py``), in parallel, each with a
 deadline. A node that is offline, unreachable, without pvegpu or answering garbage is an error row carrying
 its configured guests (read here from ``/etc/pve/nodes/<node>/``), never a silent gap.
+
+Another node's answer is remote text: every string in it (keys too) is escaped here (``safetext.shown``), before
+a table, the JSON, a log or the textfile sees it, and an entry that the table or the textfile cannot draw (a
+field missing, of the wrong type) is that node's error row, never the whole audit's failure.
 """
 
 from __future__ import annotations
@@ -15,6 +19,33 @@ from dataclasses import dataclass
 from typing import Any
 
 from .audit_model import SCHEMA, SCHEMA_VERSION, Flag, FlagKind, NodeAudit
+from .safetext import shown
+
+MAX_DEPTH = 32  # nesting of a node's answer (an audit document is 6 deep)
+MAX_STRING = 4096  # characters of any one string of it, after escaping
+
+
+def depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value nests deeper than ``limit`` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict | list):
+            if d > limit:
+                return True
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def _cleaned(value: Any) -> Any:
+    """``value`` with every string (and key) made safe to show; call only on depth-checked values."""
+    if isinstance(value, dict):
+        return {shown(k, MAX_STRING): _cleaned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cleaned(v) for v in value]
+    if isinstance(value, str):
+        return shown(value, MAX_STRING)
+    return value
 
 
 @dataclass(frozen=True)
@@ -51,21 +82,41 @@ def _error_row(name: str, why: str, guests: list[dict[str, Any]]) -> dict[str, A
             "guests": guests, "passthrough": [], "flags": [flag.to_json()]}
 
 
-def _node_from(doc: Mapping[str, Any] | str, name: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The node's entry of a remote document, or why it cannot be used."""
-    if isinstance(doc, str):
-        return None, doc
-    if doc.get("schema") != SCHEMA or not isinstance(doc.get("version"), int):
+def _node_from(answer: Mapping[str, Any] | str, name: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The node's entry of a remote document (escaped, and drawable), or why it cannot be used."""
+    if isinstance(answer, str):
+        return None, shown(answer, 300)
+    if depth_exceeds(answer, MAX_DEPTH):
+        return None, f"answer is nested deeper than {MAX_DEPTH} levels"
+    doc: dict[str, Any] = dict(_cleaned(dict(answer)))
+    if doc.get("schema") != SCHEMA or not isinstance(doc.get("version"), int) or isinstance(doc.get("version"), bool):
         return None, "answer is not a pvegpu audit document"
     if doc["version"] > SCHEMA_VERSION:
         return None, f"pvegpu there writes audit schema version {doc['version']}; this pvegpu reads up to {SCHEMA_VERSION} (upgrade it here)"
-    nodes = [n for n in doc.get("nodes", []) if isinstance(n, Mapping)]
+    listed = doc.get("nodes")
+    nodes = [n for n in listed if isinstance(n, Mapping)] if isinstance(listed, list) else []
     if len(nodes) != 1:
         return None, f"expected one node in its answer, got {len(nodes)}"
     node = dict(nodes[0])
     if node.get("node") != name:
-        return None, f"answered as node {node.get('node')!r}: check the address in /etc/pve/.members"
+        return None, f"answered as node {shown(node.get('node'), 80)!r}: check the address in /etc/pve/.members"
+    if (why := _undrawable(node)) is not None:
+        return None, why
     return node, None
+
+
+def _undrawable(node: dict[str, Any]) -> str | None:
+    """Why the table or the textfile could not show this entry (a malformed answer), or None when both can."""
+    from .prom import render
+    from .render_audit import node_text
+
+    try:
+        node_text(node)
+        render({"nodes": [node], "generated_at": 0})
+        json.dumps(node)
+    except Exception as exc:  # noqa: BLE001 - anything another node sends is its own error row, never ours
+        return f"answer is malformed ({type(exc).__name__}: {shown(exc, 120)})"
+    return None
 
 
 def audit_cluster(local: NodeAudit, members: list[Member], fetch: Fetch) -> list[dict[str, Any]]:

@@ -94,13 +94,47 @@ def read_nofollow(path: str) -> str | None:
 
 
 def _check_dir(d: str) -> None:
-    """Refuse to write into a directory reached through a symlink or writable by others without the sticky bit."""
+    """Refuse a snippets directory a user other than root could change: the guard in it runs as root at every start.
+
+    It must be a real directory (not reached through a symlink), owned by root, not writable by group or others;
+    every directory above it must be root's too, or sticky (``/tmp``), so nobody can swap it for another.
+    """
     st = os.lstat(d)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{d} is a symbolic link or not a directory; pvegpu writes snippets only into a real directory",
                          f"make {d} a plain directory owned by root")
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        raise UsageError(f"{d} is writable by everyone", f"chmod o-w {d}")
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        raise UsageError(f"{d} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: a user other than root could swap the "
+                         "guard that runs as root", f"chown root:root {d} && chmod 755 {d}")
+    up = os.path.dirname(os.path.abspath(d))
+    while True:
+        a = os.stat(up)
+        if (a.st_uid != 0 or a.st_mode & 0o022) and not (a.st_uid == 0 and a.st_mode & stat.S_ISVTX):
+            raise UsageError(f"{up} (above {d}) can be changed by uid {a.st_uid} or its group/others: the snippets directory could be swapped",
+                             f"chown root:root {up} && chmod go-w {up}")
+        if up == os.path.dirname(up):
+            return
+        up = os.path.dirname(up)
+
+
+_PATH_LINES = re.compile(r"^(PVEGPU|PVEGPU_PYTHON|PVEGPU_PYTHONPATH)=.*$", re.M)  # filled in by guard_text, per install
+
+
+def guard_problem(path: str, expected: str) -> str | None:
+    """Why the file at ``path`` is not a guard pvegpu wrote (None when it is): a regular file, not a symlink, owned
+    by root, not writable by group or others, with the template's text (its three install paths aside)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return f"{path} is missing"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file (a symlink?)"
+    if st.st_uid != 0 or st.st_mode & 0o022:
+        return f"{path} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: not the guard pvegpu wrote"
+    text = read_nofollow(path)
+    if text is None or _PATH_LINES.sub(r"\1=", text) != _PATH_LINES.sub(r"\1=", expected):
+        return f"{path} is not the guard pvegpu wrote (its text was changed): run `pvegpu hook install` again"
+    return None
 
 
 def template() -> str:
@@ -185,6 +219,7 @@ def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "
     st = read_storage(pve_root, storage_name)
     sdir = os.path.join(st.path, "snippets")
     os.makedirs(sdir, mode=0o755, exist_ok=True)
+    _check_dir(sdir)
     path = os.path.join(sdir, GUARD)
     text = guard if guard is not None else guard_text(template())
     if read_nofollow(path) != text or not os.path.isfile(path) or os.path.islink(path):
@@ -276,6 +311,7 @@ def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str =
 
 class GuardState(enum.StrEnum):
     GUARDED = "guarded"
+    SWAPPED = "not guarded: guard changed"  # the hookscript names pvegpu's guard, but the file is not what pvegpu wrote
     OTHER = "other hookscript"
     UNGUARDED = "unguarded"
 
@@ -304,21 +340,50 @@ class GuardStatus:
                 "containers": [{"vmid": r.vmid, "state": r.state.value, "hookscript": r.hookscript} for r in self.containers]}
 
 
-def status(*, pve_root: str, node: str, storage_name: str = "local", lister: SnippetLister | None = None) -> GuardStatus:
-    """Guarded / unguarded GPU containers of this node, and nodes missing the snippet."""
+def status(*, pve_root: str, node: str, storage_name: str = "local", lister: SnippetLister | None = None,
+           guard: str | None = None) -> GuardStatus:
+    """Guarded / unguarded GPU containers of this node, and nodes missing the snippet. A container is guarded only
+    when the files its hookscript runs (the guard, or a chain script and the guard) are the ones pvegpu wrote."""
     st = read_storage(pve_root, storage_name)
+    expected = guard if guard is not None else guard_text(template())
     rows = []
+    plan = Plan()
     for vmid, (_, text) in _ct_confs(pve_root, node).items():
         conf = parse_config(text)
         if not (conf.gpus.minors or conf.gpus.all_gpus):
             continue
         hs = conf.hookscript
         state = GuardState.GUARDED if _is_ours(hs) else (GuardState.OTHER if hs else GuardState.UNGUARDED)
+        if state is GuardState.GUARDED and (why := _swapped(pve_root, vmid, str(hs), expected)) is not None:
+            state = GuardState.SWAPPED
+            plan.warnings.append(f"CT {vmid}: {why}")
         rows.append(GuardRow(vmid, state, hs))
-    plan = Plan()
     local = os.path.join(st.path, "snippets", GUARD)
     if not os.access(local, os.X_OK):
         plan.warnings.append(f"this node ({node}) lacks an executable {local}")
     if not st.shared:
         _check_nodes(pve_root, node, {GUARD}, lister, plan)
     return GuardStatus(node, rows, plan.warnings)
+
+
+def _swapped(pve_root: str, vmid: int, volid: str, expected: str) -> str | None:
+    """Why the guard a CT's hookscript runs is not pvegpu's (None when it is)."""
+    try:
+        path = _snippet_path(read_storage(pve_root, volid.split(":", 1)[0]), volid)
+    except PvegpuError as exc:
+        return f"its hookscript's storage cannot be read: {exc.message}"
+    guard_path = os.path.join(os.path.dirname(path), GUARD)
+    if "-chain-" in volid:
+        text = read_nofollow(path) or ""
+        m = re.search(r"^# original: (.+)$", text, re.M)
+        if m is None:
+            return f"{path} is not a chain script pvegpu wrote"
+        try:
+            orig = _snippet_path(read_storage(pve_root, m.group(1).split(":", 1)[0]), m.group(1))
+        except PvegpuError:
+            return f"{path}: the chained hookscript's storage cannot be read"
+        want = chain_text(vmid, m.group(1), guard_path, orig)
+        lst = os.lstat(path)
+        if text != want or lst.st_uid != 0 or lst.st_mode & 0o022 or not stat.S_ISREG(lst.st_mode):
+            return f"{path} is not the chain script pvegpu wrote (changed, or writable by others)"
+    return guard_problem(guard_path, expected)

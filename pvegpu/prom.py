@@ -1,4 +1,4 @@
-"""``pvegpu audit --prometheus FILE``: the audit as a node_exporter textfile, written atomically.
+"""``pvegpu audit --prometheus FILE``: the audit as a node_exporter textfile (``adapters/textfile`` writes it).
 
 Conventions follow Prometheus and prometheus-pve-exporter: prefix ``pvegpu_``, base units (``_bytes``),
 identity in ``_info`` gauges, GPU values labelled ``uuid`` + ``minor``, guests labelled ``id="lxc/129"`` and
@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, write_to_textfile
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from .audit_model import FlagKind
-from .errors import UsageError
 
 G = ["node", "uuid", "minor"]
 GUEST = ["node", "id", "uuid", "minor"]
@@ -136,19 +135,17 @@ class AuditCollector:
         return []
 
 
-def previous_success(path: str) -> dict[str, float]:
-    """``pvegpu_audit_last_success_timestamp_seconds`` per node from the file the last run wrote (kept on failure)."""
+def parse_last_success(text: str) -> dict[str, float]:
+    """``pvegpu_audit_last_success_timestamp_seconds`` per node from the text the last run wrote (kept on failure)."""
+    out: dict[str, float] = {}
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        out: dict[str, float] = {}
         for fam in text_string_to_metric_families(text):
             if fam.name == "pvegpu_audit_last_success_timestamp_seconds":
                 for s in fam.samples:
                     out[s.labels.get("node", "")] = float(s.value)
-        return out
-    except (OSError, ValueError):
+    except ValueError:
         return {}
+    return out
 
 
 def render(doc: Mapping[str, Any], last_success: Mapping[str, float] | None = None) -> bytes:
@@ -157,16 +154,3 @@ def render(doc: Mapping[str, Any], last_success: Mapping[str, float] | None = No
     reg = CollectorRegistry()
     reg.register(AuditCollector(doc, last_success))  # type: ignore[arg-type]
     return generate_latest(reg)
-
-
-def write_textfile(path: str, doc: Mapping[str, Any]) -> None:
-    """Write the textfile atomically (temp file in the same directory, then rename): node_exporter never reads half a file."""
-    reg = CollectorRegistry()
-    reg.register(AuditCollector(doc, previous_success(path)))  # type: ignore[arg-type]
-    if not path.endswith(".prom"):
-        raise UsageError(f"--prometheus {path}: node_exporter reads only files ending in .prom", "e.g. /var/lib/prometheus/node-exporter/pvegpu.prom")
-    try:
-        write_to_textfile(path, reg)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}",
-                         "the directory must exist and be writable (node_exporter's --collector.textfile.directory)") from None

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .safetext import shown
+
 MIB = 1024 * 1024
 
 
 def _safe(text: Any) -> str:
-    """Tenant text (comm, cmdline) with control characters escaped: it can never draw on the admin's terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    """Tenant or remote text (comm, cmdline, errors) with control characters escaped: it never draws on the admin's terminal."""
+    return shown(text)
 
 
 def _mib(v: Any) -> str:

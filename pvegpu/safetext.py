@@ -42,3 +42,14 @@ def escape(text: str | bytes, limit: int | None = None) -> str:
         out.append(piece)
         size += len(piece)
     return "".join(out)
+
+
+def shown(text: object, limit: int | None = None) -> str:
+    """``text`` as it may be shown: unchanged when already printable (and within ``limit``), else ``escape``d.
+
+    For text that may have been escaped once already (another node's audit, a document read back): printable
+    text is not escaped a second time, anything else is, so a terminal never sees a control character."""
+    s = text if isinstance(text, str | bytes) else str(text)
+    if isinstance(s, str) and s.isprintable() and (limit is None or len(s) <= limit):
+        return s
+    return escape(s, limit)

@@ -197,9 +197,15 @@ def _validate(s: Settings, problems: list[str]) -> None:
 MAX_FILE = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is not one
 
 
+class _UnsafeFile(Exception):
+    """The settings file may be written by someone other than root: it decides whether the gate runs at all."""
+
+
 def _read_settings_file(path: str) -> bytes:
     """The file's bytes, if it is a regular file of sane size: a FIFO, a device or an endless file would hang
-    the start gate before its deadline starts counting (PVE runs hookscripts with no timeout)."""
+    the start gate before its deadline starts counting (PVE runs hookscripts with no timeout). Like the token
+    file, it must be owned by root (or the user running pvegpu) and not writable by group or others: whoever can
+    write it can turn the gate off (``gate.on_unknown = "allow"``)."""
     import stat
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -207,6 +213,11 @@ def _read_settings_file(path: str) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(f"not a regular file (mode {stat.S_IFMT(st.st_mode):o})")
+        if st.st_uid not in (0, os.geteuid()):
+            raise _UnsafeFile(f"{path} is owned by uid {st.st_uid}, not root: whoever owns it can turn the start gate off")
+        if st.st_mode & 0o022:
+            raise _UnsafeFile(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
+                              "whoever can write it can turn the start gate off")
         data = os.read(fd, MAX_FILE + 1)
         if len(data) > MAX_FILE:
             raise OSError(f"larger than {MAX_FILE // 1024} KiB: not a settings file")
@@ -255,6 +266,8 @@ def load(path: str | None = None, env: dict[str, str] | None = None, overrides: 
             problems.append(f"{path}: {exc}")
         except UnicodeDecodeError as exc:
             problems.append(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})")
+    except _UnsafeFile as exc:
+        raise ConfigError(f"refusing the settings file {exc}", f"chown root:root {path} && chmod 644 {path}") from None
     except FileNotFoundError:
         if path != DEFAULT_PATH:
             problems.append(f"{path}: no such file")

@@ -37,19 +37,34 @@ class GlobalOptions:
 def settings(opts: GlobalOptions, overrides: dict[str, Any] | None = None) -> Settings:
     """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides.
 
-    A simulated node keeps its run-time state (reset locks) in its own directory, unless a setting says otherwise.
+    A simulated node keeps its run-time state (reset locks, allow-once tokens, any ``*_dir`` of the settings)
+    in its own directory, unless a setting says otherwise: ``--simulate`` never touches this node's real state.
     """
-    from dataclasses import replace
-
-    from .settings import ResetSettings
-
     extra = dict(overrides or {})
     if opts.simulate:
         extra["simulate"] = opts.simulate
     s = load(opts.config, overrides=extra)
-    if s.simulate and s.reset.lock_dir == ResetSettings.lock_dir:
-        s = replace(s, reset=replace(s.reset, lock_dir=os.path.join(s.simulate, "lock")))
-    return s
+    return simulated_state(s) if s.simulate else s
+
+
+SIM_STATE = {"lock_dir": "lock", "override_dir": "allow-once"}  # where under the simulated node's dir; else the key's stem
+
+
+def simulated_state(s: Settings) -> Settings:
+    """``s`` with every state directory still at its real default moved under the simulated node's directory."""
+    from dataclasses import fields, is_dataclass, replace
+
+    assert s.simulate
+    changes: dict[str, Any] = {}
+    for f in fields(s):
+        section = getattr(s, f.name)
+        if not is_dataclass(section) or isinstance(section, type):
+            continue
+        moved = {g.name: os.path.join(s.simulate, SIM_STATE.get(g.name, g.name.removesuffix("_dir")))
+                 for g in fields(section) if g.name.endswith("_dir") and getattr(section, g.name) == g.default}
+        if moved:
+            changes[f.name] = replace(section, **moved)
+    return replace(s, **changes)
 
 
 # -- policies: every default comes from settings.py ------------------------------------------------------
@@ -116,7 +131,10 @@ def gate_ports(s: Settings) -> GatePorts:
 
     if not EtcPve.present(s.pve_root):
         raise E.NotPveNodeError(s.pve_root)
-    return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(), ProcHost(), running)
+    from .adapters.procfs import ScanBudget
+
+    # each of the (at most two) process scans gets under a third of the deadline: a verdict, not a timeout
+    return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(), ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3)), running)
 
 
 def _lite_nvml() -> GpuProbe:
@@ -202,11 +220,14 @@ def open_nvml_lite() -> Any:
     return NvmlLite()
 
 
+PROC_SCAN_TOTAL = 15.0  # seconds one process scan of reset/audit may take (audit's unit allows 50 s in all)
+
+
 def proc_host() -> Any:
     """``/proc``, cgroupfs and pidfd signals of this node."""
-    from .adapters.procfs import ProcHost
+    from .adapters.procfs import ProcHost, ScanBudget
 
-    return ProcHost()
+    return ProcHost(budget=ScanBudget(total=PROC_SCAN_TOTAL))
 
 
 class LazyNvml:
@@ -287,6 +308,13 @@ def audit_ports(s: Settings) -> AuditPorts:
     return AuditPorts(lambda: bounded(open_nvml(), s), pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), threshold)
 
 
+def write_textfile(path: str, doc: Any) -> None:
+    """``audit --prometheus``: the textfile, written safely into a directory the exporter's user may own."""
+    from .adapters.textfile import write_textfile as write
+
+    write(path, doc)
+
+
 def cluster_audits(timeout: float, options: list[str]) -> Any:
     """The other nodes' audits, over the root SSH trust PVE sets up between cluster nodes."""
     from .adapters.ssh import SshAudits
@@ -305,6 +333,9 @@ def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str,
     """(this node's name, a per-node snippet lister or None) for ``hook install | uninstall | status``."""
     from .adapters.etcpve import EtcPve
 
+    if s.simulate:  # it would run the real `pct set` on this node's real containers
+        raise E.UsageError("hook install | uninstall | status work on the real node only, not with --simulate",
+                           "the simulated node's guard is `pvegpu --simulate DIR hook VMID pre-start`")
     if need_root and os.geteuid() != 0:
         raise E.UsageError("installing the guard needs root on the node", "`pct set --hookscript` is allowed for root@pam only; run it as root")
     if not EtcPve.present(s.pve_root):

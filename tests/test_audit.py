@@ -229,18 +229,18 @@ def test_device_paths_from_text_and_api_forms():
     assert device_paths(api) == ["/dev/nvidia1"]
 
 
-def test_running_containers_read_once_from_lxc_command_sockets(tmp_path):
-    """LocalNodeFiles.running_cts uses PVE's own test (the abstract @/var/lib/lxc/<vmid>/command socket); unreadable is None."""
+def test_running_containers_read_once_from_their_cgroups(tmp_path):
+    """LocalNodeFiles.running_cts reads populated lxc/<vmid> cgroups (only root creates them); no cgroupfs is None."""
     from pvegpu.adapters.nodefiles import LocalNodeFiles
 
-    (tmp_path / "net").mkdir()
-    (tmp_path / "net" / "unix").write_text(
-        "Num       RefCount Protocol Flags    Type St Inode Path\n"
-        "0000000000000000: 00000002 00000000 00010000 0001 01 31337 @/var/lib/lxc/129/command\n"
-        "0000000000000000: 00000002 00000000 00010000 0001 01 31338 /run/lxc/130/evil@/var/lib/lxc/13/commandx\n"
-        "0000000000000000: 00000002 00000000 00010000 0001 01 31339 @/var/lib/lxc/131/command\n")
-    assert LocalNodeFiles(proc=str(tmp_path)).running_cts() == frozenset({129, 131})
-    assert LocalNodeFiles(proc=str(tmp_path / "none")).running_cts() is None
+    (tmp_path / "cgroup.procs").write_text("")
+    for vmid, populated in ((129, 1), (130, 0), (131, 1)):
+        (tmp_path / "lxc" / str(vmid)).mkdir(parents=True)
+        (tmp_path / "lxc" / str(vmid) / "cgroup.events").write_text(f"populated {populated}\nfrozen 0\n")
+    (tmp_path / "lxc" / "evil129").mkdir()
+    assert LocalNodeFiles(cgroup_root=str(tmp_path)).running_cts() == frozenset({129, 131})
+    assert LocalNodeFiles(cgroup_root=str(tmp_path / "none")).running_cts() is None
+
 
 
 def test_fork_child_of_a_dead_listed_parent_is_credited_to_its_container():

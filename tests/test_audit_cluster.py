@@ -146,3 +146,79 @@ def test_cluster_audit_over_real_ssh_with_one_node_down(sim_node, sshd_lab):
     assert [g["id"] for g in rows["pve3"]["guests"]] == ["lxc/150"]
     assert rows["pve4"]["ok"] is False and "not installed" in rows["pve4"]["error"]
     assert rows["pve5"]["ok"] is False and "no answer within 8 s" in rows["pve5"]["error"]
+
+
+HOSTILE = "\x1b[2J\x1b[H nothing needs attention\x1b]0;retitled\x07\x1b]52;c;cm0gLXJmIC8=\x07\u202e"
+
+
+def _hostile_doc(node: str) -> dict:
+    """A well-formed audit whose every text is an escape-sequence attack on the admin's terminal."""
+    flag = {"kind": "host-holder", "subject": HOSTILE, "detail": HOSTILE, "advice": HOSTILE, "attention": True}
+    guest = {"id": "lxc/140", "type": "lxc", "node": node, "name": HOSTILE, "status": "running", "all_gpus": False, "minors": [0],
+             "bus_ids": [], "notes": [HOSTILE]}
+    return remote_doc(node, attention=True, flags=[flag], guests=[guest], error=HOSTILE, **{HOSTILE: HOSTILE})
+
+
+def test_remote_text_is_escaped_and_a_malformed_or_deep_answer_is_one_error_row():
+    """Escapes in another node's answer never reach the table, JSON or textfile raw; a malformed entry, a deep one and
+    a non-document are each that node's error row while the others' rows (and the textfile) are still made."""
+    from pvegpu.audit import audit_document
+    from pvegpu.prom import render
+    from pvegpu.render_audit import audit_table
+
+    deep: object = {}
+    for _ in range(100):
+        deep = {"x": deep}
+    members = [Member("pve1", "h1", True), Member("pve2", "h2", True), Member("pve3", "h3", True), Member("pve4", "h4", True),
+               Member("pve5", "h5", True)]
+    answers = {"pve2": _hostile_doc("pve2"), "pve3": remote_doc("pve3", gpus=[1]), "pve4": remote_doc("pve4", extra=deep),
+               "pve5": HOSTILE}
+    rows = {n["node"]: n for n in audit_cluster(NodeAudit("pve1"), members, lambda ms: answers)}
+    assert rows["pve2"]["ok"] and not rows["pve3"]["ok"] and not rows["pve4"]["ok"] and not rows["pve5"]["ok"]
+    assert rows["pve3"]["flags"][0]["kind"] == rows["pve4"]["flags"][0]["kind"] == "node-unreachable"
+    doc = audit_document(list(rows.values()))
+    for out in (audit_table(doc), json.dumps(doc, ensure_ascii=False), render(doc).decode()):
+        assert not any(c in out for c in "\x1b\x07\u202e")
+
+
+def test_ssh_answer_parse_is_bounded_in_nesting_and_never_raises():
+    """A deeply nested, non-UTF-8 or non-object answer is a reason string, never RecursionError or a crash."""
+    from pvegpu.adapters.ssh import parse_answer
+
+    for data in (b"[" * 200_000 + b"]" * 200_000, b'{"a": ' * 50 + b"1" + b"}" * 50, b"\xff\xfe", b"[1]", b"{"):
+        assert isinstance(parse_answer(data), str)
+    assert parse_answer(b'{"schema": "pvegpu-audit"}') == {"schema": "pvegpu-audit"}
+
+
+@pytest.mark.root
+def test_cluster_audit_with_endless_and_hostile_nodes_still_writes_every_row_and_the_textfile(sim_node, sshd_lab, tmp_path):
+    """Over real ssh: one node answers endlessly (/dev/zero), one with terminal escapes, one with deep JSON: each is
+    bounded (8 MiB, time), one row each, the table has no raw escape, and the textfile is written (exit 8)."""
+    start, options = sshd_lab
+    local = sim_node({"node": "pve1", "gpus": [GPU], "containers": []})
+    etc = local.state.etc_pve
+    nodes = {"pve1": "127.0.0.1", "pve2": "127.0.0.2", "pve3": "127.0.0.3", "pve4": "127.0.0.4"}
+    with open(os.path.join(etc, ".members"), "w") as f:
+        json.dump({"nodename": "pve1", "version": 9, "nodelist": {n: {"id": i, "online": 1, "ip": ip} for i, (n, ip) in enumerate(nodes.items(), 1)}}, f)
+    hostile = tmp_path / "hostile.json"
+    hostile.write_text(json.dumps(_hostile_doc("pve3")))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    start("127.0.0.2", "exec cat /dev/zero")
+    start("127.0.0.3", f"exec cat {hostile}")
+    start("127.0.0.4", f"exec cat {deep}")
+    prom = tmp_path / "out" / "pvegpu.prom"
+    prom.parent.mkdir()
+    argv = [sys.executable, "-m", "pvegpu", "--simulate", local.root, "audit", "--cluster", "--ssh-timeout", "20",
+            *(f"--ssh-option={o}" for o in options)]
+    t = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 8 and "Traceback" not in r.stderr, r.stderr
+    assert time.monotonic() - t < 20
+    assert not any(c in r.stdout + r.stderr for c in "\x1b\x07\u202e")
+    assert all(f"node {n}" in r.stdout for n in nodes)
+    r = subprocess.run([*argv, "--prometheus", str(prom), "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 8, r.stderr
+    rows = {n["node"]: n for n in json.loads(r.stdout)["nodes"]}
+    assert rows["pve3"]["ok"] and not rows["pve2"]["ok"] and not rows["pve4"]["ok"] and "8 MiB" in rows["pve2"]["error"]
+    assert 'pvegpu_audit_up{node="pve3"} 1.0' in prom.read_text()

@@ -75,7 +75,7 @@ def test_two_containers_and_a_host_process_attributed_and_exported(gpu_node):
     assert ct.ns_pid is not None and ct.ns_pid != ct.pid and ct.hostname == "ct311"
     assert gpu.health.reserved_bytes is not None and gpu.error is None
     out = tmp / "pvegpu.prom"
-    from pvegpu.prom import write_textfile
+    from pvegpu.adapters.textfile import write_textfile
 
     write_textfile(str(out), audit_document([rep]))
     fams = {f.name: f.samples for f in text_string_to_metric_families(out.read_text())}

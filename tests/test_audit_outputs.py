@@ -11,12 +11,13 @@ import types
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pvegpu.adapters.textfile import write_textfile
 from pvegpu.audit import audit_document, audit_once, run_audit
 from pvegpu.audit_model import SCHEMA, SCHEMA_VERSION
 from pvegpu.errors import EXIT_AUDIT_ATTENTION, EXIT_FAILURE, GpuQueryError
 from pvegpu.leftover import LeftoverRule
 from pvegpu.model import MIB, GpuHealth
-from pvegpu.prom import render, write_textfile
+from pvegpu.prom import render
 from pvegpu.render import audit_text
 from pvegpu.sim.driver import context_gap
 from tests.pvelike import REPO
@@ -230,4 +231,4 @@ def test_tenant_text_cannot_draw_on_the_terminal():
     probe.context(0, 100, host.add(129, minors={0}, comm="x\n! fake-flag\x1b[2J"))
     probe.context(0, 100, host.add(None, minors={0}, comm="y\n! fake-flag\x1b[2J"))  # its comm also appears in the host-holder flag
     text = audit_text(audit_document([run_audit(pve=pve, probe=probe, host=host, files=FakeFiles(NODES))]))
-    assert "\x1b" not in text and "\n! fake-flag" not in text and "x\\n! fake-flag\\x1b[2J" in text
+    assert "\x1b" not in text and "\n! fake-flag" not in text and "x\\x0a! fake-flag\\x1b[2J" in text

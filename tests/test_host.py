@@ -195,3 +195,32 @@ def test_simulated_host_fills_the_same_fields(sim_node):
     [holder] = [host.describe(p) for p in host.holdings(pids)]
     assert holder.placement.vmid == 129 and not holder.is_ct_init and holder.ppid == init.pid
     assert holder.uid == os.getuid() and "pvegpu.sim" in holder.cmdline
+
+
+@pytest.mark.root
+@root
+def test_user_bound_lxc_command_socket_does_not_make_a_container_running():
+    """A local user (unprivileged uid) binds @/var/lib/lxc/<vmid>/command, PVE's own 'running' test: the audit still
+    calls that CT stopped; a CT with a populated lxc/<vmid> cgroup (only root makes one) is running."""
+    from pvegpu.adapters.nodefiles import LocalNodeFiles
+
+    fake, real = pvelike.claim_vmids(2)
+    code = (f"import os, socket, time; os.setgroups([]); os.setgid(65534); os.setuid(65534); "
+            f"s = socket.socket(socket.AF_UNIX); s.bind('\\0/var/lib/lxc/{fake}/command'); s.listen(); "
+            f"print(os.getuid(), flush=True); time.sleep(60)")
+    user = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    ct = pvelike.start_ct(real, ["sleep", "60"])
+    try:
+        assert user.stdout is not None and user.stdout.readline().strip() == "65534"
+        deadline = time.monotonic() + 10
+        while not pvelike.ct_procs(real) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        running = LocalNodeFiles().running_cts()
+        assert running is not None and real in running and fake not in running
+    finally:
+        user.kill()
+        user.wait()
+        pvelike.destroy_ct(real)
+        ct.wait(5)
+        for v in (fake, real):
+            pvelike.release_vmid(v)

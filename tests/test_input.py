@@ -182,3 +182,95 @@ def test_unrelated_pvegpu_variables_are_not_settings():
     assert load(None, env={"PVEGPU_RESULTS": "x", "PVEGPU_DEBUG": "1"}).reset.grace > 0
     with pytest.raises(ConfigError, match="reset.grac: unknown setting"):
         load(None, env={"PVEGPU_RESET_GRAC": "3"})
+
+
+def test_task_exitstatus_and_log_lines_are_escaped_at_the_adapter():
+    """A failed task's exitstatus and log lines (remote text a guest can write into) reach no terminal raw: OSC 52,
+    screen clears and bidi overrides come out as visible escapes, in the message and the tail."""
+    from pvegpu.adapters.clock import SystemClock
+    from pvegpu.adapters.tasks import wait_task
+    from pvegpu.errors import TaskFailed
+
+    evil = "startup failed\x1b[2J\x1b]52;c;cm0gLXJmIC8=\x07\u202eKO\n! forged"
+    with pytest.raises(TaskFailed) as got:
+        wait_task(lambda: {"status": "stopped", "exitstatus": evil}, lambda: [evil, "ok line"], SystemClock(),
+                  node="pve1", upid="UPID:pve1:0:0:0:vzstart:129:root@pam:", timeout=1, what="start CT 129")
+    exc = got.value
+    shown = [exc.message, *exc.log_tail]
+    assert all(s.isprintable() for s in shown) and "ok line" in exc.log_tail
+    res = wait_task(lambda: {"status": "stopped", "exitstatus": "WARNINGS: 1\x1b[2J"}, lambda: [], SystemClock(),
+                    node="pve1", upid="UPID:pve1:0:0:0:vzstart:129:root@pam:", timeout=1, what="start CT 129")
+    assert res.exitstatus.isprintable()
+
+
+def _as_user(uid: int, act) -> None:
+    """Run ``act()`` in a forked child with an unprivileged uid (a local user)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            act()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a file of another uid)")
+def test_settings_file_a_user_can_write_is_refused_and_pre_start_refuses(tmp_path):
+    """A local user who owns (or may write) the settings file turns the gate off with it: refused, one line + hint,
+    exit 2; the hook's pre-start refuses the start with that reason (exit 10)."""
+    home = tmp_path / "u"
+    home.mkdir()
+    os.chown(home, 65534, 65534)
+    cfg = home / "pvegpu.toml"
+    dirfd = os.open(home, os.O_RDONLY | os.O_DIRECTORY)
+
+    def write() -> None:
+        fd = os.open("pvegpu.toml", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dirfd)
+        os.write(fd, b'[gate]\non_unknown = "allow"\n')
+        os.close(fd)
+
+    _as_user(65534, write)
+    os.close(dirfd)
+    assert os.stat(cfg).st_uid == 65534
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "pvegpu", *args, "--config", str(cfg)], capture_output=True, text=True,
+                              cwd=REPO, timeout=60, env=env)
+
+    r = run("check", "129")
+    assert r.returncode == 2 and r.stderr.startswith("Error: ") and "Hint: " in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 2
+    r = run("hook", "129", "pre-start")
+    assert r.returncode == 10 and "uid 65534" in r.stderr, r.stderr
+    with pytest.raises(ConfigError):
+        load(str(cfg), env={})
+    os.chown(cfg, 0, 0)
+    os.chmod(cfg, 0o664)  # root's, but group-writable
+    with pytest.raises(ConfigError):
+        load(str(cfg), env={})
+    os.chmod(cfg, 0o644)
+    assert load(str(cfg), env={}).gate.on_unknown == "allow"
+
+
+def test_api_error_text_is_escaped_before_it_reaches_a_message():
+    """The API's error text (remote: PVE puts it in the HTTP reason, pvesh in its stderr; a task or a proxy can put
+    escapes in it) is escaped in the PveApiError's message."""
+    from proxmoxer import ResourceException
+
+    from pvegpu.adapters.pve import ProxmoxerPve
+    from pvegpu.errors import PveApiError
+
+    def fail():
+        raise ResourceException(500, "Internal Server Error", "boom\x1b[2J\x1b]52;c;cm0gLXJmIC8=\x07\u202e")
+
+    with pytest.raises(PveApiError) as got:
+        ProxmoxerPve(api=None, node="pve1")._call("stop CT 129", fail)
+    assert got.value.message.isprintable() and "\\x1b[2J" in got.value.message

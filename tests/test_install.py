@@ -246,3 +246,70 @@ def test_guard_on_another_storage_is_ours_never_chained_onto_itself(tree, tmp_pa
     assert {"vmid": 129, "state": "guarded", "hookscript": "local:snippets/pvegpu-guard"} in json.loads(r.stdout)["containers"]
     assert cli("uninstall", "129", "--storage", "snip2").returncode == 0
     assert "hookscript" not in conf(pve, 129)
+
+
+def _as_user(uid: int, act) -> None:
+    """Run ``act()`` in a forked child with an unprivileged uid (a local user)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            act()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("how", ["user owns snippets", "group-writable snippets", "user owns the storage dir"])
+def test_install_refuses_a_snippets_directory_a_user_could_change(tree, how):
+    """The guard runs as root at every start: a snippets dir (or one above it) a local user owns or may write is
+    refused (exit 2), and neither the guard nor any `pct set` is written."""
+    pve, vz, cli, log = tree
+    snippets = vz / "snippets"
+    if how == "user owns snippets":
+        os.chown(snippets, 65534, 65534)
+    elif how == "group-writable snippets":
+        os.chmod(snippets, 0o775)
+    else:
+        os.chown(vz, 65534, 65534)
+    r = cli("install", "129")
+    assert r.returncode == 2 and r.stderr.startswith("Error: ") and "Traceback" not in r.stderr, r.stderr
+    assert not (snippets / "pvegpu-guard").exists() and not any(line.startswith("pct") for line in log())
+
+
+def test_status_calls_a_swapped_guard_not_guarded(tree):
+    """After install, the guard replaced by a user who got hold of it, edited, or swapped for a symlink: `hook status`
+    says CT 129 is not guarded (exit 8), never 'guarded'."""
+    pve, vz, cli, log = tree
+    assert cli("install", "129").returncode in (0, 8)
+    guard = vz / "snippets" / "pvegpu-guard"
+    st = json.loads(cli("status", "--json").stdout)
+    assert {r["vmid"]: r["state"] for r in st["containers"]}[129] == "guarded"
+    original = guard.read_text()
+    os.chown(guard, 65534, 65534)  # a user owns the guard file (a user-owned storage, say) ...
+    fd = os.open(vz / "snippets", os.O_RDONLY | os.O_DIRECTORY)
+
+    def swap() -> None:  # ... and rewrites it as that user
+        f = os.open("pvegpu-guard", os.O_WRONLY | os.O_TRUNC, dir_fd=fd)
+        os.write(f, b"#!/bin/sh\nexit 0\n")
+        os.close(f)
+
+    _as_user(65534, swap)
+    os.close(fd)
+    for step in ("user", "edited", "symlink"):
+        if step == "edited":
+            guard.unlink()
+            guard.write_text(original.replace("exit", "true; exit", 1))
+            guard.chmod(0o755)
+        elif step == "symlink":
+            guard.unlink()
+            (vz / "snippets" / "elsewhere").write_text(original)
+            guard.symlink_to(vz / "snippets" / "elsewhere")
+        r = cli("status", "--json")
+        st = json.loads(r.stdout)
+        assert {row["vmid"]: row["state"] for row in st["containers"]}[129] != "guarded" and r.returncode == 8, step

@@ -332,8 +332,8 @@ time.sleep(120)
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"), reason="needs root and /dev/fuse")
 def test_hung_fuse_mount_cannot_hang_the_scan(tmp_path):
-    """A process with an fd on a FUSE mount that never answers (a tenant can make one) is given up as unreadable
-    ('stuck') within the budget; the scan of the other processes goes on, and the second scan skips it at once."""
+    """A process with an fd on a FUSE mount that never answers is read without asking the server: its GPU fd is
+    found at once, and the other processes are scanned as usual (more in test_fuse_scan)."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", FUSE_HOLDER, "/dev/zero", str(mnt)],
@@ -347,10 +347,8 @@ def test_hung_fuse_mount_cannot_hang_the_scan(tmp_path):
         host = ProcHost(DeviceTable({(os.major(ZERO), os.minor(ZERO)): 0}))
         t = time.monotonic()
         held = host.holdings([p.pid, plain.pid])
-        assert time.monotonic() - t < 3
-        assert held[p.pid].via >= {"unreadable", "stuck"} and held[plain.pid].minors == {0}
-        t = time.monotonic()
-        assert "stuck" in host.holdings([p.pid])[p.pid].via and time.monotonic() - t < 0.5
+        assert time.monotonic() - t < 1
+        assert held[p.pid].minors == {0} and "unreadable" not in held[p.pid].via and held[plain.pid].minors == {0}
     finally:
         for q in (p, plain):
             q.kill()

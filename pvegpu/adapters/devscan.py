@@ -14,6 +14,10 @@ Rules a tenant cannot bend:
 - Every process has a budget (fds, maps lines and bytes, wall time). A process that runs over it is
   reported with ``via = {"unreadable", "budget"}`` and whatever it was already seen to hold: unknown
   for that process, never "holds nothing", and never a failure of the whole scan.
+- Nothing a FUSE or NFS server answers is waited for: an fd is stat'ed only when it names a path (pipes,
+  sockets and anon inodes never are), and then with ``statx(AT_STATX_DONT_SYNC)``, which FUSE, NFS, CIFS
+  and overlayfs answer from the inode the kernel already has, never asking the server (a server that never
+  answers cannot hold the scan, nor leave pvegpu's threads unkillable in the kernel). Mapped files likewise.
 - A process whose main thread exited while other threads run has an empty ``fd`` directory and no
   ``map_files``; its threads' ``task/<tid>/fd`` are scanned, and mappings that cannot be proven make it
   ``unreadable``.
@@ -21,9 +25,11 @@ Rules a tenant cannot bend:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import stat
+import sys
 import time
 from dataclasses import dataclass
 
@@ -38,7 +44,45 @@ if TYPE_CHECKING:
 _MAPS_LINE = re.compile(rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+:[0-9a-f]+) ([1-9][0-9]*) ", re.M)
 _CHUNK = 65536
 UNREADABLE = "unreadable"  # via: this process could not be fully read (permissions, or over budget)
-BUDGET = "budget"  # via, with UNREADABLE: the per-process scan budget ran out
+BUDGET = "budget"  # via, with UNREADABLE: the per-process scan budget ran out (or the whole scan's)
+
+_AT_FDCWD = -100
+_AT_NO_AUTOMOUNT = 0x800
+_AT_STATX_DONT_SYNC = 0x4000  # take the attributes the kernel has: no round trip to a FUSE/NFS/CIFS server
+_STATX_TYPE_MODE = 0x3
+_STATX_SIZE = 256  # struct statx; stx_mode at 28 (u16), stx_rdev_major/minor at 128/132 (u32)
+
+
+def _libc_statx() -> Callable[..., int] | None:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).statx
+    except (OSError, AttributeError):  # a libc older than glibc 2.28
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+_STATX = _libc_statx()
+
+
+def stat_nosync(path: str) -> tuple[int, int]:
+    """(st_mode, st_rdev) of what ``path`` names, without asking a FUSE/NFS server (``AT_STATX_DONT_SYNC``).
+
+    Raises OSError like ``os.stat``. Without ``statx`` in libc it falls back to ``os.stat`` (which may wait
+    on a server: the scan's watchdog and total budget still bound it).
+    """
+    if _STATX is None:
+        st = os.stat(path)
+        return st.st_mode, st.st_rdev
+    buf = ctypes.create_string_buffer(_STATX_SIZE)
+    if _STATX(_AT_FDCWD, os.fsencode(path), _AT_STATX_DONT_SYNC | _AT_NO_AUTOMOUNT, _STATX_TYPE_MODE, buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    raw, order = buf.raw, sys.byteorder
+    mode = int.from_bytes(raw[28:30], order)
+    rmaj, rmin = int.from_bytes(raw[128:132], order), int.from_bytes(raw[132:136], order)
+    return mode, os.makedev(rmaj, rmin)
 
 
 def control_majors(proc: str = "/proc") -> frozenset[int]:
@@ -76,7 +120,11 @@ class DeviceTable:
 
     def of_stat(self, st: os.stat_result) -> int | None:
         """The GPU minor (or CONTROL) of a stat result, None unless it is a character device in the table."""
-        return self.gpu_minor(st.st_rdev) if stat.S_ISCHR(st.st_mode) else None
+        return self.of_mode(st.st_mode, st.st_rdev)
+
+    def of_mode(self, mode: int, rdev: int) -> int | None:
+        """The GPU minor (or CONTROL) of (st_mode, st_rdev), None unless it is a character device in the table."""
+        return self.gpu_minor(rdev) if stat.S_ISCHR(mode) else None
 
 
 @dataclass(frozen=True)
@@ -87,6 +135,7 @@ class ScanBudget:
     map_lines: int = 100_000  # lines of /proc/<pid>/maps read
     map_bytes: int = 16 * 1024 * 1024  # bytes of /proc/<pid>/maps read (long paths)
     seconds: float = 0.25  # wall time for the whole process
+    total: float = 20.0  # wall time for one whole scan (every process): past it, the rest is unknown
 
 
 class _OverBudget(Exception):
@@ -97,8 +146,9 @@ class ProcessScan:
     """Scan of processes, each against the budget; ``cache`` (mapped file -> GPU minor) is shared by one whole scan."""
 
     def __init__(self, devices: DeviceTable, budget: ScanBudget, cache: dict[tuple[bytes, bytes], int | None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, stat_of: Callable[[str], tuple[int, int]] = stat_nosync) -> None:
         self.devices = devices
+        self._stat = stat_of
         self.budget = budget
         self.cache = cache
         self._now = clock
@@ -158,8 +208,10 @@ class ProcessScan:
                     raise _OverBudget
                 if self._fds % 256 == 0:
                     self._check()
-                try:
-                    m = self.devices.of_stat(os.stat(entry.path))
+                try:  # a path, not pipe:[..], socket:[..], anon_inode:..: only those can be device nodes
+                    if not os.readlink(entry.path).startswith("/"):
+                        continue
+                    m = self.devices.of_mode(*self._stat(entry.path))
                 except OSError:
                     continue
                 if m is not None:
@@ -210,7 +262,7 @@ class ProcessScan:
                 m = self.cache[key]
             else:
                 try:
-                    st = os.stat(f"{proc}/{pid}/map_files/{rng.decode('ascii')}")
+                    mode, rdev = self._stat(f"{proc}/{pid}/map_files/{rng.decode('ascii')}")
                 except (FileNotFoundError, ProcessLookupError):
                     if not leader_zombie:
                         continue  # unmapped since, or the process is gone
@@ -219,7 +271,7 @@ class ProcessScan:
                 except PermissionError:
                     unproven = True
                     continue
-                m = self.cache[key] = self.devices.of_stat(st)
+                m = self.cache[key] = self.devices.of_mode(mode, rdev)
             if m is not None:
                 minors.add(m)
                 via.add("maps")

@@ -2,27 +2,30 @@
 
 Manual equivalents: ``ls -l /dev/nvidia*``, ``pvesm path local:snippets/<name>``, ``cat /etc/pve/mapping/pci.cfg``,
 ``readlink /sys/bus/pci/devices/0000:41:00.0/driver`` (``lspci -k -s 41:00.0``),
-``grep /var/lib/lxc/ /proc/net/unix`` (running containers, as ``pct status`` tests it).
+``grep populated /sys/fs/cgroup/lxc/*/cgroup.events`` (running containers).
+
+"Running" is read from the container's cgroup, which only root (lxc) can create: not from the abstract socket
+``@/var/lib/lxc/<vmid>/command`` that ``pct status`` tests, because any local user can bind that name first.
 """
 
 from __future__ import annotations
 
 import os
-import re
 
 from ..errors import UsageError
 from .storagecfg import read_storage
 
-_LXC_SOCKET = re.compile(r"^@/var/lib/lxc/(\d+)/command$")  # the whole path column, nothing around it
+CGROUP_TOPS = ("", "unified", "pids", "memory", "cpu", "systemd")  # v2 root, hybrid's unified, v1 hierarchies
 
 
 class LocalNodeFiles:
     """NodeFiles on a PVE node; every root can be moved (tests, the simulated node)."""
 
     def __init__(self, pve_root: str = "/etc/pve", sysfs: str = "/sys", dev_map: dict[str, str] | None = None,
-                 snippets_dir: str | None = None, proc: str = "/proc") -> None:
+                 snippets_dir: str | None = None, proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> None:
         self.pve_root = pve_root
         self.proc = proc
+        self.cgroup_root = cgroup_root
         self.sysfs = sysfs
         self.dev_map = dev_map or {}  # path -> stand-in (the simulated node), else the path itself
         self.snippets_dir = snippets_dir  # every snippet lives here (the simulated node), else storage.cfg decides
@@ -44,12 +47,19 @@ class LocalNodeFiles:
         return os.path.join(st.path, "snippets", name)
 
     def running_cts(self) -> frozenset[int] | None:
-        try:
-            with open(os.path.join(self.proc, "net", "unix"), encoding="utf-8", errors="replace") as f:
-                paths = (line.split()[-1] for line in f.read().splitlines()[1:] if len(line.split()) >= 8)
-                return frozenset(int(m.group(1)) for p in paths if (m := _LXC_SOCKET.match(p)))
-        except OSError:
-            return None
+        """Containers with a populated ``lxc/<vmid>`` cgroup (v2: ``cgroup.events``; v1: a pid in its tree); None
+        when no cgroup hierarchy with an ``lxc`` directory can be read (unknown, never "all stopped")."""
+        for sub in CGROUP_TOPS:
+            top = os.path.join(self.cgroup_root, sub, "lxc")
+            if not os.path.isdir(top):
+                continue
+            try:
+                names = [n for n in os.listdir(top) if n.isdigit() and n.isascii()]
+            except OSError:
+                return None
+            return frozenset(int(n) for n in names if _populated(os.path.join(top, n)))
+        mounted = any(os.path.exists(os.path.join(self.cgroup_root, sub, "cgroup.procs")) for sub in CGROUP_TOPS)
+        return frozenset() if mounted else None  # a cgroupfs without lxc/: no container runs
 
     def read_pve(self, relpath: str) -> str | None:
         try:
@@ -77,3 +87,26 @@ class LocalNodeFiles:
                 return f.read().strip().lower()
         except (OSError, UnicodeDecodeError):
             return None
+
+
+def _populated(cg: str) -> bool:
+    """Whether cgroup directory ``cg`` has a process anywhere below it."""
+    try:
+        with open(os.path.join(cg, "cgroup.events"), encoding="ascii") as f:
+            return any(line.split() == ["populated", "1"] for line in f)
+    except FileNotFoundError:  # cgroup v1: no cgroup.events
+        pass
+    except (OSError, UnicodeDecodeError):
+        return False
+    for _path, _dirs, files, dirfd in os.fwalk(cg):
+        if "cgroup.procs" in files:
+            try:
+                fd = os.open("cgroup.procs", os.O_RDONLY, dir_fd=dirfd)
+                try:
+                    if os.read(fd, 64).strip():
+                        return True
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue
+    return False

@@ -18,13 +18,13 @@ from ..cgroup import UNKNOWN, parse_cgroup
 from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
 from ..procstat import Stat, read_stat
 from ..safetext import escape
-from .devscan import UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors
+from .devscan import BUDGET, UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors, stat_nosync
 
 STUCK = "stuck"  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate scans through this module
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from typing import Any, Protocol
 
     class Boundary(Protocol):
@@ -178,8 +178,10 @@ class ProcHost:
         cgroup_root: str = "/sys/fs/cgroup",
         boundary: Boundary | None = None,
         budget: ScanBudget | None = None,
+        stat_of: Callable[[str], tuple[int, int]] = stat_nosync,
     ) -> None:
         self.devices = devices or DeviceTable()
+        self._stat_of = stat_of  # tests pass a plain os.stat to reproduce a scan that blocks
         self.proc = proc
         self.boundary: Boundary = boundary or CgroupBoundary(proc, cgroup_root)
         self.budget = budget or ScanBudget()
@@ -239,20 +241,24 @@ class ProcHost:
     def holdings(self, pids: Iterable[int] | None = None, *, deep: bool = False) -> dict[int, Holding]:
         """Holdings per pid; see devscan for the rules (device numbers, budget, threads of a dead leader).
 
-        The scan runs in a worker thread watched from here: a ``stat`` of a file on a FUSE or NFS mount that
-        does not answer blocks in the kernel where no budget check can reach it. Such a process is given up
-        after ``budget.seconds`` + 0.5 s as unreadable (``stuck``), remembered for the rest of this run, and the
-        scan goes on with a new worker: a tenant's hung mount costs at most that once, never a hang.
+        Nothing a FUSE/NFS server answers is waited for (devscan), and the scan still runs in a worker thread
+        watched from here, for whatever else may block in the kernel: such a process is given up after
+        ``budget.seconds`` + 0.5 s as unreadable (``stuck``), remembered for the rest of this run, and the scan
+        goes on with a new worker. The whole call is bounded by ``budget.total``: the processes not reached by
+        then are unreadable (``budget``), never "hold nothing", so many stuck processes cost that bound, never more.
         """
+        import time
+
         todo = [p for p in (self.all_pids() if pids is None else pids) if p != self.self_pid]
         out: dict[int, Holding] = {}
+        end = time.monotonic() + self.budget.total
         start = 0
         while start < len(todo):
-            start = self._scan_watched(todo, start, deep, out)
+            start = self._scan_watched(todo, start, deep, out, end)
         return out
 
-    def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding]) -> int:
-        """Scan ``todo[start:]`` into ``out``; returns where to go on (past a stuck process, or the end)."""
+    def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float) -> int:
+        """Scan ``todo[start:]`` into ``out`` until ``end``; returns where to go on (past a stuck process, or the end)."""
         import threading
         import time
 
@@ -261,7 +267,7 @@ class ProcHost:
         done, abandoned = threading.Event(), threading.Event()
 
         def work() -> None:
-            scan = ProcessScan(self.devices, self.budget, cache={})
+            scan = ProcessScan(self.devices, self.budget, cache={}, stat_of=self._stat_of)
             for j in range(start, len(todo)):
                 if abandoned.is_set():
                     return
@@ -282,6 +288,12 @@ class ProcHost:
         limit = self.budget.seconds + 0.5
         while not done.wait(0.05):
             j, since, ident = at
+            if time.monotonic() > end:  # the whole scan's bound: what is not read by now is unknown
+                abandoned.set()
+                rest = set(todo[j:])  # in progress or not reached
+                out.update({p: h for p, h in dict(found).items() if p not in rest})
+                out.update({p: Holding(p, frozenset(), frozenset({UNREADABLE, BUDGET})) for p in rest})
+                return len(todo)
             if time.monotonic() - since > limit:
                 abandoned.set()
                 if ident is not None:

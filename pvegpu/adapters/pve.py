@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import ConfigError, NotFoundError, PveApiError, PveNoAnswer
 from ..model import CtStatus, Guest, TaskResult
 from ..ports import Clock
+from ..safetext import escape
 from ..settings import ApiSettings
 from . import answers
 from .pvesh import PveshError, PveshSession
@@ -244,7 +245,7 @@ class ProxmoxerPve:
         try:
             answer = fn()
         except ResourceException as exc:
-            content = str(exc.content).strip() or str(exc.status_message or "")
+            content = escape(str(exc.content).strip() or str(exc.status_message or ""), 500)  # the server's text
             if exc.status_code == 403:
                 msg, hint = _forbidden(content)
                 raise PveApiError(f"{what}: {msg}", hint) from exc

@@ -202,4 +202,6 @@ class PveshSession:
 def _warn(call: str, err: str) -> None:
     import logging
 
-    logging.getLogger("pvegpu").warning("pvesh %s wrote to stderr (its answer is used): %s", call, err[:500].replace("\n", " | "))
+    from ..safetext import escape
+
+    logging.getLogger("pvegpu").warning("pvesh %s wrote to stderr (its answer is used): %s", call, escape(err.replace("\n", " | "), 500))

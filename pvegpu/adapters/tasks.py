@@ -12,8 +12,10 @@ from typing import Any
 from ..errors import PvegpuError, TaskFailed, TaskTimeout
 from ..model import TaskResult
 from ..ports import Clock
+from ..safetext import escape
 
 LOG_TAIL = 10  # log lines kept with a failed or timed-out task
+SHOWN = 500  # characters kept of an exitstatus or a log line, after escaping (both are remote text)
 POLL = 0.2  # seconds between status reads
 
 
@@ -46,7 +48,7 @@ def wait_task(
             raise TaskTimeout(message, f"it may still finish: `pvesh get /nodes/{node}/tasks/{upid}/status`; "
                               "raise reset.task_timeout if such tasks are normal here", tail)
         clock.sleep(min(poll, left))
-    exitstatus = str(st.get("exitstatus") or "no exit status")
+    exitstatus = escape(str(st.get("exitstatus") or "no exit status"), SHOWN)  # a guest's own text can end up here
     if exitstatus == "OK":
         return TaskResult(upid, exitstatus)
     if exitstatus.startswith("WARNINGS"):
@@ -62,7 +64,7 @@ def _with_log(message: str, log: Callable[[], list[str]]) -> tuple[str, tuple[st
         lines = log()
     except PvegpuError as exc:
         return (f"{message} (its log could not be read: {exc.message})" if message else message), ()
-    return message, tuple(escape(str(line)) for line in list(lines)[-LOG_TAIL:])
+    return message, tuple(escape(str(line), SHOWN) for line in list(lines)[-LOG_TAIL:])
 
 
 def _failure_hint(node: str, upid: str, exitstatus: str) -> str:
@@ -77,7 +79,3 @@ def upid_id(upid: str) -> str:
     parts = upid.split(":")
     return parts[6] if len(parts) > 7 and parts[0] == "UPID" else ""
 
-
-def escape(text: str) -> str:
-    """Control characters as visible escapes (task logs can carry a guest's own output)."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

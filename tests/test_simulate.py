@@ -1,0 +1,57 @@
+"""The simulated node touches nothing real: allow-once tokens, reset locks and the guard's install stay off this node."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+from pvegpu.settings import GateSettings, ResetSettings
+from tests.pvelike import REPO
+
+GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
+
+
+def _pvegpu(*args, env=None):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
+    return subprocess.run([sys.executable, "-m", "pvegpu", *args], capture_output=True, text=True, cwd=REPO, timeout=60,
+                          env=clean | (env or {}))
+
+
+def test_simulated_allow_once_writes_under_the_simulated_dir_never_the_real_one(sim_node):
+    """`pvegpu --simulate DIR hook allow-once VMID` as a new user types it: the token is DIR/allow-once/VMID; the
+    real override directory gets nothing, so the real CT of that id keeps its gate."""
+    vmid = random.randint(800_000, 899_999)
+    real = os.path.join(GateSettings.override_dir, str(vmid))
+    node = sim_node({"node": "s", "gpus": [GPU], "containers": [{"vmid": vmid, "status": "stopped", "gpus": [0]}]})
+    try:
+        r = _pvegpu("--simulate", node.root, "hook", "allow-once", str(vmid))
+        assert r.returncode == 0, r.stderr
+        assert os.path.exists(os.path.join(node.root, "allow-once", str(vmid))) and not os.path.exists(real)
+    finally:
+        if os.path.exists(real):  # only if the fix is missing: never leave a real token behind
+            os.unlink(real)
+
+
+def test_simulated_state_dirs_default_under_the_simulated_node(tmp_path, monkeypatch):
+    """Every state directory still at its real default moves under the simulated node's directory; one set explicitly stays."""
+    from pvegpu import wiring
+
+    for k in [k for k in os.environ if k.startswith("PVEGPU_")]:
+        monkeypatch.delenv(k)
+    cfg = tmp_path / "empty.toml"
+    cfg.write_text("")
+    s = wiring.settings(wiring.GlobalOptions(config=str(cfg), simulate="/tmp/simnode"))
+    assert s.reset.lock_dir == "/tmp/simnode/lock" and s.gate.override_dir == "/tmp/simnode/allow-once"
+    assert ResetSettings.lock_dir != s.reset.lock_dir
+    s = wiring.settings(wiring.GlobalOptions(config=str(cfg), simulate="/tmp/simnode"), {"gate.override_dir": "/tmp/x"})
+    assert s.gate.override_dir == "/tmp/x"
+
+
+def test_simulated_hook_install_is_refused_and_runs_no_pct(sim_node, tmp_path):
+    """`--simulate DIR hook install|uninstall|status` would change this node's real containers: exit 2, nothing run."""
+    node = sim_node({"node": "s", "gpus": [GPU], "containers": [{"vmid": 129, "status": "stopped", "gpus": [0]}]})
+    for sub in ("install", "uninstall", "status"):
+        r = _pvegpu("--simulate", node.root, "hook", sub, "--storage", "local")
+        assert r.returncode == 2 and r.stderr.startswith("Error: ") and "Traceback" not in r.stderr, r.stderr
