@@ -129,11 +129,18 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, threshol
     if len(guests) > 1:
         flag(FlagKind.SHARED, f"held by {', '.join(guests)}")
     for h in row.holders:
-        if h.place in ("host", "monitor"):
+        if h.place in ("host", "monitor") and not context_capable(h):  # an NVML client: information, not attention
+            flag(FlagKind.NVML_CLIENT, f"pid {h.pid} ({h.comm}) on the {h.place} has /dev/nvidia{gpu.minor} open (fd only)")
+        elif h.place in ("host", "monitor"):
             flag(FlagKind.HOST_HOLDER, f"pid {h.pid} ({h.comm}) on the {h.place} holds /dev/nvidia{gpu.minor}")
         elif h.place == "unknown":
             flag(FlagKind.UNKNOWN_PLACE, f"pid {h.pid} ({h.comm}): placement unknown")
     return row
+
+
+def context_capable(h: HolderRow) -> bool:
+    """NVML lists it or it maps the device: it may own a CUDA context and memory. An fd alone is an NVML client."""
+    return "nvml" in h.via or "maps" in h.via
 
 
 def _health_flags(row: GpuRow, flags: list[Flag]) -> None:

@@ -78,7 +78,10 @@ class AuditCollector:
             "retired_pages_pending": g("pvegpu_gpu_retired_pages_pending", "1 when page retirement waits for a GPU reset", G),
             "mig_enabled": g("pvegpu_gpu_mig_enabled", "1 when MIG mode is on", G),
         }
-        outside = g("pvegpu_gpu_outside_holders", "live processes outside any guest (host, monitor, unknown) holding the GPU", G)
+        outside = g("pvegpu_gpu_outside_holders", "live processes outside any guest (host, monitor, unknown) that may own a context on "
+                    "the GPU (NVML lists them or they map the device)", G)
+        clients = g("pvegpu_gpu_nvml_clients", "live processes outside any guest with only an fd on the GPU (NVML clients: "
+                    "nvidia-persistenced, DCGM, exporters; informational)", G)
         dead = g("pvegpu_gpu_dead_pids", "pids NVML lists on the GPU that no longer exist", G)
         granted = g("pvegpu_gpu_granted_guests", "guests whose configuration grants the GPU", G)
         for gpu in n.get("gpus", []):
@@ -99,7 +102,10 @@ class AuditCollector:
                 v = gpu.get("health", {}).get(field_name)
                 if v is not None:
                     fam.add_metric(key, 1.0 if v else 0.0)
-            outside.add_metric(key, float(sum(1 for h in gpu.get("holders", []) if h.get("place") not in ("lxc", "qemu"))))
+            out = [h for h in gpu.get("holders", []) if h.get("place") not in ("lxc", "qemu")]
+            owners = sum(1 for h in out if {"nvml", "maps"} & set(h.get("via", [])))
+            outside.add_metric(key, float(owners))
+            clients.add_metric(key, float(len(out) - owners))
             dead.add_metric(key, float(len(gpu.get("dead_pids", []))))
 
     @staticmethod

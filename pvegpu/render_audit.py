@@ -32,9 +32,11 @@ def _holder(h: Mapping[str, Any]) -> str:
     who = h["owner"] + (f" ({h['hostname']})" if h.get("hostname") else "")
     inside = f", pid {h['ns_pid']} inside" if h.get("ns_pid") is not None and h.get("place") == "lxc" else ""
     user = f", uid {h['uid']}" if h.get("uid") is not None else ""
-    mem = f"{_mib(h.get('used_bytes'))} MiB" if "nvml" in h.get("via", []) else "- MiB"
+    via = h.get("via", [])
+    mem = f"{_mib(h.get('used_bytes'))} MiB" if "nvml" in via else "- MiB"
     cmd = _safe(h.get("cmdline") or h.get("comm", ""))
-    return f"    {who:<24} pid {h['pid']}{inside}{user}  {mem:>9}  via {'+'.join(h.get('via', []))}  {cmd[:60]}"
+    client = "  (NVML client: no context)" if h.get("place") in ("host", "monitor") and not {"nvml", "maps"} & set(via) else ""
+    return f"    {who:<24} pid {h['pid']}{inside}{user}  {mem:>9}  via {'+'.join(via)}  {cmd[:60]}{client}"
 
 
 def node_text(n: Mapping[str, Any]) -> list[str]:
