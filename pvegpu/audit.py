@@ -84,6 +84,10 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
             row.health = _health(health_of, gpu.minor)
             _health_flags(row, rep.flags)
         rep.gpus.append(row)
+    for index, why in sorted(getattr(probe, "lost", {}).items()):  # NVML could not name it: an error row, never a gap
+        rep.gpus.append(GpuRow(index, -1, "?", "?", "", error=why))
+        rep.flags.append(Flag(FlagKind.UNREADABLE, f"GPU {index}", f"NVML index {index}: {why}"))
+    rep.gpus.sort(key=lambda g: g.index)
 
 
 def _health(read: Callable[[int], GpuHealth], minor: int) -> GpuHealth:

@@ -84,9 +84,13 @@ class AuditCollector:
                     "nvidia-persistenced, DCGM, exporters; informational)", G)
         dead = g("pvegpu_gpu_dead_pids", "pids NVML lists on the GPU that no longer exist", G)
         granted = g("pvegpu_gpu_granted_guests", "guests whose configuration grants the GPU", G)
+        seen: set[tuple[str, ...]] = set()
         for gpu in n.get("gpus", []):
-            key = [node, str(gpu["uuid"]), str(gpu["minor"])]
-            info.add_metric([node, str(gpu["uuid"]), str(gpu["index"]), str(gpu["minor"]), str(gpu["bus_id"]), str(gpu["name"]),
+            key = [node, str(gpu["uuid"]), _minor(gpu)]
+            if tuple(key) in seen:  # two GPUs NVML could not name (uuid and minor "?"): one series, never a duplicate
+                continue
+            seen.add(tuple(key))
+            info.add_metric([node, str(gpu["uuid"]), str(gpu["index"]), _minor(gpu), str(gpu["bus_id"]), str(gpu["name"]),
                              str(gpu.get("driver_version") or "")], 1.0)
             readable = bool(gpu.get("readable", True))
             gup.add_metric(key, 1.0 if readable else 0.0)
@@ -135,6 +139,11 @@ class AuditCollector:
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []
+
+
+def _minor(gpu: Mapping[str, Any]) -> str:
+    """The minor label: "?" for a GPU NVML could not name (its row has minor -1)."""
+    return "?" if int(gpu.get("minor", -1)) < 0 else str(gpu["minor"])
 
 
 def previous_success(path: str) -> dict[str, float]:

@@ -43,7 +43,8 @@ def node_text(n: Mapping[str, Any]) -> list[str]:
     lines = [f"node {_safe(n['node'])}" + ("" if n.get("ok", True) else f": {_safe(n.get('error'))}")]
     for g in n.get("gpus", []):
         if not g.get("readable", True):
-            lines.append(f"GPU {g['index']}  /dev/nvidia{g['minor']}  {g['bus_id']}  {g['uuid']}  UNREADABLE: {g.get('error')}")
+            dev = f"/dev/nvidia{g['minor']}" if g["minor"] >= 0 else "/dev/nvidia?"
+            lines.append(f"GPU {g['index']}  {dev}  {g['bus_id']}  {g['uuid']}  UNREADABLE: {_safe(g.get('error'))}")
             continue
         unattr = g.get("unattributed_bytes")
         lines.append(f"GPU {g['index']}  /dev/nvidia{g['minor']}  {g['bus_id']}  {g['name']}  {g['uuid']}")

@@ -20,6 +20,12 @@ def find(run: ResetRun) -> dict[int, GpuFacts]:
     run.located = loc = locate(run.vmid, pve=run.p.pve, probe=run.p.probe)
     r.node, r.gpus = loc.guest.node, [g.minor for g in loc.gpus]
     r.notes.extend(loc.config.gpus.notes)
+    lost = list(getattr(run.p.probe, "failed", ()))
+    if loc.missing_minors and lost:  # a granted GPU NVML could not name may be the lost one: unknown, never clean
+        raise E.GpuQueryError(
+            f"CT {run.vmid}'s GPU minor(s) {', '.join(map(str, loc.missing_minors))} not listed by NVML, which could not read "
+            f"every GPU ({'; '.join(lost)}): unknown, nothing was signalled",
+            "`nvidia-smi -q` and `dmesg | grep -i xid` on the node; a lost GPU needs a reset or a reboot")
     for m in loc.missing_minors:
         r.notes.append(f"config grants /dev/nvidia{m} but this node has no GPU with minor {m}")
     if not loc.gpus:
