@@ -11,7 +11,7 @@ from .inspect import GpuFacts
 from .locate import locate
 from .reset_report import ResetOutcome
 from .reset_run import ResetRun
-from .reset_stop import describe
+from .reset_stop import describe, planned_action
 
 
 def find(run: ResetRun) -> dict[int, GpuFacts]:
@@ -42,7 +42,7 @@ def plan(run: ResetRun, facts: dict[int, GpuFacts]) -> None:
     r = run.report
     targets = run.killable(facts)
     for _pid, h in sorted(targets.items()):
-        r.plan.append(describe(h) | {"action": "SIGTERM, then SIGKILL after grace"})
+        r.plan.append(describe(h) | {"action": planned_action(h)})
     for f in facts.values():
         for h in f.ct_holders:
             if h.info.is_ct_init:

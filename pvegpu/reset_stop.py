@@ -95,6 +95,15 @@ def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> set[ProcIdenti
     return {h.info.ident for h in killed}
 
 
+def planned_action(h: Holder) -> str:
+    """What ``signal_round`` will send this holder (for --dry-run)."""
+    if h.info.term_futile or h.info.state == TRACED:
+        return "SIGKILL at once: SIGTERM cannot reach it (ignored, traced, or a nested namespace's init without a handler)"
+    if h.info.state == STOPPED:
+        return "SIGTERM, then SIGCONT (it is stopped), then SIGKILL after grace"
+    return "SIGTERM, then SIGKILL after grace"
+
+
 def _state(run: ResetRun, h: Holder) -> str | None:
     """The holder's state now (it may have been stopped since the scan); None when it is gone or is another process."""
     d = run.p.host.describe(h.pid)

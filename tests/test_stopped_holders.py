@@ -215,3 +215,14 @@ def test_tracer_pid_makes_sigterm_futile():
     base = b"Name:\tx\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000004000\n"
     assert term_futile(base + b"TracerPid:\t4242\n", [100, 5])
     assert not term_futile(base + b"TracerPid:\t0\n", [100, 5])
+
+
+def test_dry_run_says_what_a_stopped_or_traced_holder_will_get(ct):
+    """--dry-run names SIGCONT for a stopped holder; nothing is signalled and the holder stays stopped."""
+    start, host, _marker = ct
+    vmid, pid = start(False)
+    os.kill(pid, signal.SIGSTOP)
+    _wait(lambda: _state(pid) == "T", "the holder to stop")
+    rep = reset(vmid, Ports(OneCt(vmid), HolderProbe(host), host, SystemClock()), ResetPolicy(dry_run=True, restart=False))
+    (plan,) = [p for p in rep.plan if p["pid"] == pid]
+    assert "SIGCONT" in plan["action"] and rep.signalled == [] and _state(pid) == "T"
