@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -66,7 +67,7 @@ class Lab:
         """Start CT vmid with one cuda_hold workload of ``gib``; returns what to wait for."""
         ready, gone = os.path.join(self.tmp, f"ready-{vmid}"), os.path.join(self.tmp, f"exit-{vmid}")
         argv = G.holder_argv(gib, ready, *flags)
-        script = G.watched_script(argv, gone) if watch else "exec " + " ".join(argv)
+        script = G.watched_script(argv, gone) if watch else "exec " + shlex.join(argv)
         self.started.append(vmid)
         N.start_ct(vmid, script, sys.executable)
         return G.Workload(f"CT {vmid}", gib, ready, lambda: N.ct_pids(vmid), exit_file=gone if watch else None,
