@@ -267,3 +267,26 @@ def test_reset_of_a_ct_granted_an_unreadable_gpu_exits_5_and_signals_nothing(mon
     host.add(129, init=True)
     rep = reset(129, Ports(pve, BoundedProbe(full_probe(monkeypatch), 5), host, clock), ResetPolicy(restart=False, settle=0.0))
     assert rep.exit_code == 0 and host.signals == []
+
+
+def test_cli_reset_of_a_ct_granted_a_lost_gpu_exits_5_on_the_simulated_node(sim_node):
+    """`pvegpu reset` through the command line on the simulated node: CT 130 is granted the GPU NVML lost: exit 5,
+    one-line error, its holder on the healthy GPU is not signalled; CT 129 (the healthy GPU only) is clean."""
+    import os
+    import subprocess
+
+    gpus = [{"minor": 0, "index": 0, "stand_in": "/dev/full"}, {"minor": 1, "index": 1, "stand_in": "/dev/full", "lost": True}]
+    n = sim_node({"node": "pve-sim", "gpus": gpus, "containers": [
+        {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 256}]},
+        {"vmid": 130, "gpus": [0, 1], "workloads": [{"kind": "simple", "gpu": 0, "mib": 256}]}]})
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def cli(vmid):
+        return subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", n.root, "reset", str(vmid), "--no-restart"],
+                              capture_output=True, text=True, cwd=repo, timeout=120)
+
+    r = cli(130)
+    assert r.returncode == E.EXIT_GPU_UNKNOWN and "GPU is lost" in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "SIGTERM" not in r.stdout
+    r = cli(129)
+    assert r.returncode == 0, r.stdout + r.stderr
