@@ -76,6 +76,7 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
         rep.error = f"GPUs of {rep.node or 'this node'} cannot be read: {exc.message}"
         rep.flags.append(Flag(FlagKind.UNREADABLE, "all GPUs", rep.error))
         return
+    lost = dict(getattr(probe, "lost", {}))  # GPUs NVML could not name, by index (read now: later reads may redo gpus())
     facts = inspect_gpus(None, gpus, host=host, probe=probe, whole_host=True)
     health_of = getattr(probe, "health", None)
     for gpu in gpus:
@@ -84,7 +85,7 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
             row.health = _health(health_of, gpu.minor)
             _health_flags(row, rep.flags)
         rep.gpus.append(row)
-    for index, why in sorted(getattr(probe, "lost", {}).items()):  # NVML could not name it: an error row, never a gap
+    for index, why in sorted(lost.items()):  # NVML could not name it: an error row, never a gap
         rep.gpus.append(GpuRow(index, -1, "?", "?", "", error=why))
         rep.flags.append(Flag(FlagKind.UNREADABLE, f"GPU {index}", f"NVML index {index}: {why}"))
     rep.gpus.sort(key=lambda g: g.index)
