@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -92,6 +94,23 @@ def wait_ready(workloads: list[Workload], nvml: Callable[[], Mapping[int, int | 
             raise AssertionError(f"{len(found)} of {len(workloads)} workload(s) not ready after {timeout:g} s: "
                                  + "; ".join(why for _w, (_k, why) in found[:5]))
         sleep(0.1)
+
+
+def first_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The first line ``proc`` prints (its stdout a pipe), within ``timeout`` seconds; AssertionError when it
+    ends or stays silent that long (a read of a process stuck in the driver never hangs the test)."""
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    try:
+        if not sel.select(timeout):
+            raise AssertionError(f"pid {proc.pid} printed nothing in {timeout:g} s (exit status {proc.poll()})")
+        line = proc.stdout.readline()
+    finally:
+        sel.close()
+    if not line:
+        raise AssertionError(f"pid {proc.pid} ended (exit status {proc.wait(5)}) before it printed anything")
+    return line.strip()
 
 
 def _read(path: str) -> str:

@@ -85,3 +85,23 @@ def test_holder_argv_and_result_rows(tmp_path, monkeypatch):
     monkeypatch.setenv("PVEGPU_RESULTS", str(out))
     G.record(G.goal({"scenario": "x"}, 1.23456, 1.0))
     assert json.loads(out.read_text()) == {"scenario": "x", "wall_s": 1.235, "goal_s": 1.0, "goal_met": False}
+
+
+def test_first_line_has_a_deadline_and_sees_a_dead_process():
+    """first_line returns what a process prints first, and fails (never hangs) when it is silent or ends."""
+    import sys
+
+    def proc(code):
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+    talker = proc("print('ready', flush=True); import time; time.sleep(30)")
+    assert G.first_line(talker, 10) == "ready"
+    talker.kill()
+    talker.wait()
+    silent = proc("import time; time.sleep(30)")
+    with pytest.raises(AssertionError, match="printed nothing in 0.3 s"):
+        G.first_line(silent, 0.3)
+    silent.kill()
+    silent.wait()
+    with pytest.raises(AssertionError, match="ended \\(exit status 4\\)"):
+        G.first_line(proc("raise SystemExit(4)"), 10)

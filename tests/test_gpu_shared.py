@@ -163,7 +163,7 @@ def test_audit_with_an_nvml_client_on_the_host_needs_no_attention(lab):
                                "pynvml.nvmlDeviceGetMemoryInfo(h)\nprint('ready', flush=True)\ntime.sleep(600)\n"],
                               stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     lab.host_procs.append(client)
-    assert client.stdout is not None and client.stdout.readline().strip() == "ready", f"the NVML client died (exit {client.poll()})"
+    assert G.first_line(client, 30) == "ready"
     prom = os.path.join(lab.tmp, "pvegpu.prom")
     r, wall = lab.pvegpu("audit", "--json", "--prometheus", prom)
     doc = json.loads(r.stdout)
