@@ -54,16 +54,18 @@ def standin() -> Iterator[tuple[str, DeviceTable]]:
 
 
 class HolderProbe:
-    """NVML stand-in: every live holder of the stand-in device is listed with 512 MiB, freed when it is gone."""
+    """NVML stand-in: every live holder of the stand-in device in CT ``vmid`` (only its processes can hold this
+    test's device, and scanning only them keeps the test fast on a crowded host) is listed with 512 MiB, freed
+    when it is gone."""
 
-    def __init__(self, host: ProcHost) -> None:
-        self.host = host
+    def __init__(self, host: ProcHost, vmid: int) -> None:
+        self.host, self.vmid = host, vmid
 
     def gpus(self) -> list[GpuInfo]:
         return [GpuInfo(0, 0, "GPU-standin-0", "0000:00:00.0")]
 
     def sample(self, minors):
-        live = [h.pid for h in self.host.holdings(None).values()
+        live = [h.pid for h in self.host.holdings(self.host.ct_pids(self.vmid)).values()
                 if 0 in h.minors and (i := self.host.describe(h.pid)) is not None and i.state not in ("Z", "X")]
         return {m: GpuSample(m, len(live) * 512 * MIB, tuple(NvmlProcess(p, 512 * MIB) for p in live)) for m in minors}
 
@@ -146,7 +148,7 @@ def ct(standin, tmp_path):
 
 def _reset(vmid: int, host: ProcHost):
     t = time.monotonic()
-    rep = reset(vmid, Ports(OneCt(vmid), HolderProbe(host), host, SystemClock()),
+    rep = reset(vmid, Ports(OneCt(vmid), HolderProbe(host, vmid), host, SystemClock()),
                 ResetPolicy(grace=GRACE, kill_wait=3.0, timeout=5.0, settle=0.1, restart=False))
     return rep, time.monotonic() - t
 
@@ -223,6 +225,6 @@ def test_dry_run_says_what_a_stopped_or_traced_holder_will_get(ct):
     vmid, pid = start(False)
     os.kill(pid, signal.SIGSTOP)
     _wait(lambda: _state(pid) == "T", "the holder to stop")
-    rep = reset(vmid, Ports(OneCt(vmid), HolderProbe(host), host, SystemClock()), ResetPolicy(dry_run=True, restart=False))
+    rep = reset(vmid, Ports(OneCt(vmid), HolderProbe(host, vmid), host, SystemClock()), ResetPolicy(dry_run=True, restart=False))
     (plan,) = [p for p in rep.plan if p["pid"] == pid]
     assert "SIGCONT" in plan["action"] and rep.signalled == [] and _state(pid) == "T"
