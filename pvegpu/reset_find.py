@@ -21,9 +21,11 @@ def find(run: ResetRun) -> dict[int, GpuFacts]:
     r.node, r.gpus = loc.guest.node, [g.minor for g in loc.gpus]
     r.notes.extend(loc.config.gpus.notes)
     lost = list(getattr(run.p.probe, "failed", ()))
-    if loc.missing_minors and lost:  # a granted GPU NVML could not name may be the lost one: unknown, never clean
+    if lost and (loc.missing_minors or loc.config.gpus.all_gpus):  # a granted GPU NVML could not name: unknown, never clean
+        which = ("all GPUs (c 195:*), one of them" if loc.config.gpus.all_gpus else
+                 f"GPU minor(s) {', '.join(map(str, loc.missing_minors))},")
         raise E.GpuQueryError(
-            f"CT {run.vmid}'s GPU minor(s) {', '.join(map(str, loc.missing_minors))} not listed by NVML, which could not read "
+            f"CT {run.vmid} is granted {which} not listed by NVML, which could not read "
             f"every GPU ({'; '.join(lost)}): unknown, nothing was signalled",
             "`nvidia-smi -q` and `dmesg | grep -i xid` on the node; a lost GPU needs a reset or a reboot")
     for m in loc.missing_minors:

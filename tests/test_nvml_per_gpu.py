@@ -260,13 +260,18 @@ def test_reset_of_a_ct_granted_an_unreadable_gpu_exits_5_and_signals_nothing(mon
     pve.add_ct(130, minors=(0, 1))
     host.add(130, init=True)
     p = host.add(130, minors={0})
-    with pytest.raises(E.GpuQueryError, match="minor\\(s\\) 1 not listed by NVML") as exc:
+    with pytest.raises(E.GpuQueryError, match="minor\\(s\\) 1, not listed by NVML") as exc:
         reset(130, Ports(pve, BoundedProbe(full_probe(monkeypatch), 5), host, clock), ResetPolicy(restart=False))
     assert exc.value.exit_code == E.EXIT_GPU_UNKNOWN and host.signals == [] and p.pid in host.procs
     pve.add_ct(129, minors=(0,))
     host.add(129, init=True)
     rep = reset(129, Ports(pve, BoundedProbe(full_probe(monkeypatch), 5), host, clock), ResetPolicy(restart=False, settle=0.0))
     assert rep.exit_code == 0 and host.signals == []
+    pve.add_ct(131)
+    pve.configs[131] = "arch: amd64\nlxc.cgroup2.devices.allow: c 195:* rwm\n"  # every GPU, the lost one too
+    with pytest.raises(E.GpuQueryError, match="all GPUs") as exc:
+        reset(131, Ports(pve, BoundedProbe(full_probe(monkeypatch), 5), host, clock), ResetPolicy(restart=False))
+    assert exc.value.exit_code == E.EXIT_GPU_UNKNOWN and host.signals == []
 
 
 def test_cli_reset_of_a_ct_granted_a_lost_gpu_exits_5_on_the_simulated_node(sim_node):
@@ -290,3 +295,15 @@ def test_cli_reset_of_a_ct_granted_a_lost_gpu_exits_5_on_the_simulated_node(sim_
     assert "SIGTERM" not in r.stdout
     r = cli(129)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="gate.evaluate counts a lost GPU only for named minors (`for m in _missing if failed`), "
+                   "not for a `c 195:*` grant of every GPU: fails open; fix in gate.py")
+@pytest.mark.parametrize("make", [full_probe, lite_probe], ids=["nvidia-ml-py", "ctypes"])
+def test_gate_refuses_a_ct_granted_every_gpu_while_one_is_lost(monkeypatch, make):
+    """Gate: a CT granted every GPU (`c 195:*`) while NVML lost one is refused as unknown, like a named grant."""
+    host, pve = _node()
+    pve.add_ct(131)
+    pve.configs[131] = "arch: amd64\nlxc.cgroup2.devices.allow: c 195:* rwm\n"
+    probe = make(monkeypatch, [{"minor": 0, "uuid": "GPU-ok-0"}, {"lost": True}])
+    assert not evaluate(131, GatePorts(pve, probe, host), GatePolicy()).decision.allow
