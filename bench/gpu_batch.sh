@@ -13,7 +13,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
 uname -r >>"$OUT/machine.txt"; $PY --version >>"$OUT/machine.txt"
 echo "== GPU tests"; date +%s
-PVEGPU_RESULTS="$OUT/gpu.jsonl" timeout "${T_TESTS:-240}" $PY -m pytest -q -p no:cacheprovider -rA tests/test_gpu.py tests/test_audit_gpu.py 2>&1 | tail -40 | tee "$OUT/gpu-tests.log"
+PVEGPU_RESULTS="$OUT/gpu.jsonl" timeout "${T_TESTS:-240}" $PY -m pytest -q -p no:cacheprovider -rA tests/test_gpu.py tests/test_audit_gpu.py tests/test_gpu_shared.py 2>&1 | tail -40 | tee "$OUT/gpu-tests.log"
 echo "== gate vs nvidia-smi"; date +%s
 timeout "${T_GATE:-90}" $PY bench/bench_gate.py "${GATE_N:-40}" 2>&1 | tee "$OUT/gate.txt"
 echo "== side by side"; date +%s

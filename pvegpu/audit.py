@@ -80,6 +80,7 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
         rep.error = f"GPUs of {rep.node or 'this node'} cannot be read: {exc.message}"
         rep.flags.append(Flag(FlagKind.UNREADABLE, "all GPUs", rep.error))
         return
+    lost = dict(getattr(probe, "lost", {}))  # GPUs NVML could not name, by index (read now: later reads may redo gpus())
     facts = inspect_gpus(None, gpus, host=host, probe=probe, whole_host=True)
     health_of = getattr(probe, "health", None)
     for gpu in gpus:
@@ -88,6 +89,10 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
             row.health = _health(health_of, gpu.minor)
             _health_flags(row, rep.flags)
         rep.gpus.append(row)
+    for index, why in sorted(lost.items()):  # NVML could not name it: an error row, never a gap
+        rep.gpus.append(GpuRow(index, -1, "?", "?", "", error=why))
+        rep.flags.append(Flag(FlagKind.UNREADABLE, f"GPU {index}", f"NVML index {index}: {why}"))
+    rep.gpus.sort(key=lambda g: g.index)
 
 
 def _health(read: Callable[[int], GpuHealth], minor: int) -> GpuHealth:
@@ -143,11 +148,18 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: Le
     if len(guests) > 1:
         flag(FlagKind.SHARED, f"held by {', '.join(guests)}")
     for h in row.holders:
-        if h.place in ("host", "monitor"):
+        if h.place in ("host", "monitor") and not context_capable(h):  # an NVML client: information, not attention
+            flag(FlagKind.NVML_CLIENT, f"pid {h.pid} ({h.comm}) on the {h.place} has /dev/nvidia{gpu.minor} open (fd only)")
+        elif h.place in ("host", "monitor"):
             flag(FlagKind.HOST_HOLDER, f"pid {h.pid} ({h.comm}) on the {h.place} holds /dev/nvidia{gpu.minor}")
         elif h.place == "unknown":
             flag(FlagKind.UNKNOWN_PLACE, f"pid {h.pid} ({h.comm}): placement unknown")
     return row
+
+
+def context_capable(h: HolderRow) -> bool:
+    """NVML lists it or it maps the device: it may own a CUDA context and memory. An fd alone is an NVML client."""
+    return "nvml" in h.via or "maps" in h.via
 
 
 def _health_flags(row: GpuRow, flags: list[Flag]) -> None:

@@ -29,6 +29,7 @@ class FlagKind(enum.StrEnum):
     DEAD_PID = "dead-pid"
     UNATTRIBUTED = "unattributed-memory"
     HOST_HOLDER = "host-holder"
+    NVML_CLIENT = "nvml-client"
     UNKNOWN_PLACE = "unknown-placement"
     MISSING_NODE = "missing-device-node"
     MISSING_HOOKSCRIPT = "missing-hookscript"
@@ -41,7 +42,7 @@ class FlagKind(enum.StrEnum):
 
     @property
     def attention(self) -> bool:
-        return self not in (FlagKind.SHARED, FlagKind.USAGE_UNKNOWN)
+        return self not in (FlagKind.SHARED, FlagKind.USAGE_UNKNOWN, FlagKind.NVML_CLIENT)
 
     @property
     def advice(self) -> str:
@@ -52,7 +53,8 @@ ADVICE: dict[FlagKind, str] = {
     FlagKind.SHARED: "several containers use this GPU; pvegpu reset of one never touches the others, but nothing limits their memory",
     FlagKind.DEAD_PID: "NVML lists a pid that is gone: a forked child keeps its context; `pvegpu reset <vmid> --dry-run` shows it",
     FlagKind.UNATTRIBUTED: "memory no live process accounts for: `fuser -v /dev/nvidia<minor>`; if nothing holds it, `nvidia-smi -r` when idle",
-    FlagKind.HOST_HOLDER: "a host process (no guest) holds this GPU: check it should (monitoring, persistenced); pvegpu never signals it",
+    FlagKind.HOST_HOLDER: "a host process (no guest) may own a CUDA context on this GPU (NVML lists it, or it maps the device): check it should; pvegpu never signals it",
+    FlagKind.NVML_CLIENT: "a host process with only an fd on the device (nvidia-persistenced, DCGM, an exporter): no context, no memory; it blocks `nvidia-smi -r`",
     FlagKind.UNKNOWN_PLACE: "where this process runs could not be read (`cat /proc/<pid>/cgroup`); its memory is counted as nobody's",
     FlagKind.MISSING_NODE: "this container will not start: create the nodes at boot (contrib/systemd/pvegpu-nvidia-nodes.service) or drop the entry",
     FlagKind.MISSING_HOOKSCRIPT: "this container will not start on this node: `pvegpu hook install <vmid>` copies the guard here",

@@ -81,12 +81,19 @@ class AuditCollector:
             "retired_pages_pending": g("pvegpu_gpu_retired_pages_pending", "1 when page retirement waits for a GPU reset", G),
             "mig_enabled": g("pvegpu_gpu_mig_enabled", "1 when MIG mode is on", G),
         }
-        outside = g("pvegpu_gpu_outside_holders", "live processes outside any guest (host, monitor, unknown) holding the GPU", G)
+        outside = g("pvegpu_gpu_outside_holders", "live processes outside any guest (host, monitor, unknown) that may own a context on "
+                    "the GPU (NVML lists them or they map the device)", G)
+        clients = g("pvegpu_gpu_nvml_clients", "live processes outside any guest with only an fd on the GPU (NVML clients: "
+                    "nvidia-persistenced, DCGM, exporters; informational)", G)
         dead = g("pvegpu_gpu_dead_pids", "pids NVML lists on the GPU that no longer exist", G)
         granted = g("pvegpu_gpu_granted_guests", "guests whose configuration grants the GPU", G)
+        seen: set[tuple[str, ...]] = set()
         for gpu in n.get("gpus", []):
-            key = [node, str(gpu["uuid"]), str(gpu["minor"])]
-            info.add_metric([node, str(gpu["uuid"]), str(gpu["index"]), str(gpu["minor"]), str(gpu["bus_id"]), str(gpu["name"]),
+            key = [node, str(gpu["uuid"]), _minor(gpu)]
+            if tuple(key) in seen:  # two GPUs NVML could not name (uuid and minor "?"): one series, never a duplicate
+                continue
+            seen.add(tuple(key))
+            info.add_metric([node, str(gpu["uuid"]), str(gpu["index"]), _minor(gpu), str(gpu["bus_id"]), str(gpu["name"]),
                              str(gpu.get("driver_version") or "")], 1.0)
             readable = bool(gpu.get("readable", True))
             gup.add_metric(key, 1.0 if readable else 0.0)
@@ -102,7 +109,10 @@ class AuditCollector:
                 v = gpu.get("health", {}).get(field_name)
                 if v is not None:
                     fam.add_metric(key, 1.0 if v else 0.0)
-            outside.add_metric(key, float(sum(1 for h in gpu.get("holders", []) if h.get("place") not in ("lxc", "qemu"))))
+            out = [h for h in gpu.get("holders", []) if h.get("place") not in ("lxc", "qemu")]
+            owners = sum(1 for h in out if {"nvml", "maps"} & set(h.get("via", [])))
+            outside.add_metric(key, float(owners))
+            clients.add_metric(key, float(len(out) - owners))
             dead.add_metric(key, float(len(gpu.get("dead_pids", []))))
 
     @staticmethod
@@ -133,6 +143,11 @@ class AuditCollector:
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []
+
+
+def _minor(gpu: Mapping[str, Any]) -> str:
+    """The minor label: "?" for a GPU NVML could not name (its row has minor -1)."""
+    return "?" if int(gpu.get("minor", -1)) < 0 else str(gpu["minor"])
 
 
 def parse_last_success(text: str) -> dict[str, float]:

@@ -34,16 +34,19 @@ def _holder(h: Mapping[str, Any]) -> str:
     who = h["owner"] + (f" ({h['hostname']})" if h.get("hostname") else "")
     inside = f", pid {h['ns_pid']} inside" if h.get("ns_pid") is not None and h.get("place") == "lxc" else ""
     user = f", uid {h['uid']}" if h.get("uid") is not None else ""
-    mem = f"{_mib(h.get('used_bytes'))} MiB" if "nvml" in h.get("via", []) else "- MiB"
+    via = h.get("via", [])
+    mem = f"{_mib(h.get('used_bytes'))} MiB" if "nvml" in via else "- MiB"
     cmd = _safe(h.get("cmdline") or h.get("comm", ""))
-    return f"    {who:<24} pid {h['pid']}{inside}{user}  {mem:>9}  via {'+'.join(h.get('via', []))}  {cmd[:60]}"
+    client = "  (NVML client: no context)" if h.get("place") in ("host", "monitor") and not {"nvml", "maps"} & set(via) else ""
+    return f"    {who:<24} pid {h['pid']}{inside}{user}  {mem:>9}  via {'+'.join(via)}  {cmd[:60]}{client}"
 
 
 def node_text(n: Mapping[str, Any]) -> list[str]:
     lines = [f"node {_safe(n['node'])}" + ("" if n.get("ok", True) else f": {_safe(n.get('error'))}")]
     for g in n.get("gpus", []):
         if not g.get("readable", True):
-            lines.append(f"GPU {g['index']}  /dev/nvidia{g['minor']}  {g['bus_id']}  {g['uuid']}  UNREADABLE: {g.get('error')}")
+            dev = f"/dev/nvidia{g['minor']}" if g["minor"] >= 0 else "/dev/nvidia?"
+            lines.append(f"GPU {g['index']}  {dev}  {g['bus_id']}  {g['uuid']}  UNREADABLE: {_safe(g.get('error'))}")
             continue
         unattr = g.get("unattributed_bytes")
         lines.append(f"GPU {g['index']}  /dev/nvidia{g['minor']}  {g['bus_id']}  {g['name']}  {g['uuid']}")

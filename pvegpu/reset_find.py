@@ -11,7 +11,7 @@ from .inspect import GpuFacts
 from .locate import locate
 from .reset_report import ResetOutcome
 from .reset_run import ResetRun
-from .reset_stop import describe
+from .reset_stop import describe, planned_action
 
 
 def find(run: ResetRun) -> dict[int, GpuFacts]:
@@ -20,6 +20,14 @@ def find(run: ResetRun) -> dict[int, GpuFacts]:
     run.located = loc = locate(run.vmid, pve=run.p.pve, probe=run.p.probe)
     r.node, r.gpus = loc.guest.node, [g.minor for g in loc.gpus]
     r.notes.extend(loc.config.gpus.notes)
+    lost = list(getattr(run.p.probe, "failed", ()))
+    if lost and (loc.missing_minors or loc.config.gpus.all_gpus):  # a granted GPU NVML could not name: unknown, never clean
+        which = ("all GPUs (c 195:*), one of them" if loc.config.gpus.all_gpus else
+                 f"GPU minor(s) {', '.join(map(str, loc.missing_minors))},")
+        raise E.GpuQueryError(
+            f"CT {run.vmid} is granted {which} not listed by NVML, which could not read "
+            f"every GPU ({'; '.join(lost)}): unknown, nothing was signalled",
+            "`nvidia-smi -q` and `dmesg | grep -i xid` on the node; a lost GPU needs a reset or a reboot")
     for m in loc.missing_minors:
         r.notes.append(f"config grants /dev/nvidia{m} but this node has no GPU with minor {m}")
     if not loc.gpus:
@@ -36,7 +44,7 @@ def plan(run: ResetRun, facts: dict[int, GpuFacts]) -> None:
     r = run.report
     targets = run.killable(facts)
     for _pid, h in sorted(targets.items()):
-        r.plan.append(describe(h) | {"action": "SIGTERM, then SIGKILL after grace"})
+        r.plan.append(describe(h) | {"action": planned_action(h)})
     for f in facts.values():
         for h in f.ct_holders:
             if h.info.is_ct_init:

@@ -59,18 +59,32 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
             return facts, verdict
 
 
+STOPPED = "T"  # stopped by job control (SIGSTOP, Ctrl-Z): signals other than SIGKILL stay pending until SIGCONT
+TRACED = "t"  # stopped by a tracer (a debugger): SIGCONT does not resume it, only the tracer or SIGKILL can
+
+
 def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> set[ProcIdentity]:
-    """SIGTERM to every target, SIGKILL to those still there after ``grace``; survivors are named. A target that
-    SIGTERM cannot reach (it ignores it, or it is a nested namespace's init without a handler) gets SIGKILL at once."""
+    """SIGTERM to every target, SIGKILL to those still there after ``grace``; survivors are named.
+
+    A target SIGTERM cannot reach gets SIGKILL at once: it ignores SIGTERM, it is a nested namespace's init
+    without a handler, or it is traced (state ``t`` or a debugger attached: the tracer would see SIGTERM first,
+    and SIGCONT cannot resume it). A stopped target (state ``T``) gets SIGCONT right after its SIGTERM, so
+    the pending SIGTERM is acted on (its handler runs, or the default action ends it) within the grace,
+    instead of waiting the whole grace for a signal that cannot be delivered."""
     pol = run.policy
     run.step("round", "start", f"round {n}: {len(targets)} holder(s) in CT {run.vmid}", pids=[h.pid for h in targets])
-    futile = [h for h in targets if h.info.term_futile]
-    termed = send(run, [h for h in targets if not h.info.term_futile], signal.SIGTERM)
+    futile = [h for h in targets if h.info.term_futile or h.info.state == TRACED]
+    skip = {h.info.ident for h in futile}
+    termed = send(run, [h for h in targets if h.info.ident not in skip], signal.SIGTERM)
     killed: list[Holder] = []
     if futile:
-        run.step("signal", "skipped", f"SIGTERM cannot reach pid(s) {', '.join(str(h.pid) for h in futile)} (ignored, or the init "
-                 "of a nested PID namespace without a handler): SIGKILL at once", pids=[h.pid for h in futile])
+        run.step("signal", "skipped", f"SIGTERM cannot reach pid(s) {', '.join(str(h.pid) for h in futile)} (ignored, traced by a "
+                 "debugger, or the init of a nested PID namespace without a handler): SIGKILL at once", pids=[h.pid for h in futile])
         killed = send(run, futile, signal.SIGKILL)
+    if stopped := [h for h in termed if _state(run, h) == STOPPED]:
+        run.step("signal", "continue", f"pid(s) {', '.join(str(h.pid) for h in stopped)} stopped (state T): SIGCONT so the "
+                 "pending SIGTERM is acted on", pids=[h.pid for h in stopped])
+        send(run, stopped, signal.SIGCONT)
     termed = wait_gone(run, termed, pol.grace)
     if termed:
         killed += send(run, termed, signal.SIGKILL)
@@ -79,6 +93,21 @@ def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> set[ProcIdenti
         state = d.state if d else "?"
         run.step("survivor", "failed", f"pid {h.pid} ({h.info.comm}) survived SIGKILL, state {state}", pid=h.pid, state=state)
     return {h.info.ident for h in killed}
+
+
+def planned_action(h: Holder) -> str:
+    """What ``signal_round`` will send this holder (for --dry-run)."""
+    if h.info.term_futile or h.info.state == TRACED:
+        return "SIGKILL at once: SIGTERM cannot reach it (ignored, traced, or a nested namespace's init without a handler)"
+    if h.info.state == STOPPED:
+        return "SIGTERM, then SIGCONT (it is stopped), then SIGKILL after grace"
+    return "SIGTERM, then SIGKILL after grace"
+
+
+def _state(run: ResetRun, h: Holder) -> str | None:
+    """The holder's state now (it may have been stopped since the scan); None when it is gone or is another process."""
+    d = run.p.host.describe(h.pid)
+    return d.state if d is not None and d.ident == h.info.ident else None
 
 
 def send(run: ResetRun, targets: list[Holder], sig: int) -> list[Holder]:

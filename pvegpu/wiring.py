@@ -249,6 +249,11 @@ class LazyNvml:
     def sample(self, minors: Any) -> dict[int, GpuSample]:
         return dict(self._open().sample(minors))
 
+    @property
+    def failed(self) -> list[str]:
+        """GPUs the last ``gpus()`` could not read (lost), and why: a granted GPU among them is unknown."""
+        return list(getattr(self._probe, "failed", ())) if self._probe is not None else []
+
     def close(self) -> None:
         if self._probe is not None:
             self._probe.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -17,8 +16,9 @@ from pvegpu.adapters.nodefiles import LocalNodeFiles
 from pvegpu.adapters.procfs import ProcHost
 from pvegpu.audit import audit_document, audit_once
 from pvegpu.model import MIB
+from tests import gpulab as G
 from tests import pvelike
-from tests.test_gpu import ALLOC, _minor0, _nvml_ok, _used_mib, _wait_used
+from tests.test_gpu import _minor0, _nvml_ok, _used_mib
 
 pytestmark = [
     pytest.mark.gpu,
@@ -47,20 +47,28 @@ def gpu_node(tmp_path):
 
 
 def test_two_containers_and_a_host_process_attributed_and_exported(gpu_node):
-    """CT 311 (2 GiB), CT 312 (3 GiB) and a host process (1 GiB): each holder row has its place, inside pid and NVML's bytes; the textfile carries them."""
+    """CT 311 (2 GiB), CT 312 (3 GiB) and a host process (1 GiB): each holder row has its place, inside pid and NVML's bytes; the textfile carries them.
+
+    Each workload is waited for until it is READY (allocated, and listed by NVML under one of its own pids with its
+    memory), failing at once if one died. The old wait (the GPU's total used memory above 5.7 GiB) let the audit run
+    before the host process had its context: the CUDA contexts' own memory (about 0.5 GiB each with torch) brought
+    the two containers alone over that total, so the host holder was sometimes not listed yet."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from pvegpu.adapters.nvml import NvmlProbe
 
     root, tmp, started, host_procs = gpu_node
-    base = _used_mib()
+    workloads = []
     for vmid, gib in ((311, 2), (312, 3)):
-        script = tmp / f"w{vmid}.py"
-        script.write_text(ALLOC.format(pre="", gib=gib, post=""))
+        ready, gone = str(tmp / f"ready-{vmid}"), str(tmp / f"exit-{vmid}")
         started.append(vmid)
-        pvelike.start_ct(vmid, [sys.executable, str(script)])
-    host_procs.append(subprocess.Popen([sys.executable, "-c", ALLOC.format(pre="", gib=1, post="")]))
-    _wait_used(base + 5.7 * 1024)
+        pvelike.start_ct(vmid, G.watched_argv(G.holder_argv(gib, ready), gone))
+        workloads.append(G.Workload(f"CT {vmid}", gib, ready, lambda v=vmid: pvelike.ct_procs(v), exit_file=gone))
+    ready = str(tmp / "ready-host")
+    host = subprocess.Popen(G.holder_argv(1, ready), stdin=subprocess.DEVNULL)
+    host_procs.append(host)
+    workloads.append(G.Workload("host", 1, ready, lambda: [host.pid], exited=host.poll))
+    G.wait_ready(workloads, G.nvml_listed, timeout=120)
     rep = audit_once(NvmlProbe, pve=EtcPve(root), host=ProcHost(), files=LocalNodeFiles(root))
     (gpu,) = [g for g in rep.gpus if g.minor == _minor0()]
     by = {}

@@ -212,6 +212,7 @@ def test_lite_reader_agrees_with_nvidia_ml_py(node):
     try:
         lg, fg = lite.gpus(), full.gpus()
         assert [(g.index, g.minor, g.uuid) for g in lg] == [(g.index, g.minor, g.uuid) for g in fg]
+        assert lite.lost == full.lost == {}  # a healthy node: no GPU left out by either reader
         minors = [g.minor for g in fg]
         ls, fs = lite.sample(minors), full.sample(minors)
         for m in minors:

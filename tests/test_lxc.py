@@ -89,5 +89,5 @@ def test_dry_run_lists_holders_and_spares_init(lab):
     pids = set(host.ct_pids(a))
     rep = reset(a, Ports(lxc_lab.LxcPve(etc), FdBackedProbe(host), host, SystemClock()), ResetPolicy(dry_run=True))
     assert rep.signalled == [] and pids <= set(host.ct_pids(a))  # nothing of the CT was stopped
-    planned = [p for p in rep.plan if p["action"].startswith("SIGTERM")]
+    planned = [p for p in rep.plan if p["action"].startswith("SIGKILL at once")]  # HOLD traps TERM: SIGTERM cannot reach them
     assert len(planned) == 2 and all(p["ns_pid"] not in (None, 1) for p in planned)

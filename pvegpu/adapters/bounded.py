@@ -86,6 +86,11 @@ class BoundedProbe:
         """GPUs the inner probe's last ``gpus()`` left out, and why."""
         return list(getattr(self.inner, "failed", ()))
 
+    @property
+    def lost(self) -> dict[int, str]:
+        """The same by NVML index (audit shows each as an error row)."""
+        return dict(getattr(self.inner, "lost", {}))
+
     def close(self) -> None:
         close = getattr(self.inner, "close", None)
         if close is not None and (self._busy is None or not self._busy.is_alive()):

@@ -30,6 +30,8 @@ class NvmlProbe:
         except pynvml.NVMLError as exc:
             raise GpuQueryError(f"NVML could not start: {exc}", _HINT) from exc
         self._handles: dict[int, Any] = {}
+        self.lost: dict[int, str] = {}  # NVML index -> why: GPUs the last gpus() could not name (no handle, no minor)
+        self._broken: dict[int, str] = {}  # minor -> why: listed, but an identity read failed: every sample is unknown
         self._v2 = True
 
     def close(self) -> None:
@@ -45,21 +47,43 @@ class NvmlProbe:
         self.close()
 
     def gpus(self) -> list[GpuInfo]:
+        """Every GPU NVML can name, by index. One that fails does not hide the others: a GPU whose handle or minor
+        number cannot be read is left out and named in ``lost`` (index -> why); one whose other identity reads
+        fail is listed with what is known, and every ``sample()`` of it is unknown with the reason. Raises only
+        when NVML cannot count the GPUs, or none can be read."""
         N = self.N
         try:
-            out = []
-            for i in range(N.nvmlDeviceGetCount()):
-                h = N.nvmlDeviceGetHandleByIndex(i)
-                minor = N.nvmlDeviceGetMinorNumber(h)
-                self._handles[minor] = h
-                name = N.nvmlDeviceGetName(h)
-                uuid = N.nvmlDeviceGetUUID(h)
-                bus = N.nvmlDeviceGetPciInfo(h).busIdLegacy
-                total = N.nvmlDeviceGetMemoryInfo(h).total
-                out.append(GpuInfo(i, minor, _s(uuid), _s(bus).lower(), _s(name), int(total)))
-            return out
+            count = int(N.nvmlDeviceGetCount())
         except N.NVMLError as exc:
             raise GpuQueryError(f"NVML could not list the GPUs: {exc}", _HINT) from exc
+        out: list[GpuInfo] = []
+        self.lost, self._broken = {}, {}
+        for i in range(count):
+            try:
+                h = N.nvmlDeviceGetHandleByIndex(i)
+                minor = int(N.nvmlDeviceGetMinorNumber(h))
+            except N.NVMLError as exc:
+                self.lost[i] = f"GPU {i}: {exc or type(exc).__name__}"
+                continue
+            self._handles[minor] = h
+            known: dict[str, Any] = {}
+            for key, read in (("uuid", N.nvmlDeviceGetUUID), ("bus", lambda h: N.nvmlDeviceGetPciInfo(h).busIdLegacy),
+                              ("name", N.nvmlDeviceGetName), ("total", lambda h: N.nvmlDeviceGetMemoryInfo(h).total)):
+                try:
+                    known[key] = read(h)
+                except N.NVMLError as exc:
+                    self._broken.setdefault(minor, f"NVML: GPU {i} {key}: {exc or type(exc).__name__}")
+            total = known.get("total")
+            out.append(GpuInfo(i, minor, _s(known.get("uuid", "?")), _s(known.get("bus", "?")).lower(), _s(known.get("name", "")),
+                               None if total is None else int(total)))
+        if count and not out:
+            raise GpuQueryError("no GPU can be read: " + "; ".join(self.failed), _HINT)
+        return out
+
+    @property
+    def failed(self) -> list[str]:
+        """Why each GPU the last ``gpus()`` left out could not be read."""
+        return list(self.lost.values())
 
     def _memory_used(self, h: Any) -> int:
         N = self.N
@@ -91,6 +115,9 @@ class NvmlProbe:
                 if h is None:
                     self.gpus()
                     h = self._handles[minor]
+                if minor in self._broken:
+                    out[minor] = GpuSample(minor, None, None, self._broken[minor])
+                    continue
                 used = self._memory_used(h)
                 procs = (
                     self._procs("nvmlDeviceGetComputeRunningProcesses", h, "C", False)

@@ -56,7 +56,8 @@ class NvmlLite:
         self.lib.nvmlErrorString.restype = ctypes.c_char_p
         self._check(self.lib.nvmlInit_v2(), "NVML could not start")
         self._handles: dict[int, ctypes.c_void_p] = {}
-        self.failed: list[str] = []  # GPUs left out of the last gpus(): why
+        self.lost: dict[int, str] = {}  # NVML index -> why: GPUs the last gpus() could not name (no handle, no minor)
+        self._broken: dict[int, str] = {}  # minor -> why: listed, but an identity read failed: every sample is unknown
 
     def _err(self, rc: int) -> str:
         return (self.lib.nvmlErrorString(rc) or b"error %d" % rc).decode()
@@ -77,19 +78,27 @@ class NvmlLite:
         raise GpuQueryError(f"the driver's NVML lacks {names[0]}", "driver too old for pvegpu")
 
     def gpus(self) -> list[GpuInfo]:
-        """Every GPU NVML can name. One that cannot be read (lost, fallen off the bus) is left out and named in
-        ``self.failed``, so it does not hide the others; only when none can be read does this raise."""
+        """Every GPU NVML can name. One that fails does not hide the others: a GPU whose handle or minor number
+        cannot be read (lost, fallen off the bus) is left out and named in ``lost`` (index -> why); one whose UUID
+        cannot be read is listed, and every ``sample()`` of it is unknown with the reason. Raises only when NVML
+        cannot count the GPUs, or none can be read."""
         count = ctypes.c_uint()
         self._check(self.lib.nvmlDeviceGetCount_v2(ctypes.byref(count)), "NVML could not count the GPUs")
-        out, self.failed = [], []
+        out: list[GpuInfo] = []
+        self.lost, self._broken = {}, {}
         for i in range(count.value):
             try:
                 out.append(self._gpu(i))
             except GpuQueryError as exc:
-                self.failed.append(exc.message)
+                self.lost[i] = exc.message
         if count.value and not out:
             raise GpuQueryError("no GPU can be read: " + "; ".join(self.failed), _HINT)
         return out
+
+    @property
+    def failed(self) -> list[str]:
+        """Why each GPU the last ``gpus()`` left out could not be read."""
+        return list(self.lost.values())
 
     def _gpu(self, i: int) -> GpuInfo:
         h = ctypes.c_void_p()
@@ -97,9 +106,11 @@ class NvmlLite:
         minor, buf, name = ctypes.c_uint(), ctypes.create_string_buffer(96), ctypes.create_string_buffer(96)
         self._check(self.lib.nvmlDeviceGetMinorNumber(h, ctypes.byref(minor)), f"GPU {i} minor number")
         self._handles[minor.value] = h
-        uuid = buf.value.decode() if self.lib.nvmlDeviceGetUUID(h, buf, 96) == SUCCESS else "?"
-        self.lib.nvmlDeviceGetName(h, name, 96)
-        return GpuInfo(i, minor.value, uuid, "", name.value.decode())
+        rc = self.lib.nvmlDeviceGetUUID(h, buf, 96)
+        if rc != SUCCESS:
+            self._broken[minor.value] = f"NVML: GPU {i} uuid: {self._err(rc)}"
+        self.lib.nvmlDeviceGetName(h, name, 96)  # display only: an empty name is not a failure
+        return GpuInfo(i, minor.value, buf.value.decode() if rc == SUCCESS else "?", "", name.value.decode())
 
     def _used(self, h: ctypes.c_void_p) -> int:
         try:
@@ -138,6 +149,9 @@ class NvmlLite:
                 if minor not in self._handles:
                     self.gpus()
                 h = self._handles[minor]
+                if minor in self._broken:
+                    out[minor] = GpuSample(minor, None, None, self._broken[minor])
+                    continue
                 used = self._used(h)
                 seen: dict[int, NvmlProcess] = {}
                 for kind, optional in (("C", False), ("G", True), ("M", True)):

@@ -81,10 +81,14 @@ SIGTERM_BIT = 1 << (15 - 1)
 def term_futile(data: bytes, nspid: list[int]) -> bool:
     """Would SIGTERM from the host be dropped? It is when the process ignores it (``SigIgn``), and when it is
     PID 1 of a PID namespace below the container's (docker in a CT) without a handler (``SigCgt``): the kernel
-    delivers only handled signals, SIGKILL and SIGSTOP to a namespace's init. Then SIGKILL need not wait ``grace``."""
+    delivers only handled signals, SIGKILL and SIGSTOP to a namespace's init; and when a tracer (a debugger) is
+    attached (``TracerPid`` not 0): the tracer sees SIGTERM first and may never pass it on. Then SIGKILL need
+    not wait ``grace``."""
     masks = {}
     for line in data.split(b"\n"):
         key, _, value = line.partition(b":")
+        if key == b"TracerPid" and value.strip() not in (b"", b"0"):
+            return True
         if key in (b"SigIgn", b"SigCgt"):
             try:
                 masks[key] = int(value.strip(), 16)
