@@ -20,7 +20,7 @@ from .inspect import GpuFacts, inspect_gpus
 from .leftover import LeftoverRule, leftover
 from .locate import find_guest, granted_gpus
 from .lxcconf import parse_config
-from .model import MIB, GpuInfo, GpuSample, Place
+from .model import CONTROL, MIB, GpuInfo, GpuSample, Place
 from .settings import GateSettings
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
@@ -234,8 +234,9 @@ def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:
         facts = inspect_gpus(vmid, granted, host=ports.host, probe=ports.probe, ct_pids=pids,
                              heir_pids=lambda: _granted_pids(vmid, {g.minor for g in granted}, ports))
         failed = list(getattr(ports.probe, "failed", ()))
-        for m in _missing if failed else ():  # a granted GPU NVML could not list: unknown, never clean
-            g = GpuInfo(-1, m, "index unknown", "?")
+        lost = list(_missing) + ([CONTROL] if conf.gpus.all_gpus else [])  # every GPU granted: a lost one is its too
+        for m in lost if failed else ():  # a granted GPU NVML could not list: unknown, never clean
+            g = GpuInfo(-1, m, "index unknown" if m != CONTROL else "a lost GPU", "?")
             facts[m] = GpuFacts(g, GpuSample(m, None, None, "not listed by NVML (" + "; ".join(failed) + ")"))
     init = next((p for p in pids if (i := ports.host.describe(p)) is not None and i.is_ct_init), None)
     situation = Situation(tuple(pids), policy.exclusive(vmid, conf.tags), _exclusive_neighbours(facts, ports.pve, policy),

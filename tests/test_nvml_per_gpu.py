@@ -280,7 +280,7 @@ def test_cli_reset_of_a_ct_granted_a_lost_gpu_exits_5_on_the_simulated_node(sim_
     import os
     import subprocess
 
-    gpus = [{"minor": 0, "index": 0, "stand_in": "/dev/full"}, {"minor": 1, "index": 1, "stand_in": "/dev/full", "lost": True}]
+    gpus = [{"minor": 0, "index": 0, "stand_in": "/dev/full"}, {"minor": 1, "index": 1, "stand_in": "/dev/zero", "lost": True}]
     n = sim_node({"node": "pve-sim", "gpus": gpus, "containers": [
         {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 256}]},
         {"vmid": 130, "gpus": [0, 1], "workloads": [{"kind": "simple", "gpu": 0, "mib": 256}]}]})
@@ -297,8 +297,6 @@ def test_cli_reset_of_a_ct_granted_a_lost_gpu_exits_5_on_the_simulated_node(sim_
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="gate.evaluate counts a lost GPU only for named minors (`for m in _missing if failed`), "
-                   "not for a `c 195:*` grant of every GPU: fails open; fix in gate.py")
 @pytest.mark.parametrize("make", [full_probe, lite_probe], ids=["nvidia-ml-py", "ctypes"])
 def test_gate_refuses_a_ct_granted_every_gpu_while_one_is_lost(monkeypatch, make):
     """Gate: a CT granted every GPU (`c 195:*`) while NVML lost one is refused as unknown, like a named grant."""
