@@ -178,8 +178,10 @@ class ProcHost:
         cgroup_root: str = "/sys/fs/cgroup",
         boundary: Boundary | None = None,
         budget: ScanBudget | None = None,
+        scan: type[ProcessScan] = ProcessScan,
     ) -> None:
         self.devices = devices or DeviceTable()
+        self._scan_type = scan  # how one process is scanned (the simulated node passes its own; see sim/host.py)
         self.proc = proc
         self.boundary: Boundary = boundary or CgroupBoundary(proc, cgroup_root)
         self.budget = budget or ScanBudget()
@@ -261,7 +263,7 @@ class ProcHost:
         done, abandoned = threading.Event(), threading.Event()
 
         def work() -> None:
-            scan = ProcessScan(self.devices, self.budget, cache={})
+            scan = self._scan_type(self.devices, self.budget, cache={})
             for j in range(start, len(todo)):
                 if abandoned.is_set():
                     return
