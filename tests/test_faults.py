@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -65,6 +64,8 @@ def cli(args, *, config=None, sim=None, env=None, bound=30.0, module="tests.faul
 
 
 def write_config(path, **sections) -> str:
+    """A settings file; its reset lock lives next to it (hermetic, and writable by a user as by root)."""
+    sections["reset"] = {"lock_dir": str(path.parent / "locks")} | sections.get("reset", {})
     lines = []
     for key, value in sections.pop("top", {}).items():
         lines.append(f"{key} = {json.dumps(value)}")
@@ -82,10 +83,10 @@ RESET_FAST = {"grace": 0.2, "kill_wait": 0.5, "timeout": 0.5, "settle": 0.1, "ta
 def leaky(sim_node, tmp_path):
     """A simulated node whose GPU 0 holds 1 GiB nobody holds: only a restart of CT 129 can be tried.
 
-    Its stand-in is a private device node no process can open (no driver behind it), so a concurrent test
-    holding /dev/full cannot look like a holder of this GPU."""
+    Its stand-in is a private empty file no process opens or maps (a user can make it; no mknod), so a
+    concurrent test holding /dev/full cannot look like a holder of this GPU."""
     dev = tmp_path / "gpu0"
-    os.mknod(dev, 0o600 | stat.S_IFCHR, os.makedev(250, 129))
+    dev.write_bytes(b"")
     return sim_node({"node": "pve1", "gpus": [GPU | {"stand_in": str(dev), "leak_mib": 1024}],
                      "containers": [{"vmid": 129, "gpus": [0], "workloads": []}]})
 

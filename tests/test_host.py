@@ -26,6 +26,7 @@ def _holder(path: str = "/dev/full") -> subprocess.Popen:
     return p
 
 
+@pytest.mark.map_files
 def test_fd_holder_found_by_device_number():
     """A process holding the stand-in device is found by st_rdev; one holding another device is not."""
     a, b = _holder(), _holder("/dev/null")

@@ -14,6 +14,7 @@ counts only if ``map_files`` stats as the GPU's character device (a ``devN`` mkn
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 
 from ..adapters.devscan import ProcessScan
@@ -62,11 +63,13 @@ class SessionBoundary:
 
 
 class StandInTable(DeviceTable):
-    """The stand-ins' device numbers (for open fds) and their files' (st_dev, st_ino) (for mappings)."""
+    """The stand-ins' device numbers (for open fds) and their files' (st_dev, st_ino) (for mappings).
+
+    A stand-in that is a plain file (a GPU no process holds, e.g. one that only leaks) has no device number."""
 
     def __init__(self, gpus: list[dict[str, object]]) -> None:
         stats = [(os.stat(str(g["stand_in"])), int(str(g["minor"]))) for g in gpus]
-        super().__init__({(os.major(st.st_rdev), os.minor(st.st_rdev)): m for st, m in stats})
+        super().__init__({(os.major(st.st_rdev), os.minor(st.st_rdev)): m for st, m in stats if stat.S_ISCHR(st.st_mode)})
         self.files = {(st.st_dev, st.st_ino): m for st, m in stats}
 
 
