@@ -38,6 +38,7 @@ def test_fd_holder_found_by_device_number():
         a.kill(), b.kill()
 
 
+@pytest.mark.root
 def test_mknod_copy_matches_like_the_original(tmp_path):
     """A mknod copy (what PVE's devN makes) has another inode but the same rdev, so it matches."""
     if os.geteuid() != 0:
