@@ -263,3 +263,18 @@ def test_simulated_host_matches_mappings_by_inode_not_path(tmp_path):
     (pid / "maps").write_text(f"7f0000000000-7f0000001000 r--p 00000000 {dev} {st.st_ino}   /tmp/innocent\n")
     held = scan.run(str(tmp_path), 4242)
     assert held is not None and held.minors == {3} and held.via == {"maps"}
+
+
+def test_simulated_reset_is_clean_without_a_restart_where_map_files_is_unreadable(sim_node, monkeypatch):
+    """As a user (map_files unreadable), a simulated reset of the demo's kind of CT ends clean by signals alone:
+    the CT's init and its mapped stand-ins are not 'unknown' holders, so no restart is needed (the demo's 0.3 s)."""
+    from pvegpu.adapters.clock import SystemClock
+    from pvegpu.reclaim import Ports, ResetPolicy, reset
+    from pvegpu.reset_report import ResetOutcome
+
+    node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/zero"}], "containers": [
+        {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}, {"kind": "fork", "gpu": 0, "mib": 32}]}]})
+    _no_map_files(monkeypatch)
+    pve, nvml, host = node.ports()
+    rep = reset(129, Ports(pve, nvml, host, SystemClock()), ResetPolicy(grace=1, timeout=5, task_timeout=5))
+    assert rep.outcome is ResetOutcome.CLEAN and not rep.restarted
