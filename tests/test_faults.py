@@ -64,6 +64,8 @@ def cli(args, *, config=None, sim=None, env=None, bound=30.0, module="tests.faul
 
 
 def write_config(path, **sections) -> str:
+    """A settings file; its reset lock lives next to it (hermetic, and writable by a user as by root)."""
+    sections["reset"] = {"lock_dir": str(path.parent / "locks")} | sections.get("reset", {})
     lines = []
     for key, value in sections.pop("top", {}).items():
         lines.append(f"{key} = {json.dumps(value)}")

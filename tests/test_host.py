@@ -26,6 +26,7 @@ def _holder(path: str = "/dev/full") -> subprocess.Popen:
     return p
 
 
+@pytest.mark.map_files
 def test_fd_holder_found_by_device_number():
     """A process holding the stand-in device is found by st_rdev; one holding another device is not."""
     a, b = _holder(), _holder("/dev/null")
@@ -37,6 +38,7 @@ def test_fd_holder_found_by_device_number():
         a.kill(), b.kill()
 
 
+@pytest.mark.root
 def test_mknod_copy_matches_like_the_original(tmp_path):
     """A mknod copy (what PVE's devN makes) has another inode but the same rdev, so it matches."""
     if os.geteuid() != 0:
@@ -224,3 +226,90 @@ def test_user_bound_lxc_command_socket_does_not_make_a_container_running():
         ct.wait(5)
         for v in (fake, real):
             pvelike.release_vmid(v)
+
+
+_MAPPED_ONLY = r"""
+import ctypes, os, time
+libc = ctypes.CDLL(None)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open('/dev/zero', os.O_RDONLY)
+assert libc.mmap(None, 4096, 1, 2, fd, 0) not in (None, 2**64 - 1)  # PROT_READ, MAP_PRIVATE
+os.close(fd)  # mapped only (Python's mmap would keep a dup of the fd)
+print('ok', flush=True)
+time.sleep(60)
+"""
+
+
+def _no_map_files(monkeypatch):
+    """Make ``stat`` of ``/proc/<pid>/map_files/*`` fail as it does for a non-root user (EPERM), even as root."""
+    real = os.stat
+
+    def stat(path, *a, **kw):
+        if "/map_files/" in os.fspath(path):
+            raise PermissionError(1, "Operation not permitted", path)
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(os, "stat", stat)
+
+    def stat_of(path):
+        st = stat(path)
+        return st.st_mode, st.st_rdev
+
+    return stat_of  # for a ProcHost: the real scan stats map_files without os.stat (statx, AT_STATX_DONT_SYNC)
+
+
+def test_simulated_host_finds_a_mapped_stand_in_without_map_files(tmp_path, monkeypatch):
+    """Where map_files cannot be stat'ed (a user), the simulated host still finds a mapped-only stand-in by the
+    maps line's device and inode and reads the process's other mappings as no GPU; the real adapter calls it unreadable."""
+    from pvegpu.sim.host import SessionHost
+    from pvegpu.sim.state import SimState
+
+    state = SimState(str(tmp_path))
+    state.set_gpus([{"minor": 0, "index": 0, "stand_in": "/dev/zero"}])
+    zero = os.stat("/dev/zero").st_rdev
+    p = subprocess.Popen([sys.executable, "-c", _MAPPED_ONLY], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline().strip() == b"ok"
+        stat_of = _no_map_files(monkeypatch)
+        held = SessionHost(state).holdings([p.pid])[p.pid]
+        assert held.minors == {0} and held.via == {"maps"}
+        real = ProcHost(DeviceTable({(os.major(zero), os.minor(zero)): 0}), stat_of=stat_of).holdings([p.pid])[p.pid]
+        assert "unreadable" in real.via and not real.minors
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_simulated_host_matches_mappings_by_inode_not_path(tmp_path):
+    """The simulated host's maps rule: a line counts only if its device and inode are a stand-in's file;
+    a line whose path reads like the stand-in (other inode) holds nothing, and no map_files is read."""
+    from pvegpu.adapters.devscan import ScanBudget
+    from pvegpu.sim.host import StandInScan, StandInTable
+
+    st = os.stat("/dev/full")
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    pid = tmp_path / "4242"
+    (pid / "fd").mkdir(parents=True)  # no map_files directory at all
+    (pid / "maps").write_text(f"7f0000000000-7f0000001000 r--p 00000000 {dev} {st.st_ino + 1}   /dev/full\n"
+                              f"7f0000001000-7f0000002000 r--p 00000000 fd:01 1234   /usr/lib/libc.so.6\n")
+    scan = StandInScan(StandInTable([{"minor": 3, "stand_in": "/dev/full"}]), ScanBudget(), cache={})
+    assert scan.run(str(tmp_path), 4242) is None
+    (pid / "maps").write_text(f"7f0000000000-7f0000001000 r--p 00000000 {dev} {st.st_ino}   /tmp/innocent\n")
+    held = scan.run(str(tmp_path), 4242)
+    assert held is not None and held.minors == {3} and held.via == {"maps"}
+
+
+def test_simulated_reset_is_clean_without_a_restart_where_map_files_is_unreadable(sim_node, monkeypatch):
+    """As a user (map_files unreadable), a simulated reset of the demo's kind of CT ends clean by signals alone:
+    the CT's init and its mapped stand-ins are not 'unknown' holders, so no restart is needed (the demo's 0.3 s)."""
+    from pvegpu.adapters.clock import SystemClock
+    from pvegpu.reclaim import Ports, ResetPolicy, reset
+    from pvegpu.reset_report import ResetOutcome
+
+    node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/zero"}], "containers": [
+        {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}, {"kind": "fork", "gpu": 0, "mib": 32}]}]})
+    _no_map_files(monkeypatch)
+    pve, nvml, host = node.ports()
+    rep = reset(129, Ports(pve, nvml, host, SystemClock()), ResetPolicy(grace=1, timeout=5, task_timeout=5))
+    assert rep.outcome is ResetOutcome.CLEAN and not rep.restarted

@@ -226,6 +226,7 @@ def _mapper(*paths: str) -> subprocess.Popen:
     return p
 
 
+@pytest.mark.map_files
 def test_mapped_device_found_by_device_number():
     """A process that only maps the stand-in device (fd closed) is a holder via maps, by st_rdev."""
     p = _mapper("/dev/zero")
@@ -238,6 +239,7 @@ def test_mapped_device_found_by_device_number():
         p.wait()
 
 
+@pytest.mark.map_files
 def test_files_named_like_gpus_are_not_holders(tmp_path):
     """Mapped plain files named /dev/nvidia7 or '... /dev/nvidia3' hold no GPU."""
     (tmp_path / "dev").mkdir()

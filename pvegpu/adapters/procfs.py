@@ -183,9 +183,11 @@ class ProcHost:
         boundary: Boundary | None = None,
         budget: ScanBudget | None = None,
         stat_of: Callable[[str], tuple[int, int]] = stat_nosync,
+        scan: type[ProcessScan] = ProcessScan,
     ) -> None:
         self.devices = devices or DeviceTable()
         self._stat_of = stat_of  # tests pass a plain os.stat to reproduce a scan that blocks
+        self._scan_type = scan  # how one process is scanned (the simulated node passes its own; see sim/host.py)
         self.proc = proc
         self.boundary: Boundary = boundary or CgroupBoundary(proc, cgroup_root)
         self.budget = budget or ScanBudget()
@@ -271,7 +273,7 @@ class ProcHost:
         done, abandoned = threading.Event(), threading.Event()
 
         def work() -> None:
-            scan = ProcessScan(self.devices, self.budget, cache={}, stat_of=self._stat_of)
+            scan = self._scan_type(self.devices, self.budget, cache={}, stat_of=self._stat_of)
             for j in range(start, len(todo)):
                 if abandoned.is_set():
                     return

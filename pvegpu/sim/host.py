@@ -2,14 +2,22 @@
 
 On a PVE node a container is a cgroup (``/lxc/<vmid>/ns``) plus a PID namespace; here it is the session
 its simulated init started (``ps -o pid,sid,stat,comm -s <sid>``). Only the Boundary strategy differs:
-everything else (fd and maps scan by device number, identity checks, pidfd signals, escaping) is ProcHost's.
+everything else (fd scan by device number, identity checks, pidfd signals, escaping) is ProcHost's.
+
+One part of the scan differs too: a *mapped* stand-in is recognised by the device and inode the kernel writes in
+its ``/proc/<pid>/maps`` line (``StandInScan``), not by ``stat /proc/<pid>/map_files/<range>``, because a
+non-root user may not stat ``map_files`` even of their own processes (the demo and the tests run as a user).
+That is sound here only because the simulated node names its stand-in files itself; on a real node a mapping
+counts only if ``map_files`` stats as the GPU's character device (a ``devN`` mknod copy is another inode).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 
+from ..adapters.devscan import ProcessScan
 from ..adapters.procfs import DeviceTable, ProcHost
 from ..model import Place, Placement
 from ..procstat import Stat, read_stat
@@ -54,11 +62,37 @@ class SessionBoundary:
         return [int(n) for n in os.listdir("/proc") if n.isdigit() and (st := read_stat(n)) is not None and st.sid in sids]
 
 
+class StandInTable(DeviceTable):
+    """The stand-ins' device numbers (for open fds) and their files' (st_dev, st_ino) (for mappings).
+
+    A stand-in that is a plain file (a GPU no process holds, e.g. one that only leaks) has no device number."""
+
+    def __init__(self, gpus: list[dict[str, object]]) -> None:
+        stats = [(os.stat(str(g["stand_in"])), int(str(g["minor"]))) for g in gpus]
+        super().__init__({(os.major(st.st_rdev), os.minor(st.st_rdev)): m for st, m in stats if stat.S_ISCHR(st.st_mode)})
+        self.files = {(st.st_dev, st.st_ino): m for st, m in stats}
+
+
+class StandInScan(ProcessScan):
+    """ProcessScan whose mappings are matched by the (device, inode) in the maps line: no ``map_files`` needed."""
+
+    def _prove(self, proc: str, pid: int, leader_zombie: bool, files: dict[tuple[bytes, bytes], bytes],
+               minors: set[int], via: set[str]) -> bool:
+        table = self.devices.files if isinstance(self.devices, StandInTable) else {}
+        for n, (dev, ino) in enumerate(files):
+            if n % 256 == 255:
+                self._check()
+            major, _, minor = dev.partition(b":")
+            m = table.get((os.makedev(int(major, 16), int(minor, 16)), int(ino)))
+            if m is not None:
+                minors.add(m)
+                via.add("maps")
+        return False  # every line is decided: a mapping is a stand-in's file or no GPU of this node
+
+
 class SessionHost(ProcHost):
-    """ProcHost over the simulated node's stand-in devices, with the SessionBoundary."""
+    """ProcHost over the simulated node's stand-in devices, with the SessionBoundary and the StandInScan."""
 
     def __init__(self, state: SimState) -> None:
-        table = {(os.major(os.stat(g["stand_in"]).st_rdev), os.minor(os.stat(g["stand_in"]).st_rdev)): int(g["minor"])
-                 for g in state.gpus()}
-        super().__init__(DeviceTable(table), boundary=SessionBoundary(state))
+        super().__init__(StandInTable(state.gpus()), boundary=SessionBoundary(state), scan=StandInScan)
         self.state = state

@@ -16,7 +16,7 @@ A scenario is JSON (or the equivalent dict)::
     }
 
 Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn`` (see ``pvegpu.sim.workload``).
-``stand_in`` is any character device the workload processes can open; it plays ``/dev/nvidia<minor>``.
+``stand_in`` is any character device the workload processes can open; it plays ``/dev/nvidia<minor>`` (a plain file plays a GPU no process holds).
 """
 
 from __future__ import annotations
