@@ -46,7 +46,13 @@ HOOK_USAGE = """Usage: pvegpu [--config FILE] hook VMID PHASE
 
 def _verdict(vmid: int, s: Settings) -> dict[str, Any]:
     """The check as plain data, so it can cross the pipe from the bounded child."""
-    res = evaluate(vmid, wiring.gate_ports(s), wiring.gate_policy(s))
+    from .vmgate import vm_verdict
+
+    ports = wiring.gate_ports(s)
+    vm = vm_verdict(vmid, ports, wiring.gate_policy(s), lambda: wiring.gate_files(s))  # a VM: pvegpu/vmgate.py
+    if vm is not None:
+        return vm
+    res = evaluate(vmid, ports, wiring.gate_policy(s))
     return {"allow": res.decision.allow, "text": paragraph(vmid, res.decision), "json": res.to_json()}
 
 
@@ -148,6 +154,8 @@ def _post_stop(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
         v = bounded_verdict(vmid, s)
     except E.PvegpuError as exc:
         print(f"pvegpu: post-stop check of CT {vmid}: {exc.message}", file=err)
+        return E.EXIT_OK
+    if v.get("kind") == "qemu":  # a stopped VM's GPU stays on vfio-pci: nothing to report
         return E.EXIT_OK
     if v["allow"]:
         print(f"pvegpu: CT {vmid} stopped; its GPUs are clean.", file=out)

@@ -113,6 +113,17 @@ def gate_ports(s: Settings) -> GatePorts:
     return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(), ProcHost(), running)
 
 
+def gate_files(s: Settings) -> Any:
+    """The node's files the VM gate reads: VM configs and ``mapping/pci.cfg`` in ``/etc/pve``, PCI drivers in sysfs."""
+    if s.simulate:
+        from .sim.nodefiles import SimNodeFiles
+
+        return SimNodeFiles(s.simulate)
+    from .adapters.nodefiles import LocalNodeFiles
+
+    return LocalNodeFiles(s.pve_root)
+
+
 def _lite_nvml() -> GpuProbe:
     try:
         from .adapters.nvml_lite import NvmlLite
