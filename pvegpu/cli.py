@@ -78,7 +78,22 @@ def _main(
 # -- reset --------------------------------------------------------------------------------------------------
 
 
+def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool) -> int:
+    """A VM: its holders are found and stopped inside the guest, through the guest agent (pvegpu/vmreset.py)."""
+    from .adapters.clock import SystemClock
+    from .vmreset import reset_vm, vm_human
+
+    on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
+    with wiring.ct_lock(s, vmid, s.reset.lock_wait):
+        report = reset_vm(vmid, wiring.vm_api(s), SystemClock(), wiring.vm_policy(s, dry_run=dry_run), on_step)
+    typer.echo(json.dumps(report.to_json(), indent=2) if json_out else "\n" + vm_human(report))
+    return int(report.exit_code)
+
+
 def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
+    guest = wiring.pve_port(s).where(vmid)
+    if guest is not None and guest.type == "qemu":
+        return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out)
     from .logs import configure
     from .reclaim import reset
     from .render import reset_human, reset_json
@@ -93,7 +108,7 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
 
 @app.command("reset", cls=_Command)
 def reset_cmd(
-    vmid: str = typer.Argument(..., metavar="VMID", help="container id, e.g. 129"),
+    vmid: str = typer.Argument(..., metavar="VMID", help="container id, e.g. 129, or a VM's (reset inside the guest)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show what would be signalled and why; signal nothing"),
     no_restart: bool = typer.Option(False, "--no-restart", help="never restart the container through the API"),
     timeout: float | None = typer.Option(None, "--timeout", metavar="SECONDS", help=f"wait for the memory to come back (reset.timeout, default {_R.timeout:g})"),
@@ -103,7 +118,7 @@ def reset_cmd(
     verbose: bool = typer.Option(False, "-v", "--verbose", help="log every event (structlog)"),
 ) -> None:
     """Stop every process of the container that holds its GPUs, verify with NVML that the memory is back,
-    and restart the container through the API if it is not."""
+    and restart the container through the API if it is not. A VM: the same inside the guest, through its guest agent."""
     s = _settings({"reset.timeout": timeout, "reset.grace": grace, "reset.settle": settle, "reset.restart": False if no_restart else None})
     raise typer.Exit(do_reset(s, check_vmid(vmid), dry_run=dry_run, json_out=json_out, verbose=verbose))
 

@@ -180,6 +180,30 @@ def pve_port(s: Settings) -> Any:
     return NodePve(local, (lambda: api_client(s, node)) if has_api else None)
 
 
+def vm_api(s: Settings) -> Any:
+    """The VM reset's API (config, status, power, guest agent exec): https with a token, or pvesh on the node."""
+    from .adapters.etcpve import EtcPve
+
+    node = s.node or (EtcPve(s.pve_root, node=s.node).local_node() if EtcPve.present(s.pve_root) else "") or ""
+    api = None if s.simulate else api_client(s, node)
+    if api is None:
+        raise E.UsageError("a VM reset works through the Proxmox API and its guest agent, and none can be used here",
+                           "run it as root on a PVE node (pvesh), or set api.host and an API token (README 'VMs')")
+    from .adapters.agent import ProxmoxerVm
+
+    return ProxmoxerVm(api)
+
+
+def vm_policy(s: Settings, *, dry_run: bool = False) -> Any:
+    """``[reset]`` as the VM reset's policy (each guest command bounded by the poll-independent exec deadline)."""
+    from .vmreset import VmPolicy
+
+    r = s.reset
+    return VmPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, settle=r.settle, restart=r.restart, dry_run=dry_run,
+                    task_timeout=r.task_timeout, exec_timeout=max(2.0, min(30.0, r.timeout)),
+                    shutdown_timeout=max(1, int(min(60.0, r.task_timeout / 2))), poll=max(r.poll, 0.2))
+
+
 def read_deadline(s: Settings) -> float:
     """How long one GPU reading may take before it is abandoned as unknown (NVML stuck in the driver)."""
     return max(0.2, min(2.0, s.reset.timeout / 2))
