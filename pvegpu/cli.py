@@ -80,12 +80,11 @@ def _main(
 
 def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool) -> int:
     """A VM: its holders are found and stopped inside the guest, through the guest agent (pvegpu/vmreset.py)."""
-    from .adapters.clock import SystemClock
     from .vmreset import reset_vm, vm_human
 
     on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
     with wiring.ct_lock(s, vmid, s.reset.lock_wait):
-        report = reset_vm(vmid, wiring.vm_api(s), SystemClock(), wiring.vm_policy(s, dry_run=dry_run), on_step)
+        report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step)
     typer.echo(json.dumps(report.to_json(), indent=2) if json_out else "\n" + vm_human(report))
     return int(report.exit_code)
 

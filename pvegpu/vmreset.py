@@ -393,14 +393,14 @@ def vm_human(r: VmReport) -> str:
     """The report for people: a table per look (before / after) and the verdict, saying the evidence is the guest's."""
     lines = []
     if r.before is not None or r.after is not None:
-        lines.append("GPU (in the guest)  used before  used after   holders")
+        lines.append(f"{'GPU':<4} {'bus id (guest)':<18} {'used before':>11}  {'used after':>11}  holders")
         before = {g["index"]: g for g in (r.before.gpus if r.before else [])}
         after = {g["index"]: g for g in (r.after.gpus if r.after else [])}
         nb = len(r.before.killable) if r.before else "?"
         na = len(r.after.killable) if r.after else "?"
         for idx in sorted(set(before) | set(after)) or [None]:
             b, a = before.get(idx, {}), after.get(idx, {})
-            lines.append(f"{'?' if idx is None else idx:<4} {escape(str(b.get('bus_id') or a.get('bus_id') or '?')):<14} "
+            lines.append(f"{'?' if idx is None else idx:<4} {escape(str(b.get('bus_id') or a.get('bus_id') or '?'), 18):<18} "
                          f"{_mib(b.get('used_mib')):>11}  {_mib(a.get('used_mib')):>11}  {nb} -> {na}")
     for problem, action in r.diagnosis:
         lines.append(f"! {problem}" + (f"\n    -> {action}" if action else ""))

@@ -194,6 +194,12 @@ def vm_api(s: Settings) -> Any:
     return ProxmoxerVm(api)
 
 
+def system_clock() -> Any:
+    from .adapters.clock import SystemClock
+
+    return SystemClock()
+
+
 def vm_policy(s: Settings, *, dry_run: bool = False) -> Any:
     """``[reset]`` as the VM reset's policy (each guest command bounded by the poll-independent exec deadline)."""
     from .vmreset import VmPolicy

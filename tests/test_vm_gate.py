@@ -4,6 +4,7 @@ allows an idle GPU or one bound to vfio-pci already; `pvegpu check` agrees; audi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -103,8 +104,13 @@ def test_audit_flags_a_gpu_granted_to_a_vm_and_to_containers():
 # -- through the hookscript and `pvegpu check`, on the simulated node ------------------------------------------
 
 
+# a stand-in device no other test on this machine holds (other suites' workloads hold /dev/full, and the VM gate's
+# whole-host scan would rightly see them as host holders of "GPU 0")
+STAND_IN = next((d for d in ("/dev/loop-control", "/dev/port") if os.path.exists(d)), "/dev/full")  # opening it does nothing
+
+
 def _scenario(driver: str = "nvidia", workloads=()):
-    return {"node": "pve-sim", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/full"}],
+    return {"node": "pve-sim", "gpus": [{"minor": 0, "index": 0, "stand_in": STAND_IN}],
             "containers": [{"vmid": 129, "status": "running", "gpus": [0], "workloads": list(workloads)}],
             "vms": [{"vmid": 200, "config": "name: vm200\nhostpci0: 0000:41:00,pcie=1\nhookscript: local:snippets/pvegpu-guard\n"}],
             "pci": {"0000:41:00.0": driver}}

@@ -166,7 +166,7 @@ class Guest:
 
 def forwarder(guest: Guest, vmid: int, original: Any) -> Any:
     """A replacement for ``fakepve.agent.result``: VM ``vmid``'s exec, exec-status and ping go to the real agent."""
-    from fakepve.errors import PveError
+    from fakepve.model import PveError
 
     def result(vm: Any, command: str, values: dict[str, Any]) -> Any:
         if vm.vmid != vmid or command not in ("exec", "exec-status", "ping"):
