@@ -77,6 +77,10 @@ class VmReport:
     task_log: list[str] = field(default_factory=list)
     elapsed: float = 0.0
 
+    def add(self, problem: str, action: str) -> None:
+        """A diagnosis line; both may carry text from the guest (an agent's error): escaped."""
+        self.diagnosis.append((escape(problem, 2000), escape(action, 2000)))
+
     def to_json(self) -> dict[str, Any]:
         return {"vmid": self.vmid, "type": "qemu", "node": self.node, "devices": self.devices, "evidence": "guest",
                 "evidence_detail": self.evidence, "outcome": self.outcome.value, "exit_code": self.exit_code,
@@ -97,7 +101,7 @@ class _Run:
         self.blind: E.PvegpuError | None = None  # why the guest cannot be looked into (known before any exec)
 
     def step(self, name: str, outcome: str, msg: str, **detail: object) -> None:
-        s = Step(name, outcome, {"msg": msg, **detail})
+        s = Step(name, outcome, {"msg": escape(msg, 2000), **detail})  # agent errors carry the guest's own text
         self.report.steps.append(s)
         if self.on_step:
             self.on_step(s)
@@ -188,9 +192,9 @@ def _reset(run: _Run) -> None:
         return _finish(run, view, VmOutcome.CLEAN, E.EXIT_OK)
     if not pol.restart:
         run.step("restart", "skipped", "not clean, and --no-restart was given")
-        r.diagnosis.append((f"processes in VM {run.vmid} still hold the GPU: "
+        r.add(f"processes in VM {run.vmid} still hold the GPU: "
                             + ", ".join(f"pid {h.pid} ({h.comm})" for h in view.killable[:8]),
-                            f"look inside: `qm guest exec {run.vmid} -- nvidia-smi`; or reboot the VM: `qm reboot {run.vmid}`"))
+                            f"look inside: `qm guest exec {run.vmid} -- nvidia-smi`; or reboot the VM: `qm reboot {run.vmid}`")
         return _finish(run, view, VmOutcome.NOT_CLEAN, E.EXIT_HOLDERS_LEFT)
     _reboot_and_verify(run)
 
@@ -206,7 +210,7 @@ def _cannot_look(run: _Run, exc: E.PvegpuError) -> None:
     """The guest cannot be looked into (or stopped talking): say why; reboot where allowed, else exit with the reason."""
     r = run.report
     run.step("find" if r.before is None else "verify", "unknown", exc.message)
-    r.diagnosis.append((exc.message, exc.hint or ""))
+    r.add(exc.message, exc.hint or "")
     if run.policy.dry_run or not run.policy.restart:
         r.outcome, r.exit_code = VmOutcome.NOT_VERIFIED, exc.exit_code
         if not run.policy.dry_run:
@@ -276,7 +280,7 @@ def _fail(run: _Run, exc: E.PvegpuError, upid: str | None = None) -> None:
     r = run.report
     r.outcome, r.exit_code = (r.outcome if r.outcome.verified_clean else VmOutcome.NOT_CLEAN), exc.exit_code
     run.step("restart" if upid else "api", "failed", exc.message)
-    r.diagnosis.append((exc.message, exc.hint or ""))
+    r.add(exc.message, exc.hint or "")
     tail = getattr(exc, "log_tail", ())
     if tail:
         r.task_log = [escape(str(t), 300) for t in tail]
@@ -335,7 +339,7 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
             _fail(run, exc2, upid)
             r.vm_state = _await_state(run, "stopped", pol.state_wait)
             r.left_stopped = r.vm_state != "running"
-            r.diagnosis.append((f"VM {vmid} is {r.vm_state} after a failed stop", f"`qm status {vmid}`; `qm start {vmid}` if it is stopped"))
+            r.add(f"VM {vmid} is {r.vm_state} after a failed stop", f"`qm status {vmid}`; `qm start {vmid}` if it is stopped")
             return
     r.vm_state, r.left_stopped = "stopped", True
     run.step("restart", "start", f"VM {vmid} stopped; starting it")
@@ -350,7 +354,7 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
         r.vm_state = _state(run)
         r.left_stopped = r.vm_state != "running"
         if r.left_stopped:
-            r.diagnosis.append((f"VM {vmid} was left STOPPED: its start failed", f"start it with `qm start {vmid}` once the cause is fixed"))
+            r.add(f"VM {vmid} was left STOPPED: its start failed", f"start it with `qm start {vmid}` once the cause is fixed")
         return
     r.vm_state, r.left_stopped, r.restarted = "running", False, True
     run.step("restart", "started", f"VM {vmid} rebooted (shutdown/stop, then start)")
@@ -361,7 +365,7 @@ def _verify_after_boot(run: _Run) -> None:
     """After the start: wait for the agent (within ``task_timeout``), then verify inside the guest."""
     r, pol = run.report, run.policy
     if run.blind is not None:
-        r.diagnosis.append((f"VM {run.vmid} was rebooted, but its GPU could not be verified: {run.blind.message}", run.blind.hint or ""))
+        r.add(f"VM {run.vmid} was rebooted, but its GPU could not be verified: {run.blind.message}", run.blind.hint or "")
         return _finish(run, None, VmOutcome.NOT_VERIFIED, run.blind.exit_code)
     end = run.clock.monotonic() + pol.task_timeout
     while True:
@@ -370,19 +374,19 @@ def _verify_after_boot(run: _Run) -> None:
             break
         except E.PvegpuError as exc:
             if run.clock.monotonic() >= end:
-                r.diagnosis.append((f"VM {run.vmid} was rebooted, but its guest agent did not answer within {pol.task_timeout:g} s: "
-                                    f"{exc.message}", f"`qm agent {run.vmid} ping`; is qemu-guest-agent enabled in the guest?"))
+                r.add(f"VM {run.vmid} was rebooted, but its guest agent did not answer within {pol.task_timeout:g} s: "
+                                    f"{exc.message}", f"`qm agent {run.vmid} ping`; is qemu-guest-agent enabled in the guest?")
                 return _finish(run, None, VmOutcome.NOT_VERIFIED, E.EXIT_PVE)
             run.pause(1.0)
     try:
         view, clean = _verify(run, _look(run))
     except E.PvegpuError as exc:
-        r.diagnosis.append((f"VM {run.vmid} was rebooted, but its GPU could not be verified: {exc.message}", exc.hint or ""))
+        r.add(f"VM {run.vmid} was rebooted, but its GPU could not be verified: {exc.message}", exc.hint or "")
         return _finish(run, None, VmOutcome.NOT_VERIFIED, exc.exit_code)
     if clean:
         return _finish(run, view, VmOutcome.CLEAN, E.EXIT_OK)
-    r.diagnosis.append((f"processes in VM {run.vmid} hold the GPU again after the reboot (a service started at boot?)",
-                        f"`qm guest exec {run.vmid} -- nvidia-smi`; disable the service in the guest"))
+    r.add(f"processes in VM {run.vmid} hold the GPU again after the reboot (a service started at boot?)",
+                        f"`qm guest exec {run.vmid} -- nvidia-smi`; disable the service in the guest")
     _finish(run, view, VmOutcome.NOT_CLEAN, E.EXIT_HOLDERS_LEFT)
 
 

@@ -168,4 +168,4 @@ def test_only_fixed_commands_reach_the_guest(vm):
             assert argv[3] in ("pvegpu-scan", "pvegpu-kill")
             assert all(a.isdigit() for a in argv[5:]) and (argv[3] == "pvegpu-scan" or argv[4] in ("TERM", "KILL"))
         else:
-            assert argv[:2] == ["kill", "-KILL"] and argv[2].isdigit()
+            raise AssertionError(argv)
