@@ -147,3 +147,11 @@ def test_parsing_refuses_forged_lines():
     found, complete = parse_scan("holder 12 345 fd,maps py\nholder 13 x fd py\nholder 14 1 fd,maps a b\nfoo\n")
     assert list(found) == [12] and not complete
     assert parse_apps("12, 100\n13, [N/A]\n-1, 5\nx, 1\n") == [(12, 100), (13, None)]
+
+
+def test_pvesh_passes_an_argv_as_one_option_per_item():
+    """The local backend turns agent/exec's command array into repeated -command=ITEM options (an item may start with '-')."""
+    from pvegpu.adapters.pvesh import _options
+
+    assert _options({"command": list(NVSMI_APPS)}, None) == [f"-command={a}" for a in NVSMI_APPS]
+    assert _options({"timeout": 60}, None) == ["-timeout", "60"]
