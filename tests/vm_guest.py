@@ -55,6 +55,13 @@ cd /
 exec env -i PATH="$D/bin:/usr/sbin:/usr/bin:/sbin:/bin" "$2" -m unix-listen -p "$D/sock" -t "$D/state"
 """
 
+SETUP_REAL = r"""
+set -e
+D=$1
+cd /
+exec env -i PATH="$D/bin:/usr/sbin:/usr/bin:/sbin:/bin" "$2" -m unix-listen -p "$D/sock" -t "$D/state"
+"""
+
 HOLDER = ("import mmap, os, signal, sys, time\n"
           "if 'ignore-term' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
           "fd = os.open('/dev/nvidia0', os.O_RDONLY)\n"
@@ -69,20 +76,22 @@ class QgaError(Exception):
 class Guest:
     """The namespace "VM": start, talk to its agent, run holders in it, stop it (its whole process group)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, real_gpu: bool = False) -> None:
+        """``real_gpu``: the host's own /dev and nvidia-smi (the GPU machine), no stand-ins."""
         self.root = root
         self.sock = os.path.join(root, "sock")
         self.bin = os.path.join(root, "bin")
         os.makedirs(os.path.join(root, "state"), exist_ok=True)
         os.makedirs(self.bin, exist_ok=True)
-        smi = os.path.join(self.bin, "nvidia-smi")
-        with open(smi, "w") as f:
-            f.write(NVIDIA_SMI)
-        os.chmod(smi, 0o755)
+        if not real_gpu:
+            smi = os.path.join(self.bin, "nvidia-smi")
+            with open(smi, "w") as f:
+                f.write(NVIDIA_SMI)
+            os.chmod(smi, 0o755)
         with open(os.path.join(root, "holder.py"), "w") as f:
             f.write(HOLDER)
         self.proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--mount", "--propagation", "private",
-                                      "sh", "-c", SETUP, "guest-setup", root, QEMU_GA],
+                                      "sh", "-c", SETUP_REAL if real_gpu else SETUP, "guest-setup", root, QEMU_GA],
                                      stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, "setup.log"), "w"),
                                      start_new_session=True)
         deadline = time.monotonic() + 10
