@@ -89,7 +89,7 @@ class VmReport:
                 "before": self.before.to_json() if self.before else None, "after": self.after.to_json() if self.after else None,
                 "diagnosis": [{"problem": p, "action": a} for p, a in self.diagnosis], "notes": self.notes,
                 "restarted": self.restarted, "left_stopped": self.left_stopped, "vm_state": self.vm_state,
-                "task_log": self.task_log, "elapsed": round(self.elapsed, 3)}
+                "task_log": self.task_log, "respawns": [], "elapsed_s": round(self.elapsed, 3)}
 
 
 class _Run:
