@@ -303,12 +303,19 @@ def hook_allow_once(vmid: str = typer.Argument(..., metavar="VMID", help="contai
 
     s = _settings()
     n = check_vmid(vmid)
-    find_guest(n, wiring.gate_ports(s).pve)  # an unknown CT, a VM or one on another node: say so, write nothing
+    pve = wiring.gate_ports(s).pve
+    g = pve.where(n)
+    if g is not None and g.type == "qemu":  # a VM's start is gated too (pvegpu/vmgate.py)
+        local = pve.local_node()
+        if local is not None and g.node != local:
+            raise E.NotFoundError(f"VM {n} lives on node {g.node}, this is {local}", f"run it there: `ssh {g.node} pvegpu hook allow-once {n}`")
+    else:
+        find_guest(n, pve)  # an unknown CT or one on another node: say so, write nothing
     try:
         path = allow_once(s.gate.override_dir, n)
     except OSError as exc:
         raise E.UsageError(f"cannot write the override in {s.gate.override_dir}: {exc.strerror or exc}", "run as root on the node") from None
-    typer.echo(f"the next start of CT {n} passes the gate once ({path}, valid {s.gate.override_ttl:g} s)")
+    typer.echo(f"the next start of {'VM' if g is not None and g.type == 'qemu' else 'CT'} {n} passes the gate once ({path}, valid {s.gate.override_ttl:g} s)")
 
 
 # -- running it ---------------------------------------------------------------------------------------------

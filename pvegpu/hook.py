@@ -138,11 +138,13 @@ def _pre_start(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
     try:
         v = bounded_verdict(vmid, s)
         allow, text = bool(v["allow"]), str(v["text"])
+        kind = "VM" if v.get("kind") == "qemu" else "CT"
     except E.PvegpuError as exc:
+        kind = "CT"
         allow, text = False, f"pvegpu: refusing to start CT {vmid}: {exc.message}" + (f" (hint: {exc.hint})" if exc.hint else "")
     if override:
-        why = "" if allow else text.removeprefix(f"pvegpu: refusing to start CT {vmid}: ")
-        print(f"pvegpu: CT {vmid} allowed to start ONCE by an override ({override})" + (f"; it would have refused: {why}" if why else ""), file=out)
+        why = "" if allow else text.removeprefix(f"pvegpu: refusing to start {kind} {vmid}: ")
+        print(f"pvegpu: {kind} {vmid} allowed to start ONCE by an override ({override})" + (f"; it would have refused: {why}" if why else ""), file=out)
         return E.EXIT_OK
     print(text, file=out if allow else err)
     return E.EXIT_OK if allow else E.EXIT_REFUSED

@@ -173,3 +173,17 @@ def test_vm_gate_path_imports_no_heavy_library(tmp_path):
     rc, loaded = json.loads(r.stderr.strip().splitlines()[-1])
     assert rc in (0, 10), r.stderr
     assert not [m for m in loaded if m.split(".")[0] in HEAVY] and "typing" not in loaded
+
+
+def test_allow_once_lets_one_vm_start_through(sim_node, guard, tmp_path):
+    """`pvegpu hook allow-once 200` for a VM: its next pre-start passes (saying what it would have refused), the one after refuses."""
+    node = sim_node(_scenario(workloads=[{"kind": "simple", "gpu": 0, "mib": 1024}]))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[gate]\noverride_dir = "{tmp_path}/once"\n')
+    env = {"PVEGPU_SIMULATE": node.root, "PVEGPU_CONFIG": str(cfg)}
+    a = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "--config", str(cfg), "hook", "allow-once", "200"],
+                       capture_output=True, text=True, timeout=60, cwd=pvelike.REPO)
+    assert a.returncode == 0 and "VM 200" in a.stdout, a.stderr
+    first = pvelike.run_as_pve(guard, 200, "pre-start", env)
+    assert first.returncode == 0 and "VM 200 allowed to start ONCE" in first.stdout and "CT 129" in first.stdout
+    assert pvelike.run_as_pve(guard, 200, "pre-start", env).returncode == 10
