@@ -153,11 +153,15 @@ def _pre_start(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
 def _post_stop(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
     """Never fails the stop: reports leftovers; with gate.post_stop_reclaim, stops the CT's stray holders."""
     try:
+        guest = wiring.gate_ports(s).pve.where(vmid)
+    except E.PvegpuError:
+        guest = None
+    if guest is not None and guest.type == "qemu":  # a stopped VM's GPU stays on vfio-pci: nothing to check or report
+        return E.EXIT_OK
+    try:
         v = bounded_verdict(vmid, s)
     except E.PvegpuError as exc:
         print(f"pvegpu: post-stop check of CT {vmid}: {exc.message}", file=err)
-        return E.EXIT_OK
-    if v.get("kind") == "qemu":  # a stopped VM's GPU stays on vfio-pci: nothing to report
         return E.EXIT_OK
     if v["allow"]:
         print(f"pvegpu: CT {vmid} stopped; its GPUs are clean.", file=out)

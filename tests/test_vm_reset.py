@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.root,  # under REQUIRE_ROOT_TESTS=1 a skip is a failur
               pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(QEMU_GA) or not shutil.which("unshare"),
                                  reason="needs root, unshare and qemu-ga (apt-get install qemu-guest-agent)")]
 
-FAST = {"grace": 0.5, "kill_wait": 1.0, "timeout": 2.0, "settle": 0.1, "task_timeout": 5, "lock_wait": 1}
+FAST = {"grace": 0.5, "kill_wait": 1.0, "timeout": 4.0, "settle": 0.1, "task_timeout": 5, "lock_wait": 1}
 VMID = 200
 CONF = {"hostpci0": "0000:41:00.0,pcie=1", "agent": "1", "ostype": "l26"}
 
