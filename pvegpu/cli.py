@@ -78,13 +78,15 @@ def _main(
 # -- reset --------------------------------------------------------------------------------------------------
 
 
-def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool) -> int:
+def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool = False) -> int:
     """A VM: its holders are found and stopped inside the guest, through the guest agent (pvegpu/vmreset.py)."""
+    from .logs import configure
     from .vmreset import reset_vm, vm_human
 
+    log = configure(verbose=verbose, json_lines=json_out and verbose)
     on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
     with wiring.ct_lock(s, vmid, s.reset.lock_wait):
-        report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step)
+        report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log)
     typer.echo(json.dumps(report.to_json(), indent=2) if json_out else "\n" + vm_human(report))
     return int(report.exit_code)
 
@@ -92,7 +94,7 @@ def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool) -> int:
 def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     guest = wiring.pve_port(s).where(vmid)
     if guest is not None and guest.type == "qemu":
-        return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out)
+        return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out, verbose=verbose)
     from .logs import configure
     from .reclaim import reset
     from .render import reset_human, reset_json

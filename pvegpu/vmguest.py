@@ -31,6 +31,7 @@ NVSMI_GPUS = ("nvidia-smi", "--query-gpu=index,pci.bus_id,memory.used", "--forma
 # (a CUDA context owner) and its start time (stat field 22, to never signal a recycled pid), then its name with
 # every byte outside [A-Za-z0-9._+-] replaced, so a name cannot forge a line.
 SCAN_SCRIPT = r"""
+find / -maxdepth 0 -lname x >/dev/null 2>&1 || { echo "scan-unsupported: find has no -lname"; exit 3; }
 start_of() { s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; shift 19 || return 1; echo "$1"; }
 for p in $(find /proc/[0-9]*/fd -maxdepth 1 -lname '/dev/nvidia[0-9]*' 2>/dev/null | cut -d/ -f3 | sort -un); do
   st=$(start_of "$p") || continue
@@ -225,9 +226,9 @@ class Guestside:
         r = self.run(["sh", "-c", SCAN_SCRIPT, "pvegpu-scan"], what="the /proc fd scan")
         found, complete = parse_scan(r.out)
         if not complete:
-            why = escape(r.err.strip()[:200]) or f"exit code {r.exitcode}"
+            why = escape((r.out if "scan-unsupported" in r.out else r.err).strip()[:200]) or f"exit code {r.exitcode}"
             raise GuestCannotTell(f"the /proc fd scan in VM {self.guest.vmid} did not complete: {why}",
-                                  "the guest needs sh, find, cut, sort, grep, head and tr on the agent's PATH")
+                                  "the guest needs sh, GNU find (-lname), cut, sort, grep, head and tr on the agent's PATH")
         view = GuestView(gpus=gpus)
         for pid, mib in apps:
             h = found.get(pid)

@@ -93,8 +93,9 @@ class VmReport:
 
 
 class _Run:
-    def __init__(self, vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None) -> None:
-        self.vmid, self.api, self.clock, self.policy, self.on_step = vmid, api, clock, policy, on_step
+    def __init__(self, vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None,
+                 log: Any = None) -> None:
+        self.vmid, self.api, self.clock, self.policy, self.on_step, self.log = vmid, api, clock, policy, on_step, log
         self.report = VmReport(vmid)
         self.guest = Guest(vmid, "", "qemu")
         self.guestside: Guestside | None = None
@@ -103,6 +104,8 @@ class _Run:
     def step(self, name: str, outcome: str, msg: str, **detail: object) -> None:
         s = Step(name, outcome, {"msg": escape(msg, 2000), **detail})  # agent errors carry the guest's own text
         self.report.steps.append(s)
+        if self.log is not None:
+            self.log.info(f"reset.{name}", vmid=self.vmid, type="qemu", outcome=outcome, **s.detail)
         if self.on_step:
             self.on_step(s)
 
@@ -110,9 +113,11 @@ class _Run:
         self.clock.sleep(max(0.0, seconds))
 
 
-def reset_vm(vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None = None) -> VmReport:
-    """Run ``pvegpu reset`` for one VM and return the full report; PveApiErrors end as the report's exit code."""
-    run = _Run(vmid, api, clock, policy, on_step)
+def reset_vm(vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None = None,
+             log: Any = None) -> VmReport:
+    """Run ``pvegpu reset`` for one VM and return the full report; PveApiErrors end as the report's exit code.
+    ``log``: an EventLog (structlog) that gets every step as an event."""
+    run = _Run(vmid, api, clock, policy, on_step, log)
     t0 = clock.monotonic()
     try:
         _reset(run)

@@ -155,3 +155,14 @@ def test_pvesh_passes_an_argv_as_one_option_per_item():
 
     assert _options({"command": list(NVSMI_APPS)}, None) == [f"-command={a}" for a in NVSMI_APPS]
     assert _options({"timeout": 60}, None) == ["-timeout", "60"]
+
+
+def test_verbose_logs_every_step_as_json_lines(api):
+    """-v with --json: every step of a VM reset is also a JSON event line on stderr (reset.signal among them)."""
+    import json as _json
+
+    fake, add, config = api
+    add()
+    r = cli(["reset", str(VMID), "--json", "-v", "--no-restart"], config=config(), module="pvegpu", bound=30)
+    events = [_json.loads(line) for line in r.err.splitlines() if line.startswith("{")]
+    assert r.rc == 6 and any(e.get("event") == "reset.signal" and e.get("type") == "qemu" for e in events), r.err
