@@ -147,7 +147,7 @@ def check_device(chk: VmCheck, dev: VmDevice, gpu: GpuInfo | None, facts: GpuFac
     if holders:
         names = ", ".join(f"pid {h.pid} ({h.info.comm}, {_where(h)})" for h in holders[:8])
         more = f" and {len(holders) - 8} more" if len(holders) > 8 else ""
-        chk.refuse(f"{g} is in use on the host: {names}{more}; unbinding it for VM {chk.vmid} would block or fail half-way",
+        chk.refuse(f"{g} is in use through the host's nvidia driver: {names}{more}; unbinding it for VM {chk.vmid} would block or fail half-way",
                    None)
         for h in holders[:8]:
             hint = _free_hint(h, gpu)
