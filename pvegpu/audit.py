@@ -131,6 +131,9 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: Le
             row.flags.append(kind)
         flags.append(Flag(kind, subject, detail))
 
+    vms, cts = [g for g in row.granted_to if g.startswith("qemu/")], [g for g in row.granted_to if g.startswith("lxc/")]
+    if vms and cts:  # the VM's start unbinds it from nvidia under the containers (pvegpu/vmgate.py refuses that start)
+        flag(FlagKind.VM_AND_CT, f"granted to {', '.join(vms)} (passthrough) and to {', '.join(cts)}")
     if row.error is not None:
         flag(FlagKind.UNREADABLE, f"{gpu.uuid}: {row.error}")
         return row

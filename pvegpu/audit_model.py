@@ -39,6 +39,7 @@ class FlagKind(enum.StrEnum):
     HEALTH = "health"
     CONFIG_UNREADABLE = "config-unreadable"
     NODE_UNREACHABLE = "node-unreachable"
+    VM_AND_CT = "vm-and-container"
 
     @property
     def attention(self) -> bool:
@@ -64,6 +65,8 @@ ADVICE: dict[FlagKind, str] = {
     FlagKind.HEALTH: "a reset is pending for row remapping / page retirement: `nvidia-smi -r -i <index>` once the GPU is idle",
     FlagKind.CONFIG_UNREADABLE: "the guest's config could not be read: `pct config <vmid>`",
     FlagKind.NODE_UNREACHABLE: "no live audit from this node: `ssh root@<node> pvegpu audit --json`",
+    FlagKind.VM_AND_CT: ("a VM takes this GPU to vfio-pci at its start while containers use it through nvidia: the VM's start "
+                         "blocks or the containers lose it (guard the VM: `qm set <vmid> --hookscript local:snippets/pvegpu-guard`)"),
 }
 
 

@@ -78,7 +78,23 @@ def _main(
 # -- reset --------------------------------------------------------------------------------------------------
 
 
+def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool = False) -> int:
+    """A VM: its holders are found and stopped inside the guest, through the guest agent (pvegpu/vmreset.py)."""
+    from .logs import configure
+    from .vmreset import reset_vm, vm_human
+
+    log = configure(verbose=verbose, json_lines=json_out and verbose)
+    on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
+    with wiring.ct_lock(s, vmid, s.reset.lock_wait):
+        report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log)
+    typer.echo(json.dumps(report.to_json(), indent=2) if json_out else "\n" + vm_human(report))
+    return int(report.exit_code)
+
+
 def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
+    guest = wiring.pve_port(s).where(vmid)
+    if guest is not None and guest.type == "qemu":
+        return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out, verbose=verbose)
     from .logs import configure
     from .reclaim import reset
     from .render import reset_human, reset_json
@@ -93,7 +109,7 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
 
 @app.command("reset", cls=_Command)
 def reset_cmd(
-    vmid: str = typer.Argument(..., metavar="VMID", help="container id, e.g. 129"),
+    vmid: str = typer.Argument(..., metavar="VMID", help="container id, e.g. 129, or a VM's (reset inside the guest)"),
     dry_run: bool = typer.Option(False, "--dry-run", help="show what would be signalled and why; signal nothing"),
     no_restart: bool = typer.Option(False, "--no-restart", help="never restart the container through the API"),
     timeout: float | None = typer.Option(None, "--timeout", metavar="SECONDS", help=f"wait for the memory to come back (reset.timeout, default {_R.timeout:g})"),
@@ -103,7 +119,7 @@ def reset_cmd(
     verbose: bool = typer.Option(False, "-v", "--verbose", help="log every event (structlog)"),
 ) -> None:
     """Stop every process of the container that holds its GPUs, verify with NVML that the memory is back,
-    and restart the container through the API if it is not."""
+    and restart the container through the API if it is not. A VM: the same inside the guest, through its guest agent."""
     s = _settings({"reset.timeout": timeout, "reset.grace": grace, "reset.settle": settle, "reset.restart": False if no_restart else None})
     raise typer.Exit(do_reset(s, check_vmid(vmid), dry_run=dry_run, json_out=json_out, verbose=verbose))
 
@@ -287,12 +303,19 @@ def hook_allow_once(vmid: str = typer.Argument(..., metavar="VMID", help="contai
 
     s = _settings()
     n = check_vmid(vmid)
-    find_guest(n, wiring.gate_ports(s).pve)  # an unknown CT, a VM or one on another node: say so, write nothing
+    pve = wiring.gate_ports(s).pve
+    g = pve.where(n)
+    if g is not None and g.type == "qemu":  # a VM's start is gated too (pvegpu/vmgate.py)
+        local = pve.local_node()
+        if local is not None and g.node != local:
+            raise E.NotFoundError(f"VM {n} lives on node {g.node}, this is {local}", f"run it there: `ssh {g.node} pvegpu hook allow-once {n}`")
+    else:
+        find_guest(n, pve)  # an unknown CT or one on another node: say so, write nothing
     try:
         path = allow_once(s.gate.override_dir, n)
     except OSError as exc:
         raise E.UsageError(f"cannot write the override in {s.gate.override_dir}: {exc.strerror or exc}", "run as root on the node") from None
-    typer.echo(f"the next start of CT {n} passes the gate once ({path}, valid {s.gate.override_ttl:g} s)")
+    typer.echo(f"the next start of {'VM' if g is not None and g.type == 'qemu' else 'CT'} {n} passes the gate once ({path}, valid {s.gate.override_ttl:g} s)")
 
 
 # -- running it ---------------------------------------------------------------------------------------------

@@ -46,7 +46,13 @@ HOOK_USAGE = """Usage: pvegpu [--config FILE] hook VMID PHASE
 
 def _verdict(vmid: int, s: Settings) -> dict[str, Any]:
     """The check as plain data, so it can cross the pipe from the bounded child."""
-    res = evaluate(vmid, wiring.gate_ports(s), wiring.gate_policy(s))
+    from .vmgate import vm_verdict
+
+    ports = wiring.gate_ports(s)
+    vm = vm_verdict(vmid, ports, wiring.gate_policy(s), lambda: wiring.gate_files(s))  # a VM: pvegpu/vmgate.py
+    if vm is not None:
+        return vm
+    res = evaluate(vmid, ports, wiring.gate_policy(s))
     return {"allow": res.decision.allow, "text": paragraph(vmid, res.decision), "json": res.to_json()}
 
 
@@ -132,11 +138,13 @@ def _pre_start(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
     try:
         v = bounded_verdict(vmid, s)
         allow, text = bool(v["allow"]), str(v["text"])
+        kind = "VM" if v.get("kind") == "qemu" else "CT"
     except E.PvegpuError as exc:
+        kind = "CT"
         allow, text = False, f"pvegpu: refusing to start CT {vmid}: {exc.message}" + (f" (hint: {exc.hint})" if exc.hint else "")
     if override:
-        why = "" if allow else text.removeprefix(f"pvegpu: refusing to start CT {vmid}: ")
-        print(f"pvegpu: CT {vmid} allowed to start ONCE by an override ({override})" + (f"; it would have refused: {why}" if why else ""), file=out)
+        why = "" if allow else text.removeprefix(f"pvegpu: refusing to start {kind} {vmid}: ")
+        print(f"pvegpu: {kind} {vmid} allowed to start ONCE by an override ({override})" + (f"; it would have refused: {why}" if why else ""), file=out)
         return E.EXIT_OK
     print(text, file=out if allow else err)
     return E.EXIT_OK if allow else E.EXIT_REFUSED
@@ -144,6 +152,12 @@ def _pre_start(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
 
 def _post_stop(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
     """Never fails the stop: reports leftovers; with gate.post_stop_reclaim, stops the CT's stray holders."""
+    try:
+        guest = wiring.gate_ports(s).pve.where(vmid)
+    except E.PvegpuError:
+        guest = None
+    if guest is not None and guest.type == "qemu":  # a stopped VM's GPU stays on vfio-pci: nothing to check or report
+        return E.EXIT_OK
     try:
         v = bounded_verdict(vmid, s)
     except E.PvegpuError as exc:

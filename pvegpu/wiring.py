@@ -137,6 +137,17 @@ def gate_ports(s: Settings) -> GatePorts:
     return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(), ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3)), running)
 
 
+def gate_files(s: Settings) -> Any:
+    """The node's files the VM gate reads: VM configs and ``mapping/pci.cfg`` in ``/etc/pve``, PCI drivers in sysfs."""
+    if s.simulate:
+        from .sim.nodefiles import SimNodeFiles
+
+        return SimNodeFiles(s.simulate)
+    from .adapters.nodefiles import LocalNodeFiles
+
+    return LocalNodeFiles(s.pve_root)
+
+
 def _lite_nvml() -> GpuProbe:
     try:
         from .adapters.nvml_lite import NvmlLite
@@ -191,6 +202,36 @@ def pve_port(s: Settings) -> Any:
         raise E.NotPveNodeError(s.pve_root)
     node = s.node or (local.local_node() if local else "") or ""
     return NodePve(local, (lambda: api_client(s, node)) if has_api else None)
+
+
+def vm_api(s: Settings) -> Any:
+    """The VM reset's API (config, status, power, guest agent exec): https with a token, or pvesh on the node."""
+    from .adapters.etcpve import EtcPve
+
+    node = s.node or (EtcPve(s.pve_root, node=s.node).local_node() if EtcPve.present(s.pve_root) else "") or ""
+    api = None if s.simulate else api_client(s, node)
+    if api is None:
+        raise E.UsageError("a VM reset works through the Proxmox API and its guest agent, and none can be used here",
+                           "run it as root on a PVE node (pvesh), or set api.host and an API token (README 'VMs')")
+    from .adapters.agent import ProxmoxerVm
+
+    return ProxmoxerVm(api)
+
+
+def system_clock() -> Any:
+    from .adapters.clock import SystemClock
+
+    return SystemClock()
+
+
+def vm_policy(s: Settings, *, dry_run: bool = False) -> Any:
+    """``[reset]`` as the VM reset's policy (each guest command bounded by the poll-independent exec deadline)."""
+    from .vmreset import VmPolicy
+
+    r = s.reset
+    return VmPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, settle=r.settle, restart=r.restart, dry_run=dry_run,
+                    task_timeout=r.task_timeout, exec_timeout=max(2.0, min(30.0, r.timeout)),
+                    shutdown_timeout=max(1, int(min(60.0, r.task_timeout / 2))), poll=max(r.poll, 0.2))
 
 
 def read_deadline(s: Settings) -> float:

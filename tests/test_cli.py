@@ -37,10 +37,10 @@ def test_dry_run_human_output(sim_node):
 
 
 def test_errors_are_one_line_with_hint_and_exit_code(sim_node):
-    """Bad vmid (2), unknown vmid (3), a VM (3), bad setting (2): Error + Hint, no traceback."""
+    """Bad vmid (2), unknown vmid (3), a VM on the simulated node (2: no API, no guest agent), bad setting (2): Error + Hint, no traceback."""
     node = sim_node({"node": "s", "gpus": [GPU], "containers": [], "vms": [{"vmid": 200}]})
     for args, code, text in ((["reset", "abc"], 2, "not a container id"), (["reset", "999"], 3, "no guest 999"),
-                             (["reset", "200"], 3, "VM, not an LXC"), (["reset", "50"], 2, "not a valid Proxmox guest id")):
+                             (["reset", "200"], 2, "guest agent"), (["reset", "50"], 2, "not a valid Proxmox guest id")):
         r = pvegpu(*args, sim=node)
         assert r.returncode == code and text in r.stderr and "Hint:" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     r = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "reset", "999", "--grace", "-1"],
@@ -86,15 +86,15 @@ def test_second_reset_of_same_container_waits_then_refuses(sim_node, tmp_path):
 
 
 def test_unknown_guest_is_reported_before_nvml_is_opened(tmp_path):
-    """On a node, reset of an unknown guest says so (exit 3) without first failing on NVML (exit 5)."""
+    """On a node, reset of an unknown guest says so (exit 3) without first failing on NVML (exit 5); a VM goes to the API (its token)."""
     from tests import pvelike
 
     root = pvelike.etc_pve(str(tmp_path / "pve"), "n1", {129: "dev0: /dev/nvidia0\n"}, vms=(200,))
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'pve_root = "{root}"\n[api]\nbackend = "https"\nhost = "127.0.0.1"\n[reset]\nlock_dir = "{tmp_path}/lock"\n')
-    for vmid, text in (("999", "no guest 999"), ("200", "VM, not an LXC")):
+    for vmid, code, text in (("999", 3, "no guest 999"), ("200", 2, "api.token_file")):
         r = subprocess.run([sys.executable, "-m", "pvegpu", "--config", str(cfg), "reset", vmid], capture_output=True, text=True, cwd=REPO, timeout=60)
-        assert r.returncode == 3 and text in r.stderr, r.stderr
+        assert r.returncode == code and text in r.stderr, r.stderr
 
 
 def test_demo_killed_with_sigterm_cleans_up():

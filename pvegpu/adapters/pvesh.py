@@ -130,6 +130,9 @@ def _options(data: Mapping[str, Any] | None, params: Mapping[str, Any] | None) -
     for k, v in list((data or {}).items()) + list((params or {}).items()):
         if v is None:
             continue
+        if isinstance(v, (list, tuple)):  # an array parameter (agent/exec's command): one option per item, as
+            out += [f"-{k}={item}" for item in v]  # -k=VALUE, so an item starting with '-' stays a value
+            continue
         out += [f"-{k}", v.decode() if isinstance(v, bytes) else str(v)]
     return out
 

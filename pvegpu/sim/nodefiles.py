@@ -3,6 +3,8 @@ directory, a container runs when its state says so (no lxc command socket here).
 
 from __future__ import annotations
 
+import os
+
 from ..adapters.nodefiles import LocalNodeFiles
 from .state import SimState
 
@@ -18,7 +20,8 @@ class SimNodeFiles(LocalNodeFiles):
         ready = [g for g in gpus if g.get("driver_ready", True)]
         dev_map = {f"/dev/nvidia{g['minor']}": (str(g["stand_in"]) if g in ready else "/nonexistent") for g in gpus}
         dev_map |= {p: (str(ready[0]["stand_in"]) if ready else "/nonexistent") for p in CONTROL_NODES}
-        super().__init__(self.state.etc_pve, dev_map=dev_map, snippets_dir=self.state.snippets)
+        super().__init__(self.state.etc_pve, dev_map=dev_map, snippets_dir=self.state.snippets,
+                         sysfs=os.path.join(root, "sys"))  # the scenario's "pci" devices, never this machine's
 
     def running_cts(self) -> frozenset[int] | None:
         return frozenset(int(c["vmid"]) for c in self.state.cts() if c.get("status") == "running")

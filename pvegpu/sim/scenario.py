@@ -12,9 +12,11 @@ A scenario is JSON (or the equivalent dict)::
          "config": "optional raw .conf text (replaces the one generated from gpus)",
          "lock": null, "ha_managed": false, "start_error": null, "on_restart": []}
       ],
-      "vms": [{"vmid": 200, "name": "win11"}]
+      "vms": [{"vmid": 200, "name": "win11", "config": "optional raw .conf text"}],
+      "pci": {"0000:41:00.0": "nvidia"}
     }
 
+``pci`` is the simulated node's sysfs: PCI bus id -> the driver bound to it ("" none), for the VM gate and audit.
 Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn`` (see ``pvegpu.sim.workload``).
 ``stand_in`` is any character device the workload processes can open; it plays ``/dev/nvidia<minor>`` (a plain file plays a GPU no process holds).
 """
@@ -174,7 +176,15 @@ def _lay_out(scenario: dict[str, Any], root: str, owns: bool) -> SimNode:
     for vm in scenario.get("vms", []):
         ids[str(vm["vmid"])] = {"node": vm.get("node", node), "type": "qemu", "version": 1}
         with open(os.path.join(qemu, f"{vm['vmid']}.conf"), "w") as f:
-            f.write(f"name: {vm.get('name', 'vm')}\nhostpci0: 0000:01:00.0,pcie=1\n")
+            f.write(str(vm["config"]).rstrip("\n") + "\n" if vm.get("config") else f"name: {vm.get('name', 'vm')}\nhostpci0: 0000:01:00.0,pcie=1\n")
+    for bus, driver in (scenario.get("pci") or {}).items():  # sysfs of the simulated node: bus id -> bound driver ("" none)
+        dev = os.path.join(root, "sys", "bus", "pci", "devices", bus)
+        os.makedirs(dev, exist_ok=True)
+        with open(os.path.join(dev, "vendor"), "w") as f:
+            f.write("0x10de\n")
+        if driver:
+            os.makedirs(os.path.join(root, "sys", "bus", "pci", "drivers", driver), exist_ok=True)
+            os.symlink(os.path.join(root, "sys", "bus", "pci", "drivers", driver), os.path.join(dev, "driver"))
     write_json(os.path.join(state.etc_pve, ".vmlist"), {"version": 1, "ids": ids})
     sim = SimNode(root, owns_root=owns)
     expected = 0

@@ -1,0 +1,262 @@
+"""Looking inside a VM through the guest agent: the fixed commands, their bounded runs, and parsing what comes back.
+
+Every command sent to the guest is a fixed argument vector: ``nvidia-smi`` with fixed options, or ``sh -c
+SCRIPT`` where SCRIPT is a constant of this module and the only further arguments are a signal name from a fixed
+set and integers pvegpu formatted itself. No text from the guest, the tenant or the config is ever put into a
+command. What the guest prints is the tenant's claim: parsed strictly (fixed fields, digits only, bounded line
+count), used only to decide about that guest itself, and escaped (``safetext``) before anyone sees it.
+
+Manual equivalent: ``qm guest exec VMID -- nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits``
+and ``qm guest exec VMID -- sh -c 'find /proc/[0-9]*/fd -lname "/dev/nvidia[0-9]*"'``, ``qm guest exec VMID -- kill -TERM PID``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from . import errors as E
+from .model import Guest, TaskResult
+from .safetext import escape
+
+MAX_LINES = 4096  # lines of guest output read per command (a tenant cannot make pvegpu parse more)
+MAX_PIDS = 512  # holders signalled per round
+
+NVSMI_APPS = ("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+NVSMI_GPUS = ("nvidia-smi", "--query-gpu=index,pci.bus_id,memory.used", "--format=csv,noheader,nounits")
+
+# Every process with an fd on /dev/nvidiaN (N a digit: the GPUs, not nvidiactl/uvm), whether it maps the device
+# (a CUDA context owner) and its start time (stat field 22, to never signal a recycled pid), then its name with
+# every byte outside [A-Za-z0-9._+-] replaced, so a name cannot forge a line.
+SCAN_SCRIPT = r"""
+find / -maxdepth 0 -lname x >/dev/null 2>&1 || { echo "scan-unsupported: find has no -lname"; exit 3; }
+start_of() { s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; shift 19 || return 1; echo "$1"; }
+for p in $(find /proc/[0-9]*/fd -maxdepth 1 -lname '/dev/nvidia[0-9]*' 2>/dev/null | cut -d/ -f3 | sort -un); do
+  st=$(start_of "$p") || continue
+  via=fd
+  grep -q ' /dev/nvidia[0-9]' "/proc/$p/maps" 2>/dev/null && via=fd,maps
+  name=$(head -c 16 "/proc/$p/comm" 2>/dev/null | tr -d '\n' | tr -c 'A-Za-z0-9._+-' '_')
+  echo "holder $p $st $via ${name:-?}"
+done
+echo scan-done
+"""
+
+# Signal each (pid, start time) pair only if that pid still has that start time; say what happened to each.
+KILL_SCRIPT = r"""
+start_of() { s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; shift 19 || return 1; echo "$1"; }
+sig=$1; shift
+while [ $# -ge 2 ]; do
+  p=$1; want=$2; shift 2
+  now=$(start_of "$p") || { echo "gone $p"; continue; }
+  [ "$now" = "$want" ] || { echo "gone $p"; continue; }
+  if kill -s "$sig" "$p" 2>/dev/null; then echo "sent $p"; else echo "failed $p"; fi
+done
+echo kill-done
+"""
+SIGNALS = ("TERM", "KILL")
+
+_APP = re.compile(r"^\s*(\d{1,10})\s*,\s*(\d{1,15}|\[N/A\]|N/A|\[Not Supported\])\s*$")
+_GPU = re.compile(r"^\s*(\d{1,4})\s*,\s*([0-9A-Fa-f:.]{7,20})\s*,\s*(\d{1,15}|\[N/A\]|N/A)\s*$")
+_HOLDER = re.compile(r"^holder (\d{1,10}) (\d{1,20}) (fd|fd,maps) ([A-Za-z0-9._+\-?]{1,16})$")
+_KILLED = re.compile(r"^(sent|gone|failed) (\d{1,10})$")
+
+
+class AgentUnavailable(E.PveApiError):
+    """The guest agent is not configured, not running, or does not answer (exit 4)."""
+
+
+class GuestTimeout(E.PveApiError):
+    """A command in the guest did not finish within its deadline (exit 4)."""
+
+
+class GuestCannotTell(E.GpuQueryError):
+    """The guest cannot show its GPU use: Windows, no nvidia-smi on its PATH, nvidia-smi failing (exit 5)."""
+
+
+class VmApi(Protocol):
+    """The Proxmox calls a VM reset needs (``adapters/agent.py``)."""
+
+    def where(self, vmid: int) -> Guest | None: ...
+    def vm_config(self, guest: Guest) -> Mapping[str, Any]: ...
+    def vm_status(self, guest: Guest) -> Mapping[str, Any]: ...
+    def agent_ping(self, guest: Guest) -> None: ...
+    def agent_exec(self, guest: Guest, argv: list[str]) -> int: ...
+    def agent_exec_status(self, guest: Guest, pid: int) -> Mapping[str, Any]: ...
+    def vm_shutdown(self, guest: Guest, timeout: int) -> str: ...
+    def vm_stop(self, guest: Guest) -> str: ...
+    def vm_start(self, guest: Guest) -> str: ...
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult: ...
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+    def sleep(self, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exitcode: int | None
+    out: str
+    err: str
+    signal: int | None = None
+
+
+@dataclass(frozen=True)
+class GuestHolder:
+    """A guest process holding a GPU, as the guest tells it (guest pids; the name is sanitised and escaped)."""
+
+    pid: int
+    start: int | None  # stat field 22 in the guest; None when only nvidia-smi listed it
+    via: frozenset[str]  # "nvml" (nvidia-smi lists it), "fd", "maps"
+    comm: str = "?"
+    used_mib: int | None = None
+
+    @property
+    def could_own_context(self) -> bool:
+        return "nvml" in self.via or "maps" in self.via
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "comm": self.comm, "via": sorted(self.via), "used_mib": self.used_mib}
+
+
+@dataclass
+class GuestView:
+    """One look inside the guest: its GPUs' memory and who holds them."""
+
+    holders: list[GuestHolder] = field(default_factory=list)
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # index, bus_id (the guest's), used_mib
+    listed_gone: list[int] = field(default_factory=list)  # nvidia-smi lists them, the guest has no such process
+
+    @property
+    def killable(self) -> list[GuestHolder]:
+        """Holders pvegpu may signal: they may own a context, never the guest's init (pid 1)."""
+        return [h for h in self.holders if h.could_own_context and h.pid > 1][:MAX_PIDS]
+
+    @property
+    def clean(self) -> bool:
+        return not [h for h in self.holders if h.could_own_context] and not self.listed_gone
+
+    def to_json(self) -> dict[str, Any]:
+        return {"holders": [h.to_json() for h in self.holders], "gpus": self.gpus, "listed_gone": self.listed_gone}
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines()[:MAX_LINES]
+
+
+def parse_apps(out: str) -> list[tuple[int, int | None]]:
+    """``nvidia-smi --query-compute-apps=pid,used_memory`` lines → (pid, MiB or None); anything else is ignored."""
+    rows = []
+    for line in _lines(out):
+        if m := _APP.match(line):
+            rows.append((int(m.group(1)), int(m.group(2)) if m.group(2).isdigit() else None))
+    return rows
+
+
+def parse_gpus(out: str) -> list[dict[str, Any]]:
+    rows = []
+    for line in _lines(out):
+        if m := _GPU.match(line):
+            rows.append({"index": int(m.group(1)), "bus_id": m.group(2).lower(),
+                         "used_mib": int(m.group(3)) if m.group(3).isdigit() else None})
+    return rows
+
+
+def parse_scan(out: str) -> tuple[dict[int, GuestHolder], bool]:
+    """The fd scan's lines → holders by pid, and whether the scan ran to its end (``scan-done``)."""
+    found: dict[int, GuestHolder] = {}
+    lines = _lines(out)
+    for line in lines:
+        if m := _HOLDER.match(line):
+            pid = int(m.group(1))
+            found[pid] = GuestHolder(pid, int(m.group(2)), frozenset(m.group(3).split(",")), escape(m.group(4)))
+    return found, "scan-done" in lines
+
+
+class Guestside:
+    """Runs the fixed commands in one VM through the API's guest agent, each under a deadline."""
+
+    def __init__(self, api: VmApi, guest: Guest, clock: Clock, *, exec_timeout: float, poll: float = 0.1,
+                 on_exec: Callable[[list[str]], None] | None = None) -> None:
+        self.api, self.guest, self.clock = api, guest, clock
+        self.exec_timeout, self.poll = exec_timeout, poll
+        self.on_exec = on_exec
+
+    def run(self, argv: list[str], *, what: str) -> ExecResult:
+        """``agent/exec`` then ``agent/exec-status`` polled until it exits, at most ``exec_timeout``; then GuestTimeout."""
+        if self.on_exec:
+            self.on_exec(argv)
+        pid = self.api.agent_exec(self.guest, argv)
+        deadline = self.clock.monotonic() + self.exec_timeout
+        while True:
+            st = self.api.agent_exec_status(self.guest, pid)
+            if _true(st.get("exited")):
+                code = st.get("exitcode")
+                sig = st.get("signal")
+                return ExecResult(code if isinstance(code, int) and not isinstance(code, bool) else None,
+                                  str(st.get("out-data") or ""), str(st.get("err-data") or ""),
+                                  sig if isinstance(sig, int) and not isinstance(sig, bool) else None)
+            left = deadline - self.clock.monotonic()
+            if left <= 0:  # the command is left to the guest: its pid may be reused by the time a kill arrives
+                raise GuestTimeout(f"{what} in VM {self.guest.vmid} did not finish within {self.exec_timeout:g} s",
+                                   "the guest is overloaded or the command hangs (a stuck driver?); look with `qm guest exec "
+                                   f"{self.guest.vmid} -- nvidia-smi`, or raise reset.timeout")
+            self.clock.sleep(min(self.poll, left))
+
+    def nvidia_smi(self, argv: tuple[str, ...]) -> str:
+        try:
+            r = self.run(list(argv), what="nvidia-smi")
+        except E.PveApiError as exc:
+            if "No such file" in exc.message or "not found" in exc.message.lower():
+                raise GuestCannotTell(f"VM {self.guest.vmid} has no nvidia-smi on the guest agent's PATH",
+                                      "install the NVIDIA driver's utilities in the guest (a Windows guest is not supported)") from None
+            raise
+        if r.exitcode != 0:
+            why = escape((r.err or r.out).strip().splitlines()[0] if (r.err or r.out).strip() else f"exit code {r.exitcode}", 200)
+            raise GuestCannotTell(f"nvidia-smi in VM {self.guest.vmid} failed: {why}",
+                                  f"`qm guest exec {self.guest.vmid} -- nvidia-smi`: is the driver loaded in the guest?")
+        return r.out
+
+    def look(self) -> GuestView:
+        """nvidia-smi's apps and GPUs, plus the fd scan, merged by guest pid."""
+        apps = parse_apps(self.nvidia_smi(NVSMI_APPS))
+        gpus = parse_gpus(self.nvidia_smi(NVSMI_GPUS))
+        r = self.run(["sh", "-c", SCAN_SCRIPT, "pvegpu-scan"], what="the /proc fd scan")
+        found, complete = parse_scan(r.out)
+        if not complete:
+            why = escape((r.out if "scan-unsupported" in r.out else r.err).strip()[:200]) or f"exit code {r.exitcode}"
+            raise GuestCannotTell(f"the /proc fd scan in VM {self.guest.vmid} did not complete: {why}",
+                                  "the guest needs sh, GNU find (-lname), cut, sort, grep, head and tr on the agent's PATH")
+        view = GuestView(gpus=gpus)
+        for pid, mib in apps:
+            h = found.get(pid)
+            if h is None:
+                view.listed_gone.append(pid)  # listed by NVML, no fd on a GPU: dead, or a fork child holds its context
+                continue
+            found[pid] = GuestHolder(pid, h.start, h.via | {"nvml"}, h.comm, mib)
+        if view.listed_gone and any(h.could_own_context for h in found.values()):
+            view.listed_gone = []  # a live holder that maps the device explains it (fork-inherited context)
+        view.holders = sorted(found.values(), key=lambda h: h.pid)
+        return view
+
+    def signal(self, sig: str, holders: list[GuestHolder]) -> dict[int, str]:
+        """SIGTERM or SIGKILL to each holder whose start time still matches; pid → sent / gone / failed."""
+        assert sig in SIGNALS
+        pairs: list[str] = []
+        for h in holders:
+            if h.pid > 1 and h.start is not None:
+                pairs += [str(int(h.pid)), str(int(h.start))]
+        if not pairs:
+            return {}
+        r = self.run(["sh", "-c", KILL_SCRIPT, "pvegpu-kill", sig, *pairs], what=f"kill -{sig}")
+        out: dict[int, str] = {}
+        for line in _lines(r.out):
+            if m := _KILLED.match(line):
+                out[int(m.group(2))] = m.group(1)
+        return out
+
+
+def _true(v: Any) -> bool:
+    return v is True or v == 1 or v == "1"

@@ -1,0 +1,430 @@
+"""``pvegpu reset VMID`` for a VM with a passed-through GPU: stop the holders inside the guest, verify with the
+guest's nvidia-smi, and otherwise reboot the VM through the API.
+
+Host NVML cannot see a GPU bound to ``vfio-pci``: every fact here is the guest's, read through the guest agent
+(``pvegpu/vmguest.py``), and the report says so ("verified in the guest"). The steps mirror a container's
+reset: locate, find, stop (SIGTERM, SIGKILL after the grace), verify (clean held for the settle window),
+restart (shutdown with a timeout, then stop, then start; every task awaited; a ``lock:`` refuses; HA only
+requests, so the VM's state is polled), verify again. Manual equivalent: ``qm guest exec VMID -- nvidia-smi``,
+``qm guest exec VMID -- kill PID``, ``qm shutdown VMID --timeout 60 || qm stop VMID; qm start VMID``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import errors as E
+from .model import Guest, Step
+from .qemuconf import parse_hostpci
+from .safetext import escape
+from .vmguest import AgentUnavailable, Clock, GuestCannotTell, Guestside, GuestView, VmApi
+
+EVIDENCE = "the guest's own nvidia-smi and /proc, read through the QEMU guest agent (host NVML cannot see a vfio-pci GPU)"
+STATE_POLL = 0.5
+
+
+class VmOutcome(enum.StrEnum):
+    CLEAN = "clean"  # verified in the guest: no holder, held for settle
+    CLEAN_RESTART_FAILED = "clean, but the restart failed"
+    NOT_VERIFIED = "not verified"  # the guest could not be looked into (no agent, Windows, no nvidia-smi, timeouts)
+    NOT_CLEAN = "not clean"
+    DRY_RUN = "dry-run"
+    NOT_RUNNING = "not running"  # a stopped VM: no guest process exists
+
+    @property
+    def verified_clean(self) -> bool:
+        return self in (VmOutcome.CLEAN, VmOutcome.CLEAN_RESTART_FAILED)
+
+
+@dataclass(frozen=True)
+class VmPolicy:
+    """``[reset]`` applied to a VM (``wiring.vm_policy``)."""
+
+    grace: float = 10.0
+    kill_wait: float = 5.0
+    timeout: float = 30.0  # wait for the guest to show clean after the last signal
+    settle: float = 0.25
+    restart: bool = True
+    dry_run: bool = False
+    task_timeout: float = 120.0  # each shutdown / stop / start task, and the agent coming back after the start
+    exec_timeout: float = 10.0  # each command in the guest
+    shutdown_timeout: int = 60  # the guest's own clean shutdown before the hard stop
+    poll: float = 0.2  # between looks inside the guest
+    state_wait: float = 15.0
+
+
+@dataclass
+class VmReport:
+    vmid: int
+    node: str = ""
+    devices: list[str] = field(default_factory=list)  # hostpciN entries
+    evidence: str = EVIDENCE
+    before: GuestView | None = None
+    after: GuestView | None = None
+    steps: list[Step] = field(default_factory=list)
+    signalled: list[dict[str, object]] = field(default_factory=list)
+    plan: list[dict[str, Any]] = field(default_factory=list)
+    outcome: VmOutcome = VmOutcome.NOT_CLEAN
+    exit_code: int = E.EXIT_FAILURE
+    diagnosis: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    restarted: bool = False
+    left_stopped: bool = False
+    vm_state: str | None = None
+    task_log: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    def add(self, problem: str, action: str) -> None:
+        """A diagnosis line; both may carry text from the guest (an agent's error): escaped."""
+        self.diagnosis.append((escape(problem, 2000), escape(action, 2000)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"vmid": self.vmid, "type": "qemu", "node": self.node, "devices": self.devices, "evidence": "guest",
+                "evidence_detail": self.evidence, "outcome": self.outcome.value, "exit_code": self.exit_code,
+                "steps": [{"name": s.name, "outcome": s.outcome, **s.detail} for s in self.steps],
+                "signalled": self.signalled, "plan": self.plan,
+                "before": self.before.to_json() if self.before else None, "after": self.after.to_json() if self.after else None,
+                "diagnosis": [{"problem": p, "action": a} for p, a in self.diagnosis], "notes": self.notes,
+                "restarted": self.restarted, "left_stopped": self.left_stopped, "vm_state": self.vm_state,
+                "task_log": self.task_log, "respawns": [], "elapsed_s": round(self.elapsed, 3)}
+
+
+class _Run:
+    def __init__(self, vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None,
+                 log: Any = None) -> None:
+        self.vmid, self.api, self.clock, self.policy, self.on_step, self.log = vmid, api, clock, policy, on_step, log
+        self.report = VmReport(vmid)
+        self.guest = Guest(vmid, "", "qemu")
+        self.guestside: Guestside | None = None
+        self.blind: E.PvegpuError | None = None  # why the guest cannot be looked into (known before any exec)
+
+    def step(self, name: str, outcome: str, msg: str, **detail: object) -> None:
+        s = Step(name, outcome, {"msg": escape(msg, 2000), **detail})  # agent errors carry the guest's own text
+        self.report.steps.append(s)
+        if self.log is not None:
+            self.log.info(f"reset.{name}", vmid=self.vmid, type="qemu", outcome=outcome, **s.detail)
+        if self.on_step:
+            self.on_step(s)
+
+    def pause(self, seconds: float) -> None:
+        self.clock.sleep(max(0.0, seconds))
+
+
+def reset_vm(vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None = None,
+             log: Any = None) -> VmReport:
+    """Run ``pvegpu reset`` for one VM and return the full report; PveApiErrors end as the report's exit code.
+    ``log``: an EventLog (structlog) that gets every step as an event."""
+    run = _Run(vmid, api, clock, policy, on_step, log)
+    t0 = clock.monotonic()
+    try:
+        _reset(run)
+    finally:
+        run.report.elapsed = clock.monotonic() - t0
+    return run.report
+
+
+def _agent_enabled(value: Any) -> bool:
+    """``agent: 1`` / ``agent: enabled=1,fstrim_cloned_disks=1`` / ``agent: 0``."""
+    first = str(value if value is not None else "0").split(",")[0].strip()
+    return first.split("=", 1)[-1].strip() in ("1", "yes", "on", "true")
+
+
+def _locate(run: _Run) -> Mapping[str, Any] | None:
+    guest = run.api.where(run.vmid)
+    if guest is None:
+        raise E.NotFoundError(f"no guest {run.vmid} in this cluster", "list guests with `qm list` / `pvesh get /cluster/resources --type vm`")
+    if guest.type != "qemu":
+        raise E.NotFoundError(f"guest {run.vmid} is not a VM", f"`pvegpu reset {run.vmid}` handles containers itself")
+    run.guest = guest
+    r = run.report
+    r.node = guest.node
+    conf = run.api.vm_config(guest)
+    text = "\n".join(f"{k}: {v}" for k, v in sorted(conf.items()) if str(k).startswith("hostpci") and isinstance(v, (str, int)))
+    entries = parse_hostpci(text)
+    if not entries:
+        raise E.NotFoundError(f"VM {run.vmid} has no PCI passthrough device (hostpciN) in its configuration", f"`qm config {run.vmid}`")
+    r.devices = [f"{e.key}: {escape(e.raw, 200)}" for e in entries]
+    ostype = str(conf.get("ostype") or "")
+    if not _agent_enabled(conf.get("agent")):
+        run.blind = AgentUnavailable(f"VM {run.vmid} has no guest agent configured (no `agent: 1` in its config): pvegpu cannot look inside",
+                                     f"install qemu-guest-agent in the guest and `qm set {run.vmid} --agent enabled=1` (takes effect at the next start)")
+    elif ostype.startswith("win"):
+        run.blind = GuestCannotTell(f"VM {run.vmid} is a Windows guest (ostype {escape(ostype, 20)}): pvegpu looks inside Linux guests only",
+                                    f"stop the job in the guest, or reboot it: `qm reboot {run.vmid}`")
+    run.step("locate", "found", f"VM {run.vmid} on {guest.node}: {', '.join(e.key for e in entries)}; evidence: the guest's nvidia-smi")
+    return conf
+
+
+def _status(run: _Run) -> Mapping[str, Any]:
+    return run.api.vm_status(run.guest)
+
+
+def _reset(run: _Run) -> None:
+    r, pol = run.report, run.policy
+    try:
+        _locate(run)
+        status = _status(run)
+    except E.PvegpuError as exc:
+        if isinstance(exc, E.NotFoundError) or r.node == "":
+            raise
+        return _fail(run, exc)
+    if str(status.get("status")) != "running":
+        r.outcome, r.exit_code, r.vm_state = VmOutcome.NOT_RUNNING, E.EXIT_OK, str(status.get("status") or "unknown")
+        run.step("find", "stopped", f"VM {run.vmid} is {r.vm_state}: no guest process can hold its GPU; nothing to do")
+        return
+    run.guestside = Guestside(run.api, run.guest, run.clock, exec_timeout=pol.exec_timeout)
+    try:
+        view = _look(run)
+    except E.PvegpuError as exc:
+        return _cannot_look(run, exc)
+    r.before = view
+    run.step("find", "holders" if view.killable else "none",
+             f"{len(view.killable)} holder(s) in VM {run.vmid}'s guest" + (": " + ", ".join(f"pid {h.pid} ({h.comm})" for h in view.killable)
+                                                                         if view.killable else ""))
+    if pol.dry_run:
+        r.plan = [{"pid": h.pid, "comm": h.comm, "via": sorted(h.via), "signal": "SIGTERM, SIGKILL after the grace"} for h in view.killable]
+        r.outcome, r.exit_code = VmOutcome.DRY_RUN, E.EXIT_OK
+        run.step("dry-run", "planned", f"would signal {len(r.plan)} guest process(es); nothing signalled")
+        return
+    try:
+        view, clean = _stop_and_verify(run, view)
+    except E.PvegpuError as exc:
+        return _cannot_look(run, exc)
+    if clean:
+        return _finish(run, view, VmOutcome.CLEAN, E.EXIT_OK)
+    if not pol.restart:
+        run.step("restart", "skipped", "not clean, and --no-restart was given")
+        r.add(f"processes in VM {run.vmid} still hold the GPU: "
+                            + ", ".join(f"pid {h.pid} ({h.comm})" for h in view.killable[:8]),
+                            f"look inside: `qm guest exec {run.vmid} -- nvidia-smi`; or reboot the VM: `qm reboot {run.vmid}`")
+        return _finish(run, view, VmOutcome.NOT_CLEAN, E.EXIT_HOLDERS_LEFT)
+    _reboot_and_verify(run)
+
+
+def _look(run: _Run) -> GuestView:
+    if run.blind is not None:
+        raise run.blind
+    assert run.guestside is not None
+    return run.guestside.look()
+
+
+def _cannot_look(run: _Run, exc: E.PvegpuError) -> None:
+    """The guest cannot be looked into (or stopped talking): say why; reboot where allowed, else exit with the reason."""
+    r = run.report
+    run.step("find" if r.before is None else "verify", "unknown", exc.message)
+    r.add(exc.message, exc.hint or "")
+    if run.policy.dry_run or not run.policy.restart:
+        r.outcome, r.exit_code = VmOutcome.NOT_VERIFIED, exc.exit_code
+        if not run.policy.dry_run:
+            run.step("restart", "skipped", "cannot verify inside the guest, and --no-restart was given")
+        return
+    _reboot_and_verify(run, reason=exc)
+
+
+def _stop_and_verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
+    """SIGTERM, SIGKILL after the grace for survivors, then wait for clean to hold for the settle window."""
+    pol, gs = run.policy, run.guestside
+    assert gs is not None
+    if view.killable:
+        for sig, wait in (("TERM", pol.grace), ("KILL", pol.kill_wait)):
+            targets = view.killable
+            if not targets:
+                break
+            results = gs.signal(sig, targets)
+            for h in targets:
+                res = results.get(h.pid, "unknown")
+                run.report.signalled.append({"pid": h.pid, "comm": h.comm, "signal": f"SIG{sig}", "result": res})
+                run.step("signal", res, f"SIG{sig} → guest pid {h.pid} ({h.comm}): {res}", pid=h.pid, signal=f"SIG{sig}")
+            view = _wait_gone(run, wait, {h.pid for h in targets})
+    return _verify(run, view)
+
+
+def _wait_gone(run: _Run, seconds: float, pids: set[int]) -> GuestView:
+    assert run.guestside is not None
+    end = run.clock.monotonic() + seconds
+    while True:
+        view = run.guestside.look()
+        if not pids & {h.pid for h in view.killable} or run.clock.monotonic() >= end:
+            return view
+        run.pause(min(run.policy.poll, max(0.0, end - run.clock.monotonic())))
+
+
+def _verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
+    """Clean (no holder that may own a context, nothing NVML lists without a process) held for ``settle``."""
+    pol, gs = run.policy, run.guestside
+    assert gs is not None
+    end = run.clock.monotonic() + pol.timeout
+    since: float | None = None
+    while True:
+        now = run.clock.monotonic()
+        if view.clean:
+            since = now if since is None else since
+            if now - since >= pol.settle:
+                run.step("verify", "clean", f"verified in the guest: nvidia-smi lists no process and no guest process holds the GPU "
+                         f"(held for {pol.settle:g} s)")
+                return view, True
+        else:
+            since = None
+        if now >= end:
+            run.step("verify", "not clean", f"the guest still shows GPU holders after {pol.timeout:g} s")
+            return view, False
+        run.pause(min(pol.poll if since is None else max(pol.settle - (now - since), 0.01), max(0.0, end - now)))
+        view = gs.look()
+
+
+def _finish(run: _Run, view: GuestView | None, outcome: VmOutcome, code: int) -> None:
+    r = run.report
+    r.after = view
+    r.outcome, r.exit_code = outcome, code
+
+
+def _fail(run: _Run, exc: E.PvegpuError, upid: str | None = None) -> None:
+    r = run.report
+    r.outcome, r.exit_code = (r.outcome if r.outcome.verified_clean else VmOutcome.NOT_CLEAN), exc.exit_code
+    run.step("restart" if upid else "api", "failed", exc.message)
+    r.add(exc.message, exc.hint or "")
+    tail = getattr(exc, "log_tail", ())
+    if tail:
+        r.task_log = [escape(str(t), 300) for t in tail]
+
+
+# -- the reboot path -------------------------------------------------------------------------------------------
+
+
+def _state(run: _Run) -> str:
+    try:
+        return str(_status(run).get("status") or "unknown")
+    except E.PvegpuError:
+        return "unknown"
+
+
+def _await_state(run: _Run, want: str, seconds: float) -> str:
+    end = run.clock.monotonic() + seconds
+    while True:
+        state = _state(run)
+        if state == want or run.clock.monotonic() >= end:
+            return state
+        run.pause(STATE_POLL)
+
+
+def _task(run: _Run, upid: str, what: str) -> None:
+    run.api.wait_task(run.guest.node, upid, timeout=run.policy.task_timeout, what=f"{what} task of VM {run.vmid}")
+
+
+def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
+    r, pol, vmid = run.report, run.policy, run.vmid
+    try:
+        status = _status(run)
+    except E.PvegpuError as exc:
+        return _fail(run, exc)
+    lock = status.get("lock")
+    if lock:
+        return _fail(run, E.PveApiError(f"VM {vmid} is locked ({escape(str(lock), 40)}); reboot refused",
+                                        f"wait for the {escape(str(lock), 40)} to finish, or `qm unlock {vmid}` if it is stale"))
+    ha = isinstance(status.get("ha"), Mapping) and str(status["ha"].get("managed")) == "1"
+    why = reason.message if reason else "the GPU is not clean in the guest"
+    run.step("restart", "shutdown", f"shutting VM {vmid} down through the API ({why}; guest timeout {pol.shutdown_timeout} s)")
+    upid: str | None = None
+    try:
+        upid = run.api.vm_shutdown(run.guest, pol.shutdown_timeout)
+        _task(run, upid, "shutdown")
+        if _await_state(run, "stopped", pol.task_timeout if ha else pol.state_wait) != "stopped":
+            raise E.TaskFailed(f"the shutdown of VM {vmid} ended, but VM {vmid} is not stopped")
+    except E.PvegpuError as exc:
+        run.step("restart", "stop", f"shutdown did not stop VM {vmid} ({exc.message}): stopping it")
+        try:
+            upid = run.api.vm_stop(run.guest)
+            _task(run, upid, "stop")
+            if _await_state(run, "stopped", pol.task_timeout if ha else pol.state_wait) != "stopped":
+                raise E.TaskFailed(f"the stop task of VM {vmid} ended, but VM {vmid} is not stopped")
+        except E.PvegpuError as exc2:
+            _fail(run, exc2, upid)
+            r.vm_state = _await_state(run, "stopped", pol.state_wait)
+            r.left_stopped = r.vm_state != "running"
+            r.add(f"VM {vmid} is {r.vm_state} after a failed stop", f"`qm status {vmid}`; `qm start {vmid}` if it is stopped")
+            return
+    r.vm_state, r.left_stopped = "stopped", True
+    run.step("restart", "start", f"VM {vmid} stopped; starting it")
+    upid = None
+    try:
+        upid = run.api.vm_start(run.guest)
+        _task(run, upid, "start")
+        if _await_state(run, "running", pol.task_timeout if ha else pol.state_wait) != "running":
+            raise E.TaskFailed(f"the start task of VM {vmid} ended, but VM {vmid} is not running")
+    except E.PvegpuError as exc:
+        _fail(run, exc, upid)
+        r.vm_state = _state(run)
+        r.left_stopped = r.vm_state != "running"
+        if r.left_stopped:
+            r.add(f"VM {vmid} was left STOPPED: its start failed", f"start it with `qm start {vmid}` once the cause is fixed")
+        return
+    r.vm_state, r.left_stopped, r.restarted = "running", False, True
+    run.step("restart", "started", f"VM {vmid} rebooted (shutdown/stop, then start)")
+    _verify_after_boot(run)
+
+
+def _verify_after_boot(run: _Run) -> None:
+    """After the start: wait for the agent (within ``task_timeout``), then verify inside the guest."""
+    r, pol = run.report, run.policy
+    if run.blind is not None:
+        r.add(f"VM {run.vmid} was rebooted, but its GPU could not be verified: {run.blind.message}", run.blind.hint or "")
+        return _finish(run, None, VmOutcome.NOT_VERIFIED, run.blind.exit_code)
+    end = run.clock.monotonic() + pol.task_timeout
+    while True:
+        try:
+            run.api.agent_ping(run.guest)
+            break
+        except E.PvegpuError as exc:
+            if run.clock.monotonic() >= end:
+                r.add(f"VM {run.vmid} was rebooted, but its guest agent did not answer within {pol.task_timeout:g} s: "
+                                    f"{exc.message}", f"`qm agent {run.vmid} ping`; is qemu-guest-agent enabled in the guest?")
+                return _finish(run, None, VmOutcome.NOT_VERIFIED, E.EXIT_PVE)
+            run.pause(1.0)
+    try:
+        view, clean = _verify(run, _look(run))
+    except E.PvegpuError as exc:
+        r.add(f"VM {run.vmid} was rebooted, but its GPU could not be verified: {exc.message}", exc.hint or "")
+        return _finish(run, None, VmOutcome.NOT_VERIFIED, exc.exit_code)
+    if clean:
+        return _finish(run, view, VmOutcome.CLEAN, E.EXIT_OK)
+    r.add(f"processes in VM {run.vmid} hold the GPU again after the reboot (a service started at boot?)",
+                        f"`qm guest exec {run.vmid} -- nvidia-smi`; disable the service in the guest")
+    _finish(run, view, VmOutcome.NOT_CLEAN, E.EXIT_HOLDERS_LEFT)
+
+
+# -- rendering -------------------------------------------------------------------------------------------------
+
+
+def vm_human(r: VmReport) -> str:
+    """The report for people: a table per look (before / after) and the verdict, saying the evidence is the guest's."""
+    lines = []
+    if r.before is not None or r.after is not None:
+        lines.append(f"{'GPU':<4} {'bus id (guest)':<18} {'used before':>11}  {'used after':>11}  holders")
+        before = {g["index"]: g for g in (r.before.gpus if r.before else [])}
+        after = {g["index"]: g for g in (r.after.gpus if r.after else [])}
+        nb = len(r.before.killable) if r.before else "?"
+        na = len(r.after.killable) if r.after else "?"
+        for idx in sorted(set(before) | set(after)) or [None]:
+            b, a = before.get(idx, {}), after.get(idx, {})
+            lines.append(f"{'?' if idx is None else idx:<4} {escape(str(b.get('bus_id') or a.get('bus_id') or '?'), 18):<18} "
+                         f"{_mib(b.get('used_mib')):>11}  {_mib(a.get('used_mib')):>11}  {nb} -> {na}")
+    for problem, action in r.diagnosis:
+        lines.append(f"! {problem}" + (f"\n    -> {action}" if action else ""))
+    if r.task_log:
+        lines.append("task log (last lines):")
+        lines += [f"    {t}" for t in r.task_log]
+    if r.left_stopped:
+        lines.append(f"VM {r.vmid} is {r.vm_state or 'maybe stopped'}: it was LEFT STOPPED (start it with `qm start {r.vmid}`)")
+    verdict = {VmOutcome.CLEAN: "GPU verified free in the guest (its nvidia-smi and /proc; host NVML cannot see a vfio-pci GPU)",
+               VmOutcome.DRY_RUN: "dry run: nothing signalled", VmOutcome.NOT_RUNNING: "not running: nothing to do"}.get(
+        r.outcome, f"{r.outcome.value} (exit {r.exit_code})")
+    lines.append(f"VM {r.vmid}: {verdict}" + (" after a reboot" if r.restarted and r.outcome is VmOutcome.CLEAN else "")
+                 + f" in {r.elapsed:.2f} s")
+    return "\n".join(lines)
+
+
+def _mib(v: Any) -> str:
+    return "?" if v is None else f"{v:,} MiB"
