@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from .errors import GpuQueryError, NotFoundError
 from .inspect import GpuFacts, inspect_gpus
+from .leftover import leftover
 from .model import MIB, GpuInfo, Holder, Place
 from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping, same_device
 
@@ -158,9 +159,10 @@ def check_device(chk: VmCheck, dev: VmDevice, gpu: GpuInfo | None, facts: GpuFac
         chk.refuse(f"{g}: NVML lists pid(s) {', '.join(map(str, facts.unexplained_ghosts))} that no longer exist",
                    "pvegpu audit   # find the holder")
         return "refused"
-    used = facts.sample.used_bytes or 0
-    if used > policy.threshold_bytes:
-        chk.refuse(f"{g} holds {used / MIB:.0f} MiB with no process holding it (leftover or driver leak)",
+    lo = leftover(facts, policy.rule)  # the one leftover rule (no holder is left here: it is all residue)
+    if lo.over or not lo.known:
+        held = "an unknown amount" if lo.net_bytes is None else f"{lo.net_bytes / MIB:.0f} MiB"
+        chk.refuse(f"{g} holds {held} with no process holding it (leftover or driver leak)",
                    f"with every user stopped: `nvidia-smi -r -i {gpu.index}`")
         return "refused"
     return "clean"
