@@ -78,16 +78,83 @@ def _main(
 # -- reset --------------------------------------------------------------------------------------------------
 
 
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP during ``pvegpu reset`` (the ``Interrupts`` port). Before the stop request a
+    signal ends the run at once (nothing was stopped). From it on, the first signal is recorded and said, and
+    the restart is finished (then exit 128+n); a second one abandons it (the report still says where the CT is)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, vmid: int) -> None:
+        self.vmid = vmid
+        self.in_critical = self.done = False
+        self.got: tuple[str, int] | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in self.SIGNALS:
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def critical(self) -> None:
+        self.in_critical = True
+
+    def received(self) -> tuple[str, int] | None:
+        return self.got
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        from .ports import Interrupted
+
+        name, code = signal.Signals(signum).name, 128 + signum
+        if self.done:  # the report is being printed: let it finish
+            self.got = self.got or (name, code)
+            return
+        if not self.in_critical:
+            raise Interrupted(name, code)
+        if self.got is None:
+            self.got = (name, code)
+            _say(f"pvegpu: {name}: CT {self.vmid}'s stop was requested, so pvegpu finishes the restart first "
+                 f"(then exits {code}); a second signal abandons it")
+            return
+        raise Interrupted(name, code, abandoned=True)
+
+
+def _say(text: str, err: bool = True) -> None:
+    """Print, ignoring a terminal that is gone (SIGHUP: the session dropped); the journal line is the record."""
+    try:
+        typer.echo(text, err=err)
+    except OSError:
+        pass
+
+
 def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     from .logs import configure
+    from .ports import Interrupted
     from .reclaim import reset
     from .render import reset_human, reset_json
 
     log = configure(verbose=verbose, json_lines=json_out and verbose)
-    on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
-    with wiring.ct_lock(s, vmid, s.reset.lock_wait), wiring.node(s, log) as ports:
-        report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step)
-    typer.echo(json.dumps(reset_json(report), indent=2) if json_out else "\n" + reset_human(report))
+    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
+    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
+    with _Signals(vmid) as signals:
+        try:
+            with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, wiring.node(s, log) as ports:
+                ports.lock, ports.interrupts = lock, signals
+                report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
+        except Interrupted as exc:  # before any stop was requested
+            line = f"pvegpu reset of CT {vmid} interrupted by {exc.signame} before any stop was requested: CT {vmid} was not stopped"
+            wiring.journal_line(line)
+            raise E.SignalledError(line, f"run `pvegpu reset {vmid}` again to finish; `pvegpu check {vmid}` says whether it may start",
+                                     exc.exit_code) from None
+        signals.done = True
+    if report.interrupted or report.left_stopped:
+        wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
+                            or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
+    _say(json.dumps(reset_json(report), indent=2) if json_out else "\n" + reset_human(report), err=False)
     return int(report.exit_code)
 
 

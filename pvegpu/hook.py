@@ -128,6 +128,10 @@ def hook_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: 
 def _pre_start(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
     from .adapters.override import take
 
+    own = wiring.own_start(s, vmid)
+    if own:  # the reset's lock would refuse any other start; this one is the reset's own restart
+        print(f"pvegpu: this start of CT {vmid} is the restart of pvegpu reset ({own}): its lock lets it through; "
+              "the GPU is judged as for any start", file=out)
     override = take(s.gate.override_dir, vmid, s.gate.override_ttl)
     try:
         v = bounded_verdict(vmid, s)

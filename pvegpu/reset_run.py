@@ -37,12 +37,16 @@ class Deadline:
 class ResetRun:
     """One run of ``pvegpu reset VMID``: the phases (reset_stop, reset_verify, reset_restart) act on it."""
 
-    def __init__(self, vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None) -> None:
+    def __init__(self, vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None,
+                 on_progress: Callable[[str], None] | None = None) -> None:
         self.vmid = vmid
         self.p = ports
         self.policy = policy
         self.report = ResetReport(vmid)
         self.on_step = on_step
+        self.on_progress = on_progress
+        self.ha_state: str | None = None  # HA's state of the CT at the last read (HA-managed only)
+        self._said: tuple[str, float] = ("", 0.0)
         self.located: Located | None = None
         self.deadline = Deadline(ports.clock, ports.clock.monotonic() + policy.budget)
 
@@ -62,6 +66,20 @@ class ResetRun:
         self.p.log.info(f"reset.{name}", vmid=self.vmid, outcome=outcome, msg=msg, **detail)
         if self.on_step:
             self.on_step(s)
+
+    def progress(self, what: str, since: float, deadline: Deadline) -> None:
+        """A wait still going on: after its first second, and then every 5 s, say what is awaited and how long is
+        left ("waiting for HA to bring CT 129 to running: 3 s of 120"). Human output only; not in the report."""
+        if self.on_progress is None:
+            return
+        now = self.clock.monotonic()
+        waited = now - since
+        last_what, last_at = self._said
+        if waited < 1.0 or (last_what == what and now - last_at < 5.0):
+            return
+        self._said = (what, now)
+        total = waited + deadline.remaining()
+        self.on_progress(f"{what}: {waited:.0f} s of {total:.0f}")
 
     def inspect(self, whole_host: bool = False) -> dict[int, GpuFacts]:
         """One reading of the container's GPUs (``nvidia-smi`` + ``fuser -v /dev/nvidia*``)."""

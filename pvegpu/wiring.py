@@ -288,11 +288,26 @@ def cluster_audits(timeout: float, options: list[str]) -> Any:
     return SshAudits(timeout=timeout, options=options)
 
 
-def ct_lock(s: Settings, vmid: int, wait: float) -> Any:
-    """The per-container reset lock (``/run/lock/pvegpu/<vmid>.lock``), as a context manager."""
+def ct_lock(s: Settings, vmid: int, wait: float, on_wait: Any = None) -> Any:
+    """The per-container reset lock (``/run/pvegpu/locks/<vmid>.lock``), as a context manager; ``on_wait(text)``
+    hears about a wait for another reset's lock once a second."""
     from .adapters.locks import ct_lock as lock
 
-    return lock(s.reset.lock_dir, vmid, wait)
+    return lock(s.reset.lock_dir, vmid, wait, on_wait)
+
+
+def own_start(s: Settings, vmid: int) -> str | None:
+    """The reset whose own restart of CT ``vmid`` is starting it now ('pid N'), or None (the gate's lock check)."""
+    from .adapters.locks import own_start as own
+
+    return own(s.reset.lock_dir, vmid)
+
+
+def journal_line(line: str) -> None:
+    """One line to the system log with ident pvegpu (``journalctl -t pvegpu``)."""
+    from .adapters.journal import log_line
+
+    log_line(line)
 
 
 def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str, Any]:

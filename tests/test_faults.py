@@ -375,3 +375,27 @@ def test_sim_timeout_not_above_settle(sim_node, tmp_path):
     cfg = write_config(tmp_path / "c.toml", reset={"settle": 1.0})
     r = cli(["--simulate", node.root, "reset", "129", "--timeout", "0.5"], config=cfg, module="pvegpu")
     assert r.rc == 2 and "reset.timeout" in r.err
+
+
+# -- the guard installed as the container's hookscript (issue 15) -------------------------------------------------
+
+def _guarded(sim_node, tmp_path, **ct):
+    """A simulated node whose CT 129 runs a respawning holder (only a restart helps) with pvegpu's guard installed."""
+    from tests import pvelike
+
+    node = sim_node({"node": "pve1", "gpus": [GPU], "containers": [
+        {"vmid": 129, "gpus": [0], "hookscript": "local:snippets/pvegpu-guard",
+         "workloads": [{"kind": "respawn", "gpu": 0, "mib": 512}]} | ct]})
+    pvelike.guard(node.state.snippets, pvelike.launcher(str(tmp_path)))
+    return node
+
+
+SIM_FAST = ["--grace", "0.2", "--timeout", "1", "--settle", "0.1"]
+
+
+def test_sim_guarded_restart_passes_own_lock(sim_node, tmp_path):
+    """With the guard installed, the reset's own start passes its own lock: restarted, exit 0, the CT running."""
+    node = _guarded(sim_node, tmp_path)
+    r = cli(["--simulate", node.root, "reset", "129", "--json", *SIM_FAST], module="pvegpu", bound=60)
+    assert r.rc == 0 and r.report["restarted"] and not r.report["left_stopped"], r.out + r.err
+    assert SimState(node.root).ct(129)["status"] == "running"
