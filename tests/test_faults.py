@@ -399,3 +399,243 @@ def test_sim_guarded_restart_passes_own_lock(sim_node, tmp_path):
     r = cli(["--simulate", node.root, "reset", "129", "--json", *SIM_FAST], module="pvegpu", bound=60)
     assert r.rc == 0 and r.report["restarted"] and not r.report["left_stopped"], r.out + r.err
     assert SimState(node.root).ct(129)["status"] == "running"
+
+
+def test_sim_start_ok_but_init_exits(sim_node, tmp_path):
+    """A start task that ends OK for a CT whose init exits at once is not "restarted": exit 4, left stopped, said."""
+    node = _guarded(sim_node, tmp_path, init_dies=True)
+    r = cli(["--simulate", node.root, "reset", "129", "--json", *SIM_FAST], module="pvegpu", bound=60)
+    assert r.rc == 4 and not r.report["restarted"] and r.report["left_stopped"] and r.report["ct_state"] == "stopped", r.out
+    assert any("ended OK, but CT 129 is stopped" in d["problem"] for d in r.report["diagnosis"])
+    assert SimState(node.root).ct(129)["status"] == "stopped"
+
+
+# -- signals from the stop request on (local backend: the stop's pvesh call is slow) ------------------------------
+
+def _devlog(tmp_path):
+    import socket
+
+    path = str(tmp_path / "devlog")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    s.settimeout(5)
+    return s, path
+
+
+def _signalled(args, *, config, sim, env, signals, after="[restart] stopping", delay=0.3, bound=40.0) -> Run:
+    """Run the command line (human output), send ``signals`` (one every ``delay`` s) once ``after`` was printed."""
+    e = dict(os.environ) | env | {"FAULTCLI_SIM_ROOT": sim.root}
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "tests.fault_cli", "--config", config, *args], cwd=REPO, env=e, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    lines: list[str] = []
+
+    def read():
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    while not any(after in ln for ln in lines) and p.poll() is None and time.monotonic() - t0 < bound:
+        time.sleep(0.02)
+    for sig in signals:
+        time.sleep(delay)
+        p.send_signal(sig)
+    try:
+        p.wait(timeout=bound)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    t.join(5)
+    err = p.stderr.read() if p.stderr else ""
+    out = "".join(lines)
+    assert "Traceback" not in out + err, err
+    return Run(p.returncode, out, err, time.monotonic() - t0)
+
+
+SLOW_STOP = {"create /nodes/pve1/lxc/129/status/stop": {"sleep": 1.5}}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_local_signal_after_stop_finishes_restart(local, tmp_path, sig):
+    """One SIGTERM/SIGINT/SIGHUP while `pvesh create .../status/stop` runs: the restart is finished, the CT runs,
+    the exit is 128+n, the output and the system log (ident pvegpu) say what happened."""
+    config, env, sim, d = local
+    log, path = _devlog(tmp_path)
+    r = _signalled(["reset", "129"], config=config(SLOW_STOP, reset={"task_timeout": 5}), sim=sim,
+                   env=env | {"FAULTCLI_DEVLOG": path}, signals=[sig])
+    assert r.rc == 128 + sig, r.out + r.err
+    assert f"interrupted by {sig.name}" in r.out and "finished the restart" in r.out and "finishes the restart first" in r.err
+    assert (d / "state").read_text().strip() == "running"
+    line = log.recv(4096).decode()
+    assert "pvegpu[" in line and f"interrupted by {sig.name}" in line and "CT 129 is running" in line
+
+
+def test_local_second_signal_abandons_and_rerun_says_so(local, tmp_path):
+    """Two SIGTERMs during the stop: abandoned, exit 143, "may be STOPPED" in the output and the log; the next
+    reset says an earlier reset left CT 129 stopped (and that it is stopped now)."""
+    config, env, sim, d = local
+    log, path = _devlog(tmp_path)
+    cfg = config(SLOW_STOP | {"create /nodes/pve1/lxc/129/status/start": {"keeps_state": True}}, reset={"task_timeout": 5})
+    r = _signalled(["reset", "129"], config=cfg, sim=sim, env=env | {"FAULTCLI_DEVLOG": path},
+                   signals=[signal.SIGTERM, signal.SIGTERM])
+    assert r.rc == 143 and "abandoned" in r.out and "may be STOPPED" in r.out, r.out + r.err
+    assert "may be STOPPED" in log.recv(4096).decode()
+    r = cli(RESET, config=cfg, sim=sim, env=env)
+    assert any("an earlier pvegpu reset of CT 129" in x["problem"] and "STOPPED" in x["problem"] for x in r.report["diagnosis"]), r.out
+
+
+def test_signal_before_stop_says_nothing_was_stopped(local, tmp_path):
+    """SIGINT while waiting for another reset's lock (before any stop): exit 130 with one line saying CT 129 was
+    not stopped, the wait's progress shown; --json gets the error object."""
+    from pvegpu.adapters.locks import ct_lock
+
+    config, env, sim, d = local
+    cfg = config(reset={"lock_wait": 20, "lock_dir": str(tmp_path / "locks")})
+    with ct_lock(str(tmp_path / "locks"), 129, 0):
+        r = _signalled(["reset", "129"], config=cfg, sim=sim, env=env, signals=[signal.SIGINT], after="[wait]", delay=0.1)
+    assert r.rc == 130 and "before any stop was requested" in r.err and "waiting for the reset lock of CT 129" in r.out, r.out + r.err
+    assert (d / "calls.log").exists() is False or "status/stop" not in (d / "calls.log").read_text()
+
+
+# -- HA and answers about another guest (local backend) ------------------------------------------------------------
+
+STATUS = "get /nodes/pve1/lxc/129/status/current"
+
+
+def test_local_ha_error_state_said_at_once(local):
+    """HA in state 'error' will not stop the CT: said at once (not after task_timeout), exit 4, the CT runs."""
+    config, env, sim, d = local
+    rules = {STATUS: {"ha": "error"}, "create /nodes/pve1/lxc/129/status/stop": {"keeps_state": True}}
+    r = cli(RESET, config=config(rules, reset={"task_timeout": 20}), sim=sim, env=env, bound=30)
+    assert r.rc == 4 and r.wall < 15 and "in state 'error'" in r.out, r.out + r.err
+    assert r.report["ct_state"] == "running" and not (d / "state").exists()
+
+
+def test_local_ha_transient_status_failure_retried(local):
+    """One failed status read while waiting for HA: retried within the deadline; the restart completes, exit 0."""
+    config, env, sim, d = local
+    r = cli(RESET, config=config({STATUS: {"ha": "started", "fail_calls": [2]}}), sim=sim, env=env)
+    assert r.rc == 0 and r.report["restarted"], r.out + r.err
+
+
+def test_local_status_about_another_guest_refused(local):
+    """status/current of CT 129 answered with vmid 130's data: exit 4 naming it, never "stopped"; the CT untouched."""
+    config, env, sim, d = local
+    r = cli(RESET, config=config({STATUS: {"json": {"status": "stopped", "vmid": 130}}}), sim=sim, env=env)
+    assert r.rc == 4 and "about guest 130, not 129" in r.out + r.err, r.out + r.err
+    assert "status/stop" not in (d / "calls.log").read_text()
+
+
+def test_local_deeply_nested_answer(local):
+    """pvesh answering 100,000 nested lists: exit 4 naming the call, no RecursionError."""
+    config, env, sim, _ = local
+    r = cli(RESET, config=config({"get /cluster/resources": {"raw": "[" * 100000 + "]" * 100000}}), sim=sim, env=env)
+    assert r.rc == 4 and "nested deeper than" in r.err and "list guests" in r.err, r.err
+
+
+# -- a scripted PVE API over HTTPS: answers that break mid-body, lack `data`, nest without end ---------------------
+
+class _ScriptedPve:
+    """A real local HTTPS server answering like PVE for CT 129 on pve1; ``faults[path suffix]`` replaces one answer:
+    ``("body", bytes)`` a 200 with that body, ``("cut", bytes)`` a Content-Length larger than the bytes sent, then
+    the connection closed, ``("stall", bytes)`` the same bytes, then silence."""
+
+    def __init__(self, tmp) -> None:
+        import http.server
+        import socket
+        import ssl
+
+        from fakepve.certs import make_cert
+
+        cert, key, self.der = make_cert(str(tmp), name="scripted", hosts=("127.0.0.1",))
+        faults: dict[str, tuple[str, bytes]] = {}
+        self.faults = faults
+        answers = {
+            "/cluster/resources": [{"id": "lxc/129", "type": "lxc", "vmid": 129, "node": "pve1", "name": "llm129", "status": "running"}],
+            "/lxc/129/config": {"hostname": "llm129", "dev0": "/dev/nvidia0,gid=44"},
+            "/lxc/129/status/current": {"status": "running", "vmid": 129},
+        }
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                path = self.path.split("?")[0]
+                kind, body = next(((k, b) for suffix, (k, b) in faults.items() if path.endswith(suffix)), ("", b""))
+                if not kind:
+                    data = next((v for suffix, v in answers.items() if path.endswith(suffix)), None)
+                    body = json.dumps({"data": data}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body) + (1000 if kind in ("cut", "stall") else 0)))
+                self.end_headers()
+                self.wfile.write(body)
+                self.wfile.flush()
+                if kind == "stall":
+                    time.sleep(5)
+                if kind in ("cut", "stall"):
+                    self.close_connection = True
+
+            do_GET = do_POST = _answer  # noqa: N815 (http.server's names)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        del socket
+
+    def fingerprint(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(self.der).hexdigest()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def scripted(leaky, tmp_path, monkeypatch):
+    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    srv = _ScriptedPve(tmp_path)
+    tok = tmp_path / "token"
+    tok.write_text("a1b2\n")
+    tok.chmod(0o600)
+    cfg = write_config(tmp_path / "pvegpu.toml", top={"node": "pve1", "pve_root": str(tmp_path / "no-etc-pve")},
+                       api={"backend": "https", "host": "127.0.0.1", "port": srv.port, "token_name": "pvegpu", "token_file": str(tok),
+                            "verify": "false", "fingerprint": srv.fingerprint(), "timeout": 1}, reset=RESET_FAST)
+    yield srv, cfg, leaky
+    srv.close()
+
+
+@pytest.mark.parametrize("suffix,fault,text", [
+    ("/cluster/resources", ("body", b'{"errors": null}'), "list guests: unexpected answer from 127.0.0.1:{port}: the answer has no 'data' member"),
+    ("/lxc/129/status/current", ("body", b'{"success": 1}'), "read CT 129 status: unexpected answer from 127.0.0.1:{port}"),
+    ("/cluster/resources", ("body", b'{"data": ' + b"[" * 100000 + b"]" * 100000 + b"}"), "127.0.0.1:{port} sent an answer nested deeper than"),
+    ("/lxc/129/config", ("cut", b'{"data": {"hostn'), "127.0.0.1:{port} closed the connection in the middle of its answer"),
+    ("/lxc/129/status/current", ("stall", b'{"data": {"sta'), "127.0.0.1:{port} did not answer within 1 s"),
+])
+def test_https_broken_answers(scripted, suffix, fault, text):
+    """A 200 without `data`, 100,000 nested lists, a body cut off or stalled mid-answer: exit 4 naming the call and
+    host:port, never "internal error"; nothing is stopped."""
+    srv, cfg, sim = scripted
+    srv.faults[suffix] = fault
+    r = cli(RESET, config=cfg, sim=sim, bound=20)
+    assert r.rc == 4 and text.format(port=srv.port) in r.out + r.err and "internal error" not in r.out + r.err, r.out + r.err
+    assert r.wall < 15
+
+
+def test_https_stop_answer_cut_off_reports_state(scripted):
+    """The stop request's answer is cut off mid-body (the stop may have happened): exit 4 and the CT's state read and said."""
+    srv, cfg, sim = scripted
+    srv.faults["/status/stop"] = ("cut", b'{"data": "UPID:pve1')
+    r = cli(RESET, config=cfg, sim=sim, bound=40)
+    assert r.rc == 4 and "closed the connection in the middle of its answer" in r.out, r.out + r.err
+    assert r.report["ct_state"] == "running" and r.report["left_stopped"]

@@ -342,8 +342,9 @@ class ProxmoxerPve:
 
     def ct_status(self, guest: Guest) -> CtStatus:
         """``pvesh get /nodes/<node>/lxc/<vmid>/status/current``."""
-        status, managed, lock = self._call(f"read CT {guest.vmid} status", lambda: self._ct(guest).status.current.get(), answers.ct_status)
-        return CtStatus(status, managed, lock)
+        status, managed, lock, ha_state = self._call(f"read CT {guest.vmid} status", lambda: self._ct(guest).status.current.get(),
+                                                     lambda a: answers.ct_status(a, guest.vmid))
+        return CtStatus(status, managed, lock, ha_state)
 
     def ct_stop(self, guest: Guest) -> str:
         """``pvesh create /nodes/<node>/lxc/<vmid>/status/stop``: the task's UPID."""
@@ -355,7 +356,7 @@ class ProxmoxerPve:
 
     def task_status(self, node: str, upid: str) -> Mapping[str, Any]:
         """``pvesh get /nodes/<node>/tasks/<upid>/status``."""
-        return self._call("read task status", lambda: self.api.nodes(node).tasks(upid).status.get(), answers.task_status)
+        return self._call("read task status", lambda: self.api.nodes(node).tasks(upid).status.get(), lambda a: answers.task_status(a, upid))
 
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         """``pvesh get /nodes/<node>/tasks/<upid>/log --start 0 --limit N``."""
