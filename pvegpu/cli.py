@@ -243,6 +243,16 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
+def _demo_guard(sim: Any, data: dict[str, Any]) -> None:
+    """pvegpu's guard in the simulated node's snippets when a container names it (the simulated start runs it)."""
+    import os
+
+    from . import install as ins
+
+    if any(c.get("hookscript") == f"local:snippets/{ins.GUARD}" for c in data.get("containers", [])):
+        ins.write_atomic(os.path.join(sim.state.snippets, ins.GUARD), ins.guard_text(ins.template()), 0o755)
+
+
 @app.command("demo", cls=_Command)
 def demo_cmd(
     scenario: str | None = typer.Option(None, "--scenario", metavar="FILE", help="a scenario JSON file (default: the built-in one)"),
@@ -259,6 +269,7 @@ def demo_cmd(
     code = 0
     try:
         sim = sc.build(data)
+        _demo_guard(sim, data)
         _OPTS = wiring.GlobalOptions(_OPTS.config, sim.root)
         s = _settings({"reset.grace": grace})
         typer.echo(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.\n")

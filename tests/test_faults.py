@@ -639,3 +639,28 @@ def test_https_stop_answer_cut_off_reports_state(scripted):
     r = cli(RESET, config=cfg, sim=sim, bound=40)
     assert r.rc == 4 and "closed the connection in the middle of its answer" in r.out, r.out + r.err
     assert r.report["ct_state"] == "running" and r.report["left_stopped"]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount needs root")
+def test_hook_install_onto_read_only_storage(tmp_path):
+    """`hook install` onto a read-only snippets storage: one refusal line, exit 8 (README), no container changed."""
+    from tests.pvelike import etc_pve
+
+    pve = etc_pve(str(tmp_path / "pve"), "pve1", {129: "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"})
+    vz = tmp_path / "vz"
+    (vz / "snippets").mkdir(parents=True)
+    (tmp_path / "pve" / "storage.cfg").write_text(f"dir: local\n\tpath {vz}\n\tcontent snippets\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "pct").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/pct.log\n")
+    (bindir / "pct").chmod(0o755)
+    cfg = write_config(tmp_path / "c.toml", top={"pve_root": pve, "node": "pve1"})
+    subprocess.run(["mount", "--bind", str(vz), str(vz)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(vz)], check=True)
+        r = cli(["hook", "install"], config=cfg, module="pvegpu", env={"PATH": f"{bindir}:{os.environ['PATH']}"})
+    finally:
+        subprocess.run(["umount", str(vz)], check=True)
+    assert r.rc == 8 and "cannot write the guard" in r.err and "Read-only file system" in r.err, r.out + r.err
+    assert not (tmp_path / "pct.log").exists()
