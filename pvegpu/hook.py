@@ -132,7 +132,10 @@ def _pre_start(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
     if own:  # the reset's lock would refuse any other start; this one is the reset's own restart
         print(f"pvegpu: this start of CT {vmid} is the restart of pvegpu reset ({own}): its lock lets it through; "
               "the GPU is judged as for any start", file=out)
-    override = take(s.gate.override_dir, vmid, s.gate.override_ttl)
+    dropped: list[str] = []
+    override = take(s.gate.override_dir, vmid, s.gate.override_ttl, dropped)
+    for why in dropped:  # a token that was there but is not honoured is never dropped without a word
+        print(f"pvegpu: an allow-once token for CT {vmid} was not used and was removed: {why}", file=out)
     try:
         v = bounded_verdict(vmid, s)
         allow, text = bool(v["allow"]), str(v["text"])

@@ -447,3 +447,58 @@ def test_lock_dir_of_another_user_refused(sim_node, guard, shared_tmp):
     os.chmod(d, 0o755)
     r = _reset(node, d)
     assert r.returncode == 2 and "has mode 755, not 700" in r.stderr, r.stderr
+
+
+def _allow_once(node, env):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "pvegpu", "hook", "allow-once", "129"], capture_output=True, text=True,
+                       env=dict(os.environ, PVEGPU_SIMULATE=node.root, **env), cwd=pvelike.REPO)
+    assert r.returncode == 0, r.stderr
+
+
+def test_allow_once_survives_clock_stepped_back(sim_node, guard, tmp_path):
+    """The wall clock stepped back an hour after `allow-once` (the token looks written in the future): the token is
+    still honoured (its age is on the boot clock), not dropped without a word."""
+    import time
+
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    env = {"PVEGPU_GATE_OVERRIDE_DIR": str(tmp_path / "once")}
+    _allow_once(node, env)
+    path = tmp_path / "once" / "129"
+    words = path.read_text().split()
+    words[1] = str(int(time.time()) + 3600)
+    path.write_text(" ".join(words) + "\n")
+    os.utime(path, (time.time() + 3600, time.time() + 3600))
+    r = hook(node, guard, **env)
+    assert r.returncode == 0 and "allowed to start ONCE" in r.stdout, r.stdout + r.stderr
+
+
+def test_stale_allow_once_token_is_said(sim_node, guard, tmp_path):
+    """A token older than gate.override_ttl is removed and the task log says so (the start is judged as usual)."""
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    env = {"PVEGPU_GATE_OVERRIDE_DIR": str(tmp_path / "once"), "PVEGPU_GATE_OVERRIDE_TTL": "60"}
+    _allow_once(node, env)
+    path = tmp_path / "once" / "129"
+    text = path.read_text()
+    up = float(text.split("up=")[1].split()[0])
+    path.write_text(text.replace(f"up={text.split('up=')[1].split()[0]}", f"up={up - 600:.3f}"))
+    r = hook(node, guard, **env)
+    assert r.returncode == 10 and "allow-once token for CT 129 was not used" in r.stdout and "old" in r.stdout, r.stdout
+    assert not path.exists()
+
+
+@pytest.mark.root
+@root
+def test_allow_once_dir_of_another_user_not_trusted(sim_node, guard, shared_tmp):
+    """A token directory owned by another uid: `allow-once` refuses it (exit 2, the fix), and a token planted there
+    is not honoured, and said."""
+    d = os.path.join(shared_tmp, "once")
+    os.mkdir(d, 0o700)
+    with open(os.path.join(d, "129"), "w") as f:
+        f.write("pvegpu-allow-once 0 uid=0\n")
+    os.chown(d, NOBODY, NOBODY)
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    r = hook(node, guard, PVEGPU_GATE_OVERRIDE_DIR=d)
+    assert r.returncode == 10 and "not trusted" in r.stdout and "owned by uid 65534" in r.stdout, r.stdout + r.stderr
