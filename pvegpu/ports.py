@@ -183,8 +183,9 @@ class PveApi(PveReader, Protocol):
         """``pvesh get /nodes/<node>/tasks/<upid>/log``; the last lines."""
         ...
 
-    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
-        """Poll ``pvesh get /nodes/<node>/tasks/<upid>/status`` until the task stops (bounded by ``timeout``).
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, progress: Any = None) -> TaskResult:
+        """Poll ``pvesh get /nodes/<node>/tasks/<upid>/status`` until the task stops (bounded by ``timeout``);
+        ``progress(text)``, if given, hears about a wait longer than a second.
 
         Returns the result when exitstatus is OK or WARNINGS; raises TaskFailed (with the log tail) or
         TaskTimeout. ``what`` names the task in messages ("stop task of CT 129").

@@ -104,7 +104,7 @@ def verify_stopped(run: ResetRun) -> tuple[dict[int, GpuFacts], Verified]:
 def run_task(run: ResetRun, upid: str, what: str) -> None:
     """Wait for a stop/start task through the PVE port (``wait_task``), within ``task_timeout``."""
     timeout = min(run.policy.task_timeout, run.deadline.remaining())
-    res = run.p.pve.wait_task(run.guest.node, upid, timeout=timeout, what=f"{what} task of CT {run.vmid}")
+    res = run.p.pve.wait_task(run.guest.node, upid, timeout=timeout, what=f"{what} task of CT {run.vmid}", progress=run.on_progress)
     if res.log_tail:
         run.report.task_log = list(res.log_tail)
     run.step("task", "ok", f"{what} task {res.exitstatus} ({upid})", upid=upid)

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import time
+from typing import Any
 
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable
@@ -136,6 +137,6 @@ class LxcPve:
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         return [self.tasks[upid]]
 
-    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, progress: Any = None) -> TaskResult:
         return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), SystemClock(),
-                         node=node, upid=upid, timeout=timeout, what=what)
+                         node=node, upid=upid, timeout=timeout, what=what, progress=progress)

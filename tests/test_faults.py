@@ -664,3 +664,18 @@ def test_hook_install_onto_read_only_storage(tmp_path):
         subprocess.run(["umount", str(vz)], check=True)
     assert r.rc == 8 and "cannot write the guard" in r.err and "Read-only file system" in r.err, r.out + r.err
     assert not (tmp_path / "pct.log").exists()
+
+
+@pytest.mark.fakepve(time_scale=1)
+@pytest.mark.parametrize("json_out", [False, True])
+def test_https_slow_stop_task_progress(https, json_out):
+    """A stop task taking 2 s: human output says what is awaited and how long of the deadline; --json stays one
+    JSON document (no progress lines)."""
+    fake, ct, config, sim = https
+    ct.stop_secs = 2
+    r = cli(RESET if json_out else ["reset", "129"], config=config(reset={"task_timeout": 10}), sim=sim)
+    assert r.rc == 0, r.out + r.err
+    if json_out:
+        assert r.report["restarted"] and "[wait]" not in r.out
+    else:
+        assert "[wait] waiting for the stop task of CT 129: 1 s of 10" in r.out, r.out

@@ -362,13 +362,13 @@ class ProxmoxerPve:
         """``pvesh get /nodes/<node>/tasks/<upid>/log --start 0 --limit N``."""
         return self._call("read task log", lambda: self.api.nodes(node).tasks(upid).log.get(start=0, limit=limit), answers.task_log)
 
-    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, clock: Clock | None = None) -> TaskResult:
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, clock: Clock | None = None, progress: Any = None) -> TaskResult:
         """``pvesh get /nodes/<node>/tasks/<upid>/status`` until it stops (bounded); TaskFailed/TaskTimeout with the log tail."""
         from .clock import SystemClock
         from .tasks import wait_task
 
         return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), clock or SystemClock(),
-                         node=node, upid=upid, timeout=timeout, what=what)
+                         node=node, upid=upid, timeout=timeout, what=what, progress=progress)
 
     def snippets(self, node: str, storage: str) -> set[str]:
         """``pvesh get /nodes/<node>/storage/<storage>/content --content snippets``: file names there."""

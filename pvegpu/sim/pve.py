@@ -65,10 +65,10 @@ class SimPve(EtcPve):
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         return list(self._find(upid)["log"])[-limit:]
 
-    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, progress: Any = None) -> TaskResult:
         """Tasks of the simulated node end at once; the shared loop still reads their status and log."""
         return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), SystemClock(),
-                         node=node, upid=upid, timeout=timeout, what=what)
+                         node=node, upid=upid, timeout=timeout, what=what, progress=progress)
 
     def _check(self, guest: Guest, ct: dict[str, Any]) -> None:
         if ct.get("lock"):
