@@ -178,12 +178,26 @@ def confirm_state(run: ResetRun, want: str, what: str) -> None:
             state = run.p.pve.ct_status(run.guest).status
         except E.PvegpuError:
             state = "unknown"
+            node = moved(run)
+            if node:
+                raise E.TaskFailed(f"the {what} task of CT {run.vmid} ended OK, but CT {run.vmid} is now on node {node} "
+                                   "(migrated or relocated meanwhile)",
+                                   f"`pct status {run.vmid}` on {node}; pvegpu reset runs on the container's node: run it there") from None
         if state == want or state != "unknown":
             break
         deadline.pause(STATE_POLL)
     if state != want:
         raise E.TaskFailed(f"the {what} task of CT {run.vmid} ended OK, but CT {run.vmid} is {state}",
                            f"did HA or an admin act on it meanwhile? `pct status {run.vmid}`, `ha-manager status`")
+
+
+def moved(run: ResetRun) -> str | None:
+    """The node CT ``vmid`` is on now, when that is not the node this reset started on (a status read there failed)."""
+    try:
+        where = run.p.pve.where(run.vmid)
+    except E.PvegpuError:
+        return None
+    return where.node if where is not None and where.node and where.node != run.guest.node else None
 
 
 def find_state(run: ResetRun, want: str, pending: bool) -> str:
@@ -197,6 +211,10 @@ def find_state(run: ResetRun, want: str, pending: bool) -> str:
             error = ""
         except E.PvegpuError as exc:
             state, error = "unknown", exc.message
+            node = moved(run)
+            if node:  # not on this node any more: its state here will not become known
+                error += f"; CT {run.vmid} is now on node {node}"
+                deadline = run.deadline.within(0)
         if state == want or (state != "unknown" and not pending) or deadline.expired():
             run.step("state", state, f"CT {run.vmid} is {state}" + (f" ({error})" if error else ""), state=state)
             return state

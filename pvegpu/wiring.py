@@ -51,6 +51,15 @@ def settings(opts: GlobalOptions, overrides: dict[str, Any] | None = None) -> Se
     return s
 
 
+def no_pve(pve_root: str) -> E.PvegpuError:
+    """Why there is no Proxmox VE to read: ``/etc/pve`` empty (pmxcfs down, exit 4), or absent (not a node, exit 3)."""
+    try:
+        empty = os.path.isdir(pve_root) and not os.listdir(pve_root)
+    except OSError:
+        empty = False
+    return E.PmxcfsDownError(pve_root) if empty else E.NotPveNodeError(pve_root)
+
+
 # -- policies: every default comes from settings.py ------------------------------------------------------
 
 
@@ -109,7 +118,7 @@ def gate_ports(s: Settings) -> GatePorts:
     from .adapters.procfs import ProcHost
 
     if not EtcPve.present(s.pve_root):
-        raise E.NotPveNodeError(s.pve_root)
+        raise no_pve(s.pve_root)
     return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(), ProcHost(), running)
 
 
@@ -164,7 +173,7 @@ def pve_port(s: Settings) -> Any:
     local = EtcPve(s.pve_root, node=s.node) if EtcPve.present(s.pve_root) else None
     has_api = resolve_backend(s) is not None
     if local is None and not has_api:
-        raise E.NotPveNodeError(s.pve_root)
+        raise no_pve(s.pve_root)
     node = s.node or (local.local_node() if local else "") or ""
     return NodePve(local, (lambda: api_client(s, node)) if has_api else None)
 
@@ -317,7 +326,7 @@ def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str,
     if need_root and os.geteuid() != 0:
         raise E.UsageError("installing the guard needs root on the node", "`pct set --hookscript` is allowed for root@pam only; run it as root")
     if not EtcPve.present(s.pve_root):
-        raise E.NotPveNodeError(s.pve_root)
+        raise no_pve(s.pve_root)
     name = EtcPve(s.pve_root, node=s.node).local_node() or ""
     try:
         api = api_client(s, name)

@@ -8,7 +8,7 @@ next to it. A rule is keyed by "<verb> <path>" (or "*" for every call) and may s
 child writes its pid, in the stub's directory), ``write`` ([path, text]: a file written before answering).
 ``fail_calls`` ([n, ...]: the n-th call of this key, counting from 1, fails with a 500), ``ha`` (status/current
 only: the live state, HA-managed with this HA state), ``keeps_state`` (a stop/start that answers but changes nothing,
-as when HA only records the request).
+as when HA only records the request), ``when_stopped`` (a rule used instead while the CT's live state is stopped).
 Every call is appended to ``calls.log`` as one line: "<verb> <path>". The CT's state is kept like PVE keeps it:
 a stop or start that answers (exit 0) changes what ``status/current`` says, unless a rule answers that itself.
 """
@@ -69,6 +69,8 @@ def main(argv: list[str]) -> int:
     with open(os.path.join(here, "calls.log"), "a") as f:
         f.write(f"{verb} {path}\n")
     rule = _rule(here, f"{verb} {path}")
+    if "when_stopped" in rule and _state(here) == "stopped":
+        rule = rule["when_stopped"]
     if rule.get("fail_calls"):
         with open(os.path.join(here, "calls.log")) as f:
             n = sum(1 for line in f if line.strip() == f"{verb} {path}")

@@ -65,6 +65,8 @@ def cli(args, *, config=None, sim=None, env=None, bound=30.0, module="tests.faul
 
 
 def write_config(path, **sections) -> str:
+    """Settings for one test; its reset locks in its own directory (never the node's shared one)."""
+    sections["reset"] = {"lock_dir": str(path.parent / "locks")} | sections.get("reset", {})
     lines = []
     for key, value in sections.pop("top", {}).items():
         lines.append(f"{key} = {json.dumps(value)}")
@@ -679,3 +681,24 @@ def test_https_slow_stop_task_progress(https, json_out):
         assert r.report["restarted"] and "[wait]" not in r.out
     else:
         assert "[wait] waiting for the stop task of CT 129: 1 s of 10" in r.out, r.out
+
+
+def test_pmxcfs_down_is_said(tmp_path):
+    """/etc/pve present but empty (pmxcfs not mounted): exit 4 saying so, not "not a Proxmox VE node"."""
+    (tmp_path / "pve").mkdir()
+    cfg = write_config(tmp_path / "c.toml", top={"pve_root": str(tmp_path / "pve")}, api={"backend": "auto"})
+    r = cli(RESET, config=cfg, module="pvegpu")
+    assert r.rc == 4 and "pmxcfs" in r.err and "not a Proxmox VE node" not in r.err, r.err
+    r = cli(["check", "129"], config=cfg, module="pvegpu")
+    assert r.rc == 4 and "pmxcfs" in r.err, r.err
+
+
+def test_local_migrated_while_stopped(local):
+    """The CT is relocated to pve2 while stopped (its status on pve1 is gone): said at once, naming pve2, not
+    "unknown" after the state wait; exit 4."""
+    config, env, sim, _ = local
+    there = [{"id": "lxc/129", "type": "lxc", "vmid": 129, "node": "pve2", "name": "llm129", "status": "stopped"}]
+    rules = {STATUS: {"fail_calls": [], "when_stopped": {"exit": 2, "stderr": "500 Configuration file 'nodes/pve1/lxc/129.conf' does not exist"}},
+             "get /cluster/resources": stub_pvesh.DEFAULTS["get /cluster/resources"] | {"when_stopped": {"json": there}}}
+    r = cli(RESET, config=config(rules, reset={"task_timeout": 5}), sim=sim, env=env, bound=40)
+    assert r.rc == 4 and "is now on node pve2" in r.out and r.wall < 12, r.out + r.err
