@@ -439,7 +439,13 @@ def _signalled(args, *, config, sim, env, signals, after="[restart] stopping", d
 
     t = threading.Thread(target=read, daemon=True)
     t.start()
-    while not any(after in ln for ln in lines) and p.poll() is None and time.monotonic() - t0 < bound:
+    def seen() -> bool:
+        if after.startswith("file:"):  # a call in the stand-in pvesh's log
+            path, _, text = after[5:].partition("#")
+            return os.path.exists(path) and text in open(path).read()
+        return any(after in ln for ln in lines)
+
+    while not seen() and p.poll() is None and time.monotonic() - t0 < bound:
         time.sleep(0.02)
     for sig in signals:
         time.sleep(delay)
@@ -472,6 +478,19 @@ def test_local_signal_after_stop_finishes_restart(local, tmp_path, sig):
     assert (d / "state").read_text().strip() == "running"
     line = log.recv(4096).decode()
     assert "pvegpu[" in line and f"interrupted by {sig.name}" in line and "CT 129 is running" in line
+
+
+def test_local_signal_after_stop_json(local, tmp_path):
+    """--json: a SIGTERM during the stop gives the usual report with `interrupted` (signal, what was done, the CT's
+    state) and exit 143; stdout stays one JSON document."""
+    config, env, sim, d = local
+    r = _signalled(RESET, config=config(SLOW_STOP, reset={"task_timeout": 5}), sim=sim, env=env, signals=[signal.SIGTERM],
+                   after=f"file:{d / 'calls.log'}#status/stop")
+    assert r.rc == 143, r.out + r.err
+    rep = json.loads(r.out)
+    assert rep["exit_code"] == 143 and rep["restarted"] and rep["ct_state"] == "running"
+    assert rep["interrupted"] == {"signal": "SIGTERM", "action": "finished the restart before exiting", "ct_state": "running",
+                                  "left_stopped": False}
 
 
 def test_local_second_signal_abandons_and_rerun_says_so(local, tmp_path):
