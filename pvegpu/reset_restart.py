@@ -97,7 +97,7 @@ def start(run: ResetRun, *, ha: bool) -> None:
 
 
 def verify_stopped(run: ResetRun) -> tuple[dict[int, GpuFacts], Verified]:
-    facts, verdict = verify(run, run.inspect(), run.deadline.within(run.policy.timeout))
+    facts, verdict = verify(run, run.inspect(), run.watched(run.deadline.within(run.policy.timeout)))
     return facts, (Verified.NOT_CLEAN if verdict is Verified.HOLDERS else verdict)
 
 

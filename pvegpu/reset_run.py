@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .inspect import GpuFacts, inspect_gpus
 from .locate import Located
-from .model import Guest, Holder, Step
+from .model import MIB, Guest, Holder, Step
 from .ports import Clock
 from .reset_report import Ports, ResetPolicy, ResetReport
 
@@ -18,6 +18,9 @@ class Deadline:
 
     clock: Clock
     at: float
+    label: Callable[[], str] | None = None  # what is awaited, for progress (a watched deadline: ``ResetRun.watched``)
+    on_wait: Callable[[str, float, Deadline], None] | None = None
+    since: float = 0.0
 
     def remaining(self) -> float:
         return max(0.0, self.at - self.clock.monotonic())
@@ -30,7 +33,9 @@ class Deadline:
         return Deadline(self.clock, min(self.at, self.clock.monotonic() + max(0.0, seconds)))
 
     def pause(self, seconds: float) -> None:
-        """Sleep ``seconds``, or until the deadline if that comes first."""
+        """Sleep ``seconds``, or until the deadline if that comes first (a watched deadline says what it waits for)."""
+        if self.label is not None and self.on_wait is not None:
+            self.on_wait(self.label(), self.since, self)
         self.clock.sleep(min(seconds, self.remaining()))
 
 
@@ -47,6 +52,7 @@ class ResetRun:
         self.on_progress = on_progress
         self.ha_state: str | None = None  # HA's state of the CT at the last read (HA-managed only)
         self._said: tuple[str, float] = ("", 0.0)
+        self.last_facts: dict[int, GpuFacts] = {}  # the latest reading of the container's GPUs (for progress)
         self.located: Located | None = None
         self.deadline = Deadline(ports.clock, ports.clock.monotonic() + policy.budget)
 
@@ -75,16 +81,37 @@ class ResetRun:
         now = self.clock.monotonic()
         waited = now - since
         last_what, last_at = self._said
-        if waited < 1.0 or (last_what == what and now - last_at < 5.0):
+        what_key = what.split(" (")[0]  # the same wait, whatever its figures say now
+        if waited < 1.0 or (last_what == what_key and now - last_at < 5.0):
             return
-        self._said = (what, now)
+        self._said = (what_key, now)
         total = waited + deadline.remaining()
         self.on_progress(f"{what}: {waited:.0f} s of {total:.0f}")
+
+    def watched(self, deadline: Deadline) -> Deadline:
+        """``deadline`` for a wait on the container's GPU memory: its pauses report progress (human output)."""
+        return replace(deadline, label=self.memory_wait, on_wait=self.progress, since=self.clock.monotonic())
+
+    def memory_wait(self) -> str:
+        """What the memory wait is waiting for, from the latest reading ("512 MiB left on GPU 0")."""
+        parts = []
+        for f in self.last_facts.values():
+            left = f.residual_bytes
+            if not f.sample.known or left is None:
+                parts.append(f"GPU {f.gpu.index} unreadable")
+            elif f.ct_holders:
+                parts.append(f"{len(f.ct_holders)} holder(s) on GPU {f.gpu.index}")
+            elif left > self.policy.threshold_bytes:
+                parts.append(f"{left / MIB:,.0f} MiB left on GPU {f.gpu.index}")
+        return f"waiting for CT {self.vmid}'s GPU memory (" + (", ".join(parts) or "back; holding for the settle window") + ")"
 
     def inspect(self, whole_host: bool = False) -> dict[int, GpuFacts]:
         """One reading of the container's GPUs (``nvidia-smi`` + ``fuser -v /dev/nvidia*``)."""
         assert self.located is not None
-        return inspect_gpus(self.vmid, self.located.gpus, host=self.p.host, probe=self.p.probe, whole_host=whole_host)
+        facts = inspect_gpus(self.vmid, self.located.gpus, host=self.p.host, probe=self.p.probe, whole_host=whole_host)
+        if not whole_host:
+            self.last_facts = facts
+        return facts
 
     def killable(self, facts: dict[int, GpuFacts]) -> dict[int, Holder]:
         """Holders pvegpu may signal: payload processes of the container (never its init, never pvegpu)."""

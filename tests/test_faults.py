@@ -721,3 +721,16 @@ def test_local_migrated_while_stopped(local):
              "get /cluster/resources": stub_pvesh.DEFAULTS["get /cluster/resources"] | {"when_stopped": {"json": there}}}
     r = cli(RESET, config=config(rules, reset={"task_timeout": 5}), sim=sim, env=env, bound=40)
     assert r.rc == 4 and "is now on node pve2" in r.out and r.wall < 12, r.out + r.err
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_sim_memory_wait_progress(leaky, json_out):
+    """A verify window of 2 s on memory that never comes back: human output says what is left and how long of the
+    deadline; --json output is the report alone."""
+    args = ["--simulate", leaky.root, "reset", "129", "--no-restart", "--timeout", "2", "--settle", "0.1"]
+    r = cli(args + (["--json"] if json_out else []), module="pvegpu", bound=30)
+    assert r.rc == 7, r.out + r.err
+    if json_out:
+        assert r.report["exit_code"] == 7 and "[wait]" not in r.out
+    else:
+        assert "[wait] waiting for CT 129's GPU memory (1,024 MiB left on GPU 0): 1 s of 2" in r.out, r.out
