@@ -11,6 +11,8 @@ from .model import MIB, Guest, Holder, Step
 from .ports import Clock
 from .reset_report import Ports, ResetPolicy, ResetReport
 
+GONE = ("GPU is lost", "GPU not found", "GPU requires reset")  # NVML errors a GPU does not recover from by itself
+
 
 @dataclass(frozen=True)
 class Deadline:
@@ -21,12 +23,13 @@ class Deadline:
     label: Callable[[], str] | None = None  # what is awaited, for progress (a watched deadline: ``ResetRun.watched``)
     on_wait: Callable[[str, float, Deadline], None] | None = None
     since: float = 0.0
+    hopeless: Callable[[], bool] | None = None  # a watched deadline ends early when waiting cannot help (a GPU lost)
 
     def remaining(self) -> float:
         return max(0.0, self.at - self.clock.monotonic())
 
     def expired(self) -> bool:
-        return self.clock.monotonic() >= self.at
+        return self.clock.monotonic() >= self.at or (self.hopeless is not None and self.hopeless())
 
     def within(self, seconds: float) -> Deadline:
         """A deadline ``seconds`` from now, never later than this one."""
@@ -53,6 +56,7 @@ class ResetRun:
         self.ha_state: str | None = None  # HA's state of the CT at the last read (HA-managed only)
         self._said: tuple[str, float] = ("", 0.0)
         self.last_facts: dict[int, GpuFacts] = {}  # the latest reading of the container's GPUs (for progress)
+        self._gone_said = False
         self.located: Located | None = None
         self.deadline = Deadline(ports.clock, ports.clock.monotonic() + policy.budget)
 
@@ -90,7 +94,20 @@ class ResetRun:
 
     def watched(self, deadline: Deadline) -> Deadline:
         """``deadline`` for a wait on the container's GPU memory: its pauses report progress (human output)."""
-        return replace(deadline, label=self.memory_wait, on_wait=self.progress, since=self.clock.monotonic())
+        return replace(deadline, label=self.memory_wait, on_wait=self.progress, since=self.clock.monotonic(), hopeless=self.gpu_gone)
+
+    def gpu_gone(self) -> bool:
+        """Did the latest reading show a GPU that is gone (lost, off the bus, needing a reset)? Waiting for its memory
+        cannot help: the wait ends at once (said once), and the GPU stays unknown, never clean."""
+        for f in self.last_facts.values():
+            err = f.sample.error or ""
+            if f.sample.used_bytes is None and any(s in err for s in GONE):
+                if not self._gone_said:
+                    self._gone_said = True
+                    self.step("verify", "unreadable", f"GPU {f.gpu.index} cannot be read ({err}): it will not come back "
+                              "while pvegpu waits; not waiting for the rest of the window", minor=f.gpu.minor)
+                return True
+        return False
 
     def memory_wait(self) -> str:
         """What the memory wait is waiting for, from the latest reading ("512 MiB left on GPU 0")."""

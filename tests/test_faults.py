@@ -734,3 +734,13 @@ def test_sim_memory_wait_progress(leaky, json_out):
         assert r.report["exit_code"] == 7 and "[wait]" not in r.out
     else:
         assert "[wait] waiting for CT 129's GPU memory (1,024 MiB left on GPU 0): 1 s of 2" in r.out, r.out
+
+
+def test_sim_lost_gpu_ends_wait_at_once(sim_node):
+    """A GPU the first reading already shows lost: the memory wait ends at once (not after --timeout), exit 5
+    (unknown, never clean), said."""
+    node = sim_node({"node": "s", "gpus": [GPU | {"fail": "GPU is lost"}], "containers": [
+        {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}]}]})
+    r = cli(["--simulate", node.root, "reset", "129", "--json", "--timeout", "20", "--grace", "0.2"], module="pvegpu", bound=40)
+    assert r.rc == 5 and r.wall < 12, (r.wall, r.out + r.err)
+    assert any(s["name"] == "verify" and s["outcome"] == "unreadable" for s in r.report["steps"])
