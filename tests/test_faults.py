@@ -401,6 +401,10 @@ def test_sim_guarded_restart_passes_own_lock(sim_node, tmp_path):
     r = cli(["--simulate", node.root, "reset", "129", "--json", *SIM_FAST], module="pvegpu", bound=60)
     assert r.rc == 0 and r.report["restarted"] and not r.report["left_stopped"], r.out + r.err
     assert SimState(node.root).ct(129)["status"] == "running"
+    from pvegpu.sim.state import read_dir
+
+    starts = [t for t in read_dir(os.path.join(node.root, "tasks")) if ":vzstart:" in t["upid"]]
+    assert any("restart of pvegpu reset" in line for t in starts for line in t["log"]), starts  # the guard ran and said why
 
 
 def test_sim_start_ok_but_init_exits(sim_node, tmp_path):
