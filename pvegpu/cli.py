@@ -281,16 +281,18 @@ def demo_cmd(
             rc = do_reset(s, vmid, dry_run=False, json_out=False, verbose=False)
             results.append(f"CT {vmid} {'clean' if rc == 0 else f'exit {rc}'}")
             code = max(code, rc)
+            if rc >= 128:  # interrupted by a signal (the reset finished what it had started): stop the demo
+                break
         typer.echo("\n$ pvegpu audit")
         typer.echo(_audit_table(s))
-    except _Terminated:
+    except (_Terminated, E.SignalledError) as exc:  # a reset's own handlers turn SIGTERM into SignalledError
         typer.echo("demo: terminated; simulated containers stopped and removed", err=True)
-        code = 143
+        code = getattr(exc, "exit_code", 143)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if sim is not None:
             sim.teardown()
-    if code != 143:
+    if code < 128:
         typer.echo(f"\ndemo: {', '.join(results) or 'nothing to reset'}; simulated node removed (exit {code})")
     raise typer.Exit(code)
 
