@@ -145,12 +145,12 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
             with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, wiring.node(s, log) as ports:
                 ports.lock, ports.interrupts = lock, signals
                 report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
-        except Interrupted as exc:  # before any stop was requested
+                signals.done = True  # the report is final: a later signal must not turn it into another message
+        except Interrupted as exc:  # before any stop was requested (after it, reset() reports the signal itself)
             line = f"pvegpu reset of CT {vmid} interrupted by {exc.signame} before any stop was requested: CT {vmid} was not stopped"
             wiring.journal_line(line)
             raise E.SignalledError(line, f"run `pvegpu reset {vmid}` again to finish; `pvegpu check {vmid}` says whether it may start",
                                      exc.exit_code) from None
-        signals.done = True
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
