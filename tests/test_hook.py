@@ -502,3 +502,9 @@ def test_allow_once_dir_of_another_user_not_trusted(sim_node, guard, shared_tmp)
     node = sim_node(scenario(gpu={"leak_mib": 2048}))
     r = hook(node, guard, PVEGPU_GATE_OVERRIDE_DIR=d)
     assert r.returncode == 10 and "not trusted" in r.stdout and "owned by uid 65534" in r.stdout, r.stdout + r.stderr
+    import subprocess
+    import sys
+
+    r2 = subprocess.run([sys.executable, "-m", "pvegpu", "hook", "allow-once", "129"], capture_output=True, text=True,
+                        env=dict(os.environ, PVEGPU_SIMULATE=node.root, PVEGPU_GATE_OVERRIDE_DIR=d), cwd=pvelike.REPO)
+    assert r2.returncode == 2 and "allow-once token directory" in r2.stderr and "owned by uid 65534" in r2.stderr, r2.stderr

@@ -60,12 +60,12 @@ def _dir_problem(st: os.stat_result, path: str, *, parent: bool) -> str | None:
     return None
 
 
-def _fix(lock_dir: str) -> str:
+def _fix(lock_dir: str, setting: str) -> str:
     return (f"remove it (`rm -r {lock_dir}`: pvegpu recreates it, mode 700) or fix it (`chown root:root {lock_dir} && "
-            f"chmod 700 {lock_dir}`); keep reset.lock_dir under a root-only directory such as /run/pvegpu/locks")
+            f"chmod 700 {lock_dir}`); keep {setting} in a root-only directory such as /run/pvegpu")
 
 
-def open_dir(lock_dir: str, *, create: bool) -> int:
+def open_dir(lock_dir: str, *, create: bool, what: str = "reset lock directory", setting: str = "reset.lock_dir") -> int:
     """An fd of ``lock_dir`` after checking it (and its parent): a directory of this user, mode 0700, not a link,
     in a parent nobody else may write. Creates it (and a missing parent) with mode 0700 when ``create``.
     Raises UsageError with the fix (FileNotFoundError when absent and not ``create``)."""
@@ -79,15 +79,15 @@ def open_dir(lock_dir: str, *, create: bool) -> int:
                 pass
             except OSError as exc:
                 if not os.path.isdir(d):
-                    raise UsageError(f"cannot create the reset lock directory {d}: {exc.strerror}",
-                                     "run pvegpu as root, or set reset.lock_dir to a directory it may create") from None
+                    raise UsageError(f"cannot create the {what} {d}: {exc.strerror}",
+                                     f"run pvegpu as root, or set {setting} to a directory it may create") from None
     try:
         fd = os.open(lock_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         raise
     except OSError as exc:
         why = "is a symbolic link" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else exc.strerror
-        raise UsageError(f"reset lock directory {lock_dir} {why}: refusing to use it", _fix(lock_dir)) from None
+        raise UsageError(f"{what} {lock_dir} {why}: refusing to use it", _fix(lock_dir, setting)) from None
     try:
         problem = _dir_problem(os.fstat(fd), lock_dir, parent=False)
         if problem is None:
@@ -97,7 +97,7 @@ def open_dir(lock_dir: str, *, create: bool) -> int:
         raise
     if problem:
         os.close(fd)
-        raise UsageError(f"reset lock directory: {problem}: refusing to use it", _fix(lock_dir))
+        raise UsageError(f"{what}: {problem}: refusing to use it", _fix(lock_dir, setting))
     return fd
 
 

@@ -21,6 +21,7 @@ from ..errors import UsageError
 from .locks import open_dir
 
 MAGIC = "pvegpu-allow-once"
+WHAT, SETTING = "allow-once token directory", "gate.override_dir"
 
 
 def _boot() -> tuple[str, float]:
@@ -36,7 +37,7 @@ def _boot() -> tuple[str, float]:
 def allow_once(override_dir: str, vmid: int) -> str:
     """Write CT ``vmid``'s token atomically (a partial token is never seen); returns its path.
     Raises UsageError when the directory fails the checks, OSError when it cannot be written."""
-    dfd = open_dir(override_dir, create=True)
+    dfd = open_dir(override_dir, create=True, what=WHAT, setting=SETTING)
     name, tmp = str(vmid), f".{vmid}.{os.getpid()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
@@ -88,7 +89,7 @@ def _judge(dfd: int, vmid: int, ttl: float) -> tuple[float | None, str]:
 
 def _open(override_dir: str, vmid: int, dropped: list[str] | None) -> int | None:
     try:
-        return open_dir(override_dir, create=False)
+        return open_dir(override_dir, create=False, what=WHAT, setting=SETTING)
     except FileNotFoundError:
         return None
     except (OSError, UsageError) as exc:
