@@ -129,8 +129,8 @@ def await_state(run: ResetRun, want: str) -> None:
                 return
             if st.ha_state in HA_STUCK:
                 raise E.TaskFailed(f"HA will not bring CT {run.vmid} to {want}: its HA resource ct:{run.vmid} is in state '{st.ha_state}'",
-                                   f"`ha-manager status`; once the cause is fixed: `ha-manager set ct:{run.vmid} --state "
-                                   f"{'started' if want == 'running' else 'stopped'}`")
+                                   f"`ha-manager status`; once the cause is fixed: `ha-manager set ct:{run.vmid} --state started`"
+                                   + (" (pvegpu's stop request set it to 'stopped')" if want == "stopped" else ""))
         if deadline.expired():
             raise E.TaskTimeout(f"HA did not bring CT {run.vmid} to {want} within {pol.task_timeout:g} s"
                                 + (f" (the last status read failed: {last})" if last else ""),
