@@ -91,19 +91,86 @@ def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bo
     return int(report.exit_code)
 
 
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP during ``pvegpu reset`` (the ``Interrupts`` port). Before the stop request a
+    signal ends the run at once (nothing was stopped). From it on, the first signal is recorded and said, and
+    the restart is finished (then exit 128+n); a second one abandons it (the report still says where the CT is)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, vmid: int) -> None:
+        self.vmid = vmid
+        self.in_critical = self.done = False
+        self.got: tuple[str, int] | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in self.SIGNALS:
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def critical(self) -> None:
+        self.in_critical = True
+
+    def received(self) -> tuple[str, int] | None:
+        return self.got
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        from .ports import Interrupted
+
+        name, code = signal.Signals(signum).name, 128 + signum
+        if self.done:  # the report is being printed: let it finish
+            self.got = self.got or (name, code)
+            return
+        if not self.in_critical:
+            raise Interrupted(name, code)
+        if self.got is None:
+            self.got = (name, code)
+            _say(f"pvegpu: {name}: CT {self.vmid}'s stop was requested, so pvegpu finishes the restart first "
+                 f"(then exits {code}); a second signal abandons it")
+            return
+        raise Interrupted(name, code, abandoned=True)
+
+
+def _say(text: str, err: bool = True) -> None:
+    """Print, ignoring a terminal that is gone (SIGHUP: the session dropped); the journal line is the record."""
+    try:
+        typer.echo(text, err=err)
+    except OSError:
+        pass
+
+
 def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     guest = wiring.pve_port(s).where(vmid)
     if guest is not None and guest.type == "qemu":
         return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out, verbose=verbose)
     from .logs import configure
+    from .ports import Interrupted
     from .reclaim import reset
     from .render import reset_human, reset_json
 
     log = configure(verbose=verbose, json_lines=json_out and verbose)
-    on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
-    with wiring.ct_lock(s, vmid, s.reset.lock_wait), wiring.node(s, log) as ports:
-        report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step)
-    typer.echo(json.dumps(reset_json(report), indent=2) if json_out else "\n" + reset_human(report))
+    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
+    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
+    with _Signals(vmid) as signals:
+        try:
+            with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, wiring.node(s, log) as ports:
+                ports.lock, ports.interrupts = lock, signals
+                report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
+                signals.done = True  # the report is final: a later signal must not turn it into another message
+        except Interrupted as exc:  # before any stop was requested (after it, reset() reports the signal itself)
+            line = f"pvegpu reset of CT {vmid} interrupted by {exc.signame} before any stop was requested: CT {vmid} was not stopped"
+            wiring.journal_line(line)
+            raise E.SignalledError(line, f"run `pvegpu reset {vmid}` again to finish; `pvegpu check {vmid}` says whether it may start",
+                                     exc.exit_code) from None
+    if report.interrupted or report.left_stopped:
+        wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
+                            or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
+    _say(json.dumps(reset_json(report), indent=2) if json_out else "\n" + reset_human(report), err=False)
     return int(report.exit_code)
 
 
@@ -190,6 +257,16 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
+def _demo_guard(sim: Any, data: dict[str, Any]) -> None:
+    """pvegpu's guard in the simulated node's snippets when a container names it (the simulated start runs it)."""
+    import os
+
+    from . import install as ins
+
+    if any(c.get("hookscript") == f"local:snippets/{ins.GUARD}" for c in data.get("containers", [])):
+        ins.write_atomic(os.path.join(sim.state.snippets, ins.GUARD), ins.guard_text(ins.template()), 0o755)
+
+
 @app.command("demo", cls=_Command)
 def demo_cmd(
     scenario: str | None = typer.Option(None, "--scenario", metavar="FILE", help="a scenario JSON file (default: the built-in one)"),
@@ -206,6 +283,7 @@ def demo_cmd(
     code = 0
     try:
         sim = sc.build(data)
+        _demo_guard(sim, data)
         _OPTS = wiring.GlobalOptions(_OPTS.config, sim.root)
         s = _settings({"reset.grace": grace})
         typer.echo(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.\n")
@@ -217,16 +295,18 @@ def demo_cmd(
             rc = do_reset(s, vmid, dry_run=False, json_out=False, verbose=False)
             results.append(f"CT {vmid} {'clean' if rc == 0 else f'exit {rc}'}")
             code = max(code, rc)
+            if rc >= 128:  # interrupted by a signal (the reset finished what it had started): stop the demo
+                break
         typer.echo("\n$ pvegpu audit")
         typer.echo(_audit_table(s))
-    except _Terminated:
+    except (_Terminated, E.SignalledError) as exc:  # a reset's own handlers turn SIGTERM into SignalledError
         typer.echo("demo: terminated; simulated containers stopped and removed", err=True)
-        code = 143
+        code = getattr(exc, "exit_code", 143)
     finally:
         signal.signal(signal.SIGTERM, previous)
         if sim is not None:
             sim.teardown()
-    if code != 143:
+    if code < 128:
         typer.echo(f"\ndemo: {', '.join(results) or 'nothing to reset'}; simulated node removed (exit {code})")
     raise typer.Exit(code)
 

@@ -94,6 +94,22 @@ class NotPveNodeError(NotFoundError):
                          "run it as root on a PVE node, set api.host and an API token (README 'API token'), or try `pvegpu demo`")
 
 
+class PmxcfsDownError(PveApiError):
+    """``/etc/pve`` is there but empty: the node's cluster filesystem (pmxcfs) is not mounted."""
+
+    def __init__(self, pve_root: str = "/etc/pve") -> None:
+        super().__init__(f"{pve_root} is empty: Proxmox VE's cluster filesystem (pmxcfs) is not mounted, so no guest "
+                         "configuration can be read", "`systemctl status pve-cluster`; `journalctl -u pve-cluster` says why it stopped")
+
+
+class SignalledError(PvegpuError):
+    """A signal ended the command before anything needed finishing; exits 128 + the signal's number."""
+
+    def __init__(self, message: str, hint: str | None, exit_code: int) -> None:
+        super().__init__(message, hint)
+        self.exit_code = exit_code  # type: ignore[misc]
+
+
 class BusyError(PvegpuError):
     """Another pvegpu reset of the same container holds its lock."""
 

@@ -134,7 +134,14 @@ def hook_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: 
 def _pre_start(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
     from .adapters.override import take
 
-    override = take(s.gate.override_dir, vmid, s.gate.override_ttl)
+    own = wiring.own_start(s, vmid)
+    if own:  # the reset's lock would refuse any other start; this one is the reset's own restart
+        print(f"pvegpu: this start of CT {vmid} is the restart of pvegpu reset ({own}): its lock lets it through; "
+              "the GPU is judged as for any start", file=out)
+    dropped: list[str] = []
+    override = take(s.gate.override_dir, vmid, s.gate.override_ttl, dropped)
+    for why in dropped:  # a token that was there but is not honoured is never dropped without a word
+        print(f"pvegpu: an allow-once token for CT {vmid} was not used and was removed: {why}", file=out)
     try:
         v = bounded_verdict(vmid, s)
         allow, text = bool(v["allow"]), str(v["text"])

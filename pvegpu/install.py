@@ -222,9 +222,15 @@ def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "
     _check_dir(sdir)
     path = os.path.join(sdir, GUARD)
     text = guard if guard is not None else guard_text(template())
-    if read_nofollow(path) != text or not os.path.isfile(path) or os.path.islink(path):
-        write_atomic(path, text, 0o755)
-        plan.done.append(f"wrote {path}")
+    try:
+        os.makedirs(sdir, mode=0o755, exist_ok=True)
+        if read_nofollow(path) != text or not os.path.isfile(path) or os.path.islink(path):
+            write_atomic(path, text, 0o755)
+            plan.done.append(f"wrote {path}")
+    except OSError as exc:  # a read-only storage, a full disk: nothing is set to a guard that is not there
+        plan.refused.append(f"cannot write the guard to {path} (storage {st.name}): {exc.strerror or exc}; no container changed. "
+                            f"Fix: use a writable snippets storage (`pvegpu hook install --storage NAME`) or make {sdir} writable")
+        return plan
     content = st.effective_content()
     if content is None:
         plan.warnings.append(f"storage {st.name} ({st.type}) has no content line and pvegpu does not know its default: "

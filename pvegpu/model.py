@@ -26,6 +26,7 @@ class CtStatus:
     status: str  # running | stopped | unknown
     ha_managed: bool = False
     lock: str | None = None
+    ha_state: str | None = None  # HA's state of the resource when managed (started, stopped, error, fence, ...)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,68 @@ class NullLog:
     warning = debug = info
 
 
+class LockPort(Protocol):
+    """The reset's own lock of the container (``adapters/locks.py``): what it records for the start gate and for
+    the next reset. The simulated-clock tests use ``NullLockPort``."""
+
+    def earlier(self) -> str | None:
+        """What a previous reset left undone (its stop request, never followed by a running CT), or None."""
+        ...
+
+    def stop_requested(self) -> None: ...
+    def running_again(self) -> None: ...
+
+    def starting(self, seconds: float) -> None:
+        """The reset starts its own container now: the container's pre-start gate passes this lock for ``seconds``."""
+        ...
+
+    def started(self) -> None: ...
+
+
+class NullLockPort:
+    """No lock to mark (tests of the state machine, the post-stop reclaim)."""
+
+    def earlier(self) -> str | None:
+        return None
+
+    def stop_requested(self) -> None:
+        return None
+
+    running_again = stop_requested
+    started = stop_requested
+
+    def starting(self, seconds: float) -> None:
+        return None
+
+
+class Interrupted(BaseException):
+    """A signal (SIGINT, SIGTERM, SIGHUP) ends the run here: before any stop was requested, or, inside the
+    critical section, a second signal abandons the restart. A BaseException, so that no ``except PvegpuError``
+    or ``except Exception`` on the way takes it for an API failure."""
+
+    def __init__(self, signame: str, exit_code: int, abandoned: bool = False) -> None:
+        super().__init__(signame)
+        self.signame, self.exit_code, self.abandoned = signame, exit_code, abandoned
+
+
+class Interrupts(Protocol):
+    """Signals during a reset (the CLI's handlers). From ``critical()`` on (the stop request), the first signal
+    is only recorded: the restart is finished first; ``received()`` then names it (name, exit code 128+n)."""
+
+    def critical(self) -> None: ...
+    def received(self) -> tuple[str, int] | None: ...
+
+
+class NoInterrupts:
+    """No signal handling (the state machine's tests, the hook)."""
+
+    def critical(self) -> None:
+        return None
+
+    def received(self) -> tuple[str, int] | None:
+        return None
+
+
 class Clock(Protocol):
     def monotonic(self) -> float: ...
     def sleep(self, seconds: float) -> None: ...
@@ -121,8 +183,9 @@ class PveApi(PveReader, Protocol):
         """``pvesh get /nodes/<node>/tasks/<upid>/log``; the last lines."""
         ...
 
-    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
-        """Poll ``pvesh get /nodes/<node>/tasks/<upid>/status`` until the task stops (bounded by ``timeout``).
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, progress: Any = None) -> TaskResult:
+        """Poll ``pvesh get /nodes/<node>/tasks/<upid>/status`` until the task stops (bounded by ``timeout``);
+        ``progress(text)``, if given, hears about a wait longer than a second.
 
         Returns the result when exitstatus is OK or WARNINGS; raises TaskFailed (with the log tail) or
         TaskTimeout. ``what`` names the task in messages ("stop task of CT 129").

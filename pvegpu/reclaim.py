@@ -15,27 +15,44 @@ from . import errors as E
 from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, exit_for, foreign_leftover, restart_would_not_help
 from .inspect import GpuFacts
 from .model import ProcIdentity, Step
+from .ports import Interrupted
 from .reset_find import find, plan
 from .reset_report import Ports, ResetOutcome, ResetPolicy, ResetReport
-from .reset_restart import restart
+from .reset_restart import interrupted, note_earlier, restart
 from .reset_run import ResetRun
 from .reset_stop import stop_and_verify
 from .reset_verify import Verified, is_clean
 
 
-def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None) -> ResetReport:
-    """Run ``pvegpu reset`` for one container and return the full report (never half-silent)."""
-    run = ResetRun(vmid, ports, policy, on_step)
+def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None,
+          on_progress: Callable[[str], None] | None = None) -> ResetReport:
+    """Run ``pvegpu reset`` for one container and return the full report (never half-silent).
+
+    A signal before the stop request raises ``Interrupted`` (nothing was stopped); from the stop request on the
+    first one is recorded and the restart finished (exit 128+n), a second one abandons it: both are reported
+    with where the CT is."""
+    run = ResetRun(vmid, ports, policy, on_step, on_progress)
     t0 = ports.clock.monotonic()
     try:
         _reset(run)
+    except Interrupted as exc:
+        if not run.report.stop_requested:
+            raise
+        interrupted(run, exc.signame, exc.exit_code, abandoned=True)
     finally:
         run.report.elapsed = ports.clock.monotonic() - t0
-    return run.report
+    r = run.report
+    got = ports.interrupts.received()
+    if got and r.interrupted is None and r.stop_requested:
+        interrupted(run, got[0], got[1], abandoned=False)
+    if r.stop_requested and r.ct_state == "running" and not r.left_stopped:
+        ports.lock.running_again()
+    return r
 
 
 def _reset(run: ResetRun) -> None:
     facts = find(run)
+    note_earlier(run)
     if run.policy.dry_run:
         plan(run, facts)
         return

@@ -34,7 +34,7 @@ def reset_json(r: ResetReport) -> dict[str, Any]:
     return {
         "vmid": r.vmid, "node": r.node, "outcome": r.outcome.value, "exit_code": r.exit_code,
         "elapsed_s": round(r.elapsed, 3), "restarted": r.restarted, "left_stopped": r.left_stopped,
-        "ct_state": r.ct_state, "task_log": r.task_log, "respawns": r.respawns,
+        "ct_state": r.ct_state, "task_log": r.task_log, "respawns": r.respawns, "interrupted": r.interrupted,
         "gpus": r.gpus,
         "before": [_facts_json(f) for _, f in sorted(r.before.items())],
         "after": [_facts_json(f) for _, f in sorted(r.after.items())],
@@ -89,4 +89,6 @@ def reset_human(r: ResetReport) -> str:
         lines.append(f"  problem: {problem}\n     what to do: {action}")
     if r.left_stopped:
         lines.append(f"  CT {r.vmid} was left STOPPED; start it with `pct start {r.vmid}` once the GPU is clean.")
+    if r.interrupted:
+        lines.append(f"  interrupted by {r.interrupted['signal']}: pvegpu {r.interrupted['action']}; exit {r.exit_code}")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ from . import errors as E
 from .inspect import GpuFacts
 from .leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
 from .model import MIB, Step
-from .ports import Clock, EventLog, GpuProbe, Host, NullLog, PveApi
+from .ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
 from .settings import ResetSettings
 
 _D = ResetSettings()  # the one source of defaults
@@ -33,6 +33,7 @@ class ResetPolicy:
     dry_run: bool = False
     task_timeout: float = _D.task_timeout  # seconds for each PVE stop/start task (and for HA to act on it)
     state_wait: float = 15.0  # seconds to poll the CT's state after a failed stop/start to learn where it is
+    start_settle: float = 1.0  # a started CT must still be running this long after its start task said OK
 
     @property
     def rule(self) -> LeftoverRule:
@@ -42,7 +43,7 @@ class ResetPolicy:
     def budget(self) -> float:
         """The overall deadline of one reset, in seconds: every phase's own bound, added up."""
         reclaim = self.rounds * (self.grace + self.kill_wait) + (self.rounds + 1) * self.timeout
-        restart = 4 * self.task_timeout + 2 * self.state_wait + self.timeout if self.restart else 0.0
+        restart = 4 * self.task_timeout + 2 * self.state_wait + self.start_settle + self.timeout if self.restart else 0.0
         return reclaim + restart
 
 
@@ -80,6 +81,9 @@ class ResetReport:
     ct_state: str | None = None  # the CT's last state read after a stop was requested (running/stopped/unknown)
     task_log: list[str] = field(default_factory=list)  # the last lines of a failed or timed-out PVE task's log
     respawns: list[dict[str, object]] = field(default_factory=list)  # holders that appeared after a round, with their parent
+    interrupted: dict[str, object] | None = None  # a signal during the reset: its name, what pvegpu did, where the CT is
+    stop_requested: bool = False  # this reset asked PVE to stop the CT (the critical section began)
+    start_requested: bool = False  # ... and to start it again
     elapsed: float = 0.0
 
 
@@ -90,3 +94,5 @@ class Ports:
     host: Host
     clock: Clock
     log: EventLog = field(default_factory=NullLog)
+    lock: LockPort = field(default_factory=NullLockPort)  # the reset's own lock of the container (marks for the gate)
+    interrupts: Interrupts = field(default_factory=NoInterrupts)  # signals: the critical section from the stop request on

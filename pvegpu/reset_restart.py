@@ -14,6 +14,8 @@ from .reset_run import ResetRun
 from .reset_verify import Verified, verify
 
 STATE_POLL = 0.5  # seconds between status reads while finding out the CT's state
+SETTLE_POLL = 0.2  # seconds between status reads while a started CT settles
+HA_STUCK = ("error", "fence", "recovery", "freeze", "ignored")  # HA states in which HA will not bring the CT anywhere soon
 
 
 def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int, GpuFacts], Verified | None]:
@@ -35,6 +37,9 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int, GpuFac
                                   f"wait for the {status.lock} to finish, or `pct unlock {run.vmid}` if it is stale"))
         return facts, None
     run.step("restart", "stop", f"stopping CT {run.vmid} through the API (GPU not clean)")
+    run.p.interrupts.critical()  # from the stop request on, a signal never leaves the CT stopped without a word
+    run.p.lock.stop_requested()  # kept in the lock file until the CT runs again: a killed reset is found by the next one
+    r.stop_requested = True
     upid: str | None = None
     try:
         upid = pve.ct_stop(guest)
@@ -66,47 +71,101 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int, GpuFac
 
 def start(run: ResetRun, *, ha: bool) -> None:
     """Start the stopped CT; a failure reports the state it ends in."""
-    pve, guest, r = run.p.pve, run.guest, run.report
+    pve, guest, r, pol = run.p.pve, run.guest, run.report, run.policy
     upid: str | None = None
+    r.start_requested = True
+    # the CT's own pre-start gate (PVE's start task runs it) must not refuse this start for our own lock; it
+    # still judges the GPU. The marker lasts as long as this start may take, and is cleared right after.
+    run.p.lock.starting(min(pol.task_timeout * (2 if ha else 1), run.deadline.remaining()) + pol.start_settle)
     try:
         upid = pve.ct_start(guest)
         run_task(run, upid, "start")
         if ha:
             await_state(run, "running")
+        settle_running(run)
     except E.PvegpuError as exc:
         failed(run, exc, upid)
         pending = (upid is not None and not isinstance(exc, E.TaskFailed)) or isinstance(exc, E.PveNoAnswer)
         state = find_state(run, "running", pending)
         note_state(run, state, "start" if pending else None, ha=ha)
-        r.restarted = state == "running"
+        r.restarted = state == "running" and not r.left_stopped
         return
+    finally:
+        run.p.lock.started()
     r.ct_state, r.left_stopped, r.restarted = "running", False, True
     run.step("restart", "ok", f"CT {run.vmid} restarted; GPU verified clean while it was stopped")
 
 
 def verify_stopped(run: ResetRun) -> tuple[dict[int, GpuFacts], Verified]:
-    facts, verdict = verify(run, run.inspect(), run.deadline.within(run.policy.timeout))
+    facts, verdict = verify(run, run.inspect(), run.watched(run.deadline.within(run.policy.timeout)))
     return facts, (Verified.NOT_CLEAN if verdict is Verified.HOLDERS else verdict)
 
 
 def run_task(run: ResetRun, upid: str, what: str) -> None:
     """Wait for a stop/start task through the PVE port (``wait_task``), within ``task_timeout``."""
     timeout = min(run.policy.task_timeout, run.deadline.remaining())
-    res = run.p.pve.wait_task(run.guest.node, upid, timeout=timeout, what=f"{what} task of CT {run.vmid}")
+    res = run.p.pve.wait_task(run.guest.node, upid, timeout=timeout, what=f"{what} task of CT {run.vmid}", progress=run.on_progress)
     if res.log_tail:
         run.report.task_log = list(res.log_tail)
     run.step("task", "ok", f"{what} task {res.exitstatus} ({upid})", upid=upid)
 
 
 def await_state(run: ResetRun, want: str) -> None:
-    """HA only requests the state: poll ``status/current`` until it is ``want`` (within ``task_timeout``)."""
+    """HA only requests the state: poll ``status/current`` until it is ``want`` (within ``task_timeout``).
+    A failed read is retried within that deadline; HA in a state where it will not act (error, fence, ...)
+    ends the wait at once, naming that state."""
     pol = run.policy
     deadline = run.deadline.within(pol.task_timeout)
-    while run.p.pve.ct_status(run.guest).status != want:
+    t0, last = run.clock.monotonic(), ""
+    while True:
+        try:
+            st = run.p.pve.ct_status(run.guest)
+            last = ""
+        except E.PvegpuError as exc:
+            st, last = None, exc.message
+        if st is not None:
+            run.ha_state = st.ha_state
+            if st.status == want:
+                return
+            if st.ha_state in HA_STUCK:
+                raise E.TaskFailed(f"HA will not bring CT {run.vmid} to {want}: its HA resource ct:{run.vmid} is in state '{st.ha_state}'",
+                                   f"`ha-manager status`; once the cause is fixed: `ha-manager set ct:{run.vmid} --state started`"
+                                   + (" (pvegpu's stop request set it to 'stopped')" if want == "stopped" else ""))
         if deadline.expired():
-            raise E.TaskTimeout(f"HA did not bring CT {run.vmid} to {want} within {pol.task_timeout:g} s",
+            raise E.TaskTimeout(f"HA did not bring CT {run.vmid} to {want} within {pol.task_timeout:g} s"
+                                + (f" (the last status read failed: {last})" if last else ""),
                                 f"check `ha-manager status` for ct:{run.vmid}")
+        run.progress(f"waiting for HA to bring CT {run.vmid} to {want}", t0, deadline)
         deadline.pause(STATE_POLL)
+
+
+def settle_running(run: ResetRun) -> None:
+    """A start task that ended OK is not yet a running container: CT ``vmid`` must be read running, and still be
+    running ``start_settle`` s later (a broken init exits right after vzstart). Failed reads are retried within
+    ``state_wait``. Raises TaskFailed (the task is over) when it is stopped or never read running."""
+    pol, vmid = run.policy, run.vmid
+    deadline = run.deadline.within(pol.state_wait + pol.start_settle)
+    since: float | None = None
+    state, t0 = "unknown", run.clock.monotonic()
+    while True:
+        try:
+            state = run.p.pve.ct_status(run.guest).status
+        except E.PvegpuError:
+            state = "unknown"
+        now = run.clock.monotonic()
+        if state == "stopped":
+            raise E.TaskFailed(f"the start task of CT {vmid} ended OK, but CT {vmid} is stopped"
+                               + (f" again {now - since:.1f} s later" if since is not None else ""),
+                               f"its init or a service failed at start: `pct start {vmid} --debug`, the CT's own logs")
+        if state == "running":
+            since = now if since is None else since
+            if now - since >= pol.start_settle:
+                return
+        if deadline.expired():
+            raise E.TaskFailed(f"the start task of CT {vmid} ended OK, but CT {vmid} is {state}",
+                               f"check `pct status {vmid}`")
+        run.progress(f"checking that CT {vmid} stays running", t0, deadline)
+        deadline.pause(SETTLE_POLL)
 
 
 def confirm_state(run: ResetRun, want: str, what: str) -> None:
@@ -119,6 +178,11 @@ def confirm_state(run: ResetRun, want: str, what: str) -> None:
             state = run.p.pve.ct_status(run.guest).status
         except E.PvegpuError:
             state = "unknown"
+            node = moved(run)
+            if node:
+                raise E.TaskFailed(f"the {what} task of CT {run.vmid} ended OK, but CT {run.vmid} is now on node {node} "
+                                   "(migrated or relocated meanwhile)",
+                                   f"`pct status {run.vmid}` on {node}; pvegpu reset runs on the container's node: run it there") from None
         if state == want or state != "unknown":
             break
         deadline.pause(STATE_POLL)
@@ -127,19 +191,34 @@ def confirm_state(run: ResetRun, want: str, what: str) -> None:
                            f"did HA or an admin act on it meanwhile? `pct status {run.vmid}`, `ha-manager status`")
 
 
+def moved(run: ResetRun) -> str | None:
+    """The node CT ``vmid`` is on now, when that is not the node this reset started on (a status read there failed)."""
+    try:
+        where = run.p.pve.where(run.vmid)
+    except E.PvegpuError:
+        return None
+    return where.node if where is not None and where.node and where.node != run.guest.node else None
+
+
 def find_state(run: ResetRun, want: str, pending: bool) -> str:
     """The CT's state now: running, stopped or unknown. Polls ``status/current`` (at most ``state_wait``)
     while reads fail, or, when a stop/start may still take effect, until it has."""
     deadline = run.deadline.within(run.policy.state_wait)
+    t0 = run.clock.monotonic()
     while True:
         try:
             state = run.p.pve.ct_status(run.guest).status
             error = ""
         except E.PvegpuError as exc:
             state, error = "unknown", exc.message
+            node = moved(run)
+            if node:  # not on this node any more: its state here will not become known
+                error += f"; CT {run.vmid} is now on node {node}"
+                deadline = run.deadline.within(0)
         if state == want or (state != "unknown" and not pending) or deadline.expired():
             run.step("state", state, f"CT {run.vmid} is {state}" + (f" ({error})" if error else ""), state=state)
             return state
+        run.progress(f"finding out whether CT {run.vmid} is {want}", t0, deadline)
         deadline.pause(STATE_POLL)
 
 
@@ -151,7 +230,8 @@ def note_state(run: ResetRun, state: str, pending: str | None, *, ha: bool) -> N
     if not r.left_stopped:
         return
     if state == "running":
-        why = (f"HA's requested state for ct:{vmid} is now 'stopped', so HA may stop it at any moment" if ha
+        why = (f"HA's state for ct:{vmid} is '{run.ha_state}', and HA will not act on it" if ha and run.ha_state in HA_STUCK
+               else f"HA's requested state for ct:{vmid} is now 'stopped', so HA may stop it at any moment" if ha
                else "its stop task is still running and may stop it at any moment")
         problem, action = f"CT {vmid} is still running, but {why}", f"check `pct status {vmid}`; " + (
             f"`ha-manager set ct:{vmid} --state started` keeps it running" if ha else f"`pct start {vmid}` if it ends up stopped")
@@ -175,3 +255,45 @@ def failed(run: ResetRun, exc: E.PvegpuError, upid: str | None = None) -> None:
         r.task_log = list(exc.log_tail)
         r.diagnosis.append(("the task's log ends with: " + " | ".join(exc.log_tail),
                             f"the whole log: `pvesh get /nodes/{run.guest.node}/tasks/{upid or '<UPID>'}/log`"))
+
+
+def note_earlier(run: ResetRun) -> None:
+    """An earlier reset asked for this CT's stop and ended before it ran again (killed, abandoned): say so, with
+    the CT's state now (it may have been started since; then the mark is cleared)."""
+    earlier = run.p.lock.earlier()
+    if not earlier:
+        return
+    try:
+        state = run.p.pve.ct_status(run.guest).status
+    except E.PvegpuError:
+        state = "unknown"
+    if state == "running":
+        run.p.lock.running_again()
+        run.report.notes.append(f"{earlier}; CT {run.vmid} is running again now")
+        return
+    problem = f"{earlier}: CT {run.vmid} is {'STOPPED' if state == 'stopped' else 'in an unknown state'} now"
+    run.step("earlier", state, problem, state=state)
+    run.report.diagnosis.append((problem, f"start it with `pct start {run.vmid}` once `pvegpu check {run.vmid}` allows it"))
+
+
+def interrupted(run: ResetRun, signame: str, code: int, *, abandoned: bool) -> None:
+    """A signal arrived after the stop request. First signal: the restart was finished before this. Second
+    signal (``abandoned``): pvegpu stops where it is. Either way the report says where the CT is, and exits 128+n."""
+    r, vmid = run.report, run.vmid
+    if abandoned:
+        known = r.ct_state or "unknown"
+        r.left_stopped = not (r.restarted and known == "running")
+        action = "abandoned the restart at the second signal"
+        where = (f"CT {vmid} is running" if not r.left_stopped else
+                 f"CT {vmid} may be STOPPED (last known: {known}; its start was {'requested' if r.start_requested else 'never requested'})")
+    else:
+        action = "finished the restart before exiting"
+        where = (f"CT {vmid} is running" if r.ct_state == "running" and not r.left_stopped
+                 else f"CT {vmid} was left STOPPED" if r.ct_state == "stopped"
+                 else f"CT {vmid} is {r.ct_state or 'in an unknown state'}" + (" and may end up stopped" if r.left_stopped else ""))
+    r.interrupted = {"signal": signame, "action": action, "ct_state": r.ct_state or "unknown", "left_stopped": r.left_stopped}
+    msg = f"pvegpu reset of CT {vmid} interrupted by {signame} after it asked for the CT's stop: it {action}; {where}"
+    run.step("interrupted", signame, msg, signal=signame)
+    r.diagnosis.append((msg, f"check `pct status {vmid}`" + (f"; start it with `pct start {vmid}` once `pvegpu check {vmid}` allows it"
+                                                            if r.left_stopped else "")))
+    r.exit_code = code

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .inspect import FirstReading, GpuFacts, inspect_gpus
 from .leftover import baseline
 from .locate import Located
-from .model import Guest, Holder, Step
+from .model import MIB, Guest, Holder, Step
 from .ports import Clock
 from .reset_report import Ports, ResetPolicy, ResetReport
+
+GONE = ("GPU is lost", "GPU not found", "GPU requires reset")  # NVML errors a GPU does not recover from by itself
 
 
 @dataclass(frozen=True)
@@ -19,31 +21,43 @@ class Deadline:
 
     clock: Clock
     at: float
+    label: Callable[[], str] | None = None  # what is awaited, for progress (a watched deadline: ``ResetRun.watched``)
+    on_wait: Callable[[str, float, Deadline], None] | None = None
+    since: float = 0.0
+    hopeless: Callable[[], bool] | None = None  # a watched deadline ends early when waiting cannot help (a GPU lost)
 
     def remaining(self) -> float:
         return max(0.0, self.at - self.clock.monotonic())
 
     def expired(self) -> bool:
-        return self.clock.monotonic() >= self.at
+        return self.clock.monotonic() >= self.at or (self.hopeless is not None and self.hopeless())
 
     def within(self, seconds: float) -> Deadline:
         """A deadline ``seconds`` from now, never later than this one."""
         return Deadline(self.clock, min(self.at, self.clock.monotonic() + max(0.0, seconds)))
 
     def pause(self, seconds: float) -> None:
-        """Sleep ``seconds``, or until the deadline if that comes first."""
+        """Sleep ``seconds``, or until the deadline if that comes first (a watched deadline says what it waits for)."""
+        if self.label is not None and self.on_wait is not None:
+            self.on_wait(self.label(), self.since, self)
         self.clock.sleep(min(seconds, self.remaining()))
 
 
 class ResetRun:
     """One run of ``pvegpu reset VMID``: the phases (reset_stop, reset_verify, reset_restart) act on it."""
 
-    def __init__(self, vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None) -> None:
+    def __init__(self, vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None,
+                 on_progress: Callable[[str], None] | None = None) -> None:
         self.vmid = vmid
         self.p = ports
         self.policy = policy
         self.report = ResetReport(vmid)
         self.on_step = on_step
+        self.on_progress = on_progress
+        self.ha_state: str | None = None  # HA's state of the CT at the last read (HA-managed only)
+        self._said: tuple[str, float] = ("", 0.0)
+        self.last_facts: dict[int, GpuFacts] = {}  # the latest reading of the container's GPUs (for progress)
+        self._gone_said = False
         self.located: Located | None = None
         self.deadline = Deadline(ports.clock, ports.clock.monotonic() + policy.budget)
         self.first = FirstReading()  # the first reading's listed pids (whose ghost is whose) and leftover baseline
@@ -65,6 +79,51 @@ class ResetRun:
         if self.on_step:
             self.on_step(s)
 
+    def progress(self, what: str, since: float, deadline: Deadline) -> None:
+        """A wait still going on: after its first second, and then every 5 s, say what is awaited and how long is
+        left ("waiting for HA to bring CT 129 to running: 3 s of 120"). Human output only; not in the report."""
+        if self.on_progress is None:
+            return
+        now = self.clock.monotonic()
+        waited = now - since
+        last_what, last_at = self._said
+        what_key = what.split(" (")[0]  # the same wait, whatever its figures say now
+        if waited < 1.0 or (last_what == what_key and now - last_at < 5.0):
+            return
+        self._said = (what_key, now)
+        total = waited + deadline.remaining()
+        self.on_progress(f"{what}: {waited:.0f} s of {total:.0f}")
+
+    def watched(self, deadline: Deadline) -> Deadline:
+        """``deadline`` for a wait on the container's GPU memory: its pauses report progress (human output)."""
+        return replace(deadline, label=self.memory_wait, on_wait=self.progress, since=self.clock.monotonic(), hopeless=self.gpu_gone)
+
+    def gpu_gone(self) -> bool:
+        """Did the latest reading show a GPU that is gone (lost, off the bus, needing a reset)? Waiting for its memory
+        cannot help: the wait ends at once (said once), and the GPU stays unknown, never clean."""
+        for f in self.last_facts.values():
+            err = f.sample.error or ""
+            if f.sample.used_bytes is None and any(s in err for s in GONE):
+                if not self._gone_said:
+                    self._gone_said = True
+                    self.step("verify", "unreadable", f"GPU {f.gpu.index} cannot be read ({err}): it will not come back "
+                              "while pvegpu waits; not waiting for the rest of the window", minor=f.gpu.minor)
+                return True
+        return False
+
+    def memory_wait(self) -> str:
+        """What the memory wait is waiting for, from the latest reading ("512 MiB left on GPU 0")."""
+        parts = []
+        for f in self.last_facts.values():
+            left = f.residual_bytes
+            if not f.sample.known or left is None:
+                parts.append(f"GPU {f.gpu.index} unreadable")
+            elif f.ct_holders:
+                parts.append(f"{len(f.ct_holders)} holder(s) on GPU {f.gpu.index}")
+            elif left > self.policy.threshold_bytes:
+                parts.append(f"{left / MIB:,.0f} MiB left on GPU {f.gpu.index}")
+        return f"waiting for CT {self.vmid}'s GPU memory (" + (", ".join(parts) or "back; holding for the settle window") + ")"
+
     def inspect(self, whole_host: bool = False) -> dict[int, GpuFacts]:
         """One reading of the container's GPUs (``nvidia-smi`` + ``fuser -v /dev/nvidia*``)."""
         assert self.located is not None
@@ -75,6 +134,8 @@ class ResetRun:
             self.first.baseline = {m: baseline(f, self.policy.rule) for m, f in facts.items()}
         for m, f in facts.items():
             f.baseline_bytes = self.first.baseline.get(m, 0)
+        if not whole_host:
+            self.last_facts = facts
         return facts
 
     def killable(self, facts: dict[int, GpuFacts]) -> dict[int, Holder]:

@@ -54,7 +54,7 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
             continue
         if killable:  # only processes that already survived SIGKILL are left: signalling again is pointless
             return facts, Verified.NOT_CLEAN
-        facts, verdict = verify(run, facts, run.deadline.within(pol.timeout))
+        facts, verdict = verify(run, facts, run.watched(run.deadline.within(pol.timeout)))
         if verdict is not Verified.HOLDERS:
             return facts, verdict
 

@@ -41,7 +41,7 @@ class ResetSettings:
     rounds: int = 3
     restart: bool = True
     task_timeout: float = 120.0
-    lock_dir: str = "/run/lock/pvegpu"  # one reset per container at a time: <lock_dir>/<vmid>.lock
+    lock_dir: str = "/run/pvegpu/locks"  # one reset per container at a time: <lock_dir>/<vmid>.lock (root-owned, mode 700)
     lock_wait: float = 10.0  # seconds a second reset of the same container waits for the first
 
 

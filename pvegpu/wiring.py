@@ -67,6 +67,15 @@ def simulated_state(s: Settings) -> Settings:
     return replace(s, **changes)
 
 
+def no_pve(pve_root: str) -> E.PvegpuError:
+    """Why there is no Proxmox VE to read: ``/etc/pve`` empty (pmxcfs down, exit 4), or absent (not a node, exit 3)."""
+    try:
+        empty = os.path.isdir(pve_root) and not os.listdir(pve_root)
+    except OSError:
+        empty = False
+    return E.PmxcfsDownError(pve_root) if empty else E.NotPveNodeError(pve_root)
+
+
 # -- policies: every default comes from settings.py ------------------------------------------------------
 
 
@@ -130,7 +139,7 @@ def gate_ports(s: Settings) -> GatePorts:
     from .adapters.procfs import ProcHost
 
     if not EtcPve.present(s.pve_root):
-        raise E.NotPveNodeError(s.pve_root)
+        raise no_pve(s.pve_root)
     from .adapters.procfs import ScanBudget
 
     # each of the (at most two) process scans gets under a third of the deadline: a verdict, not a timeout
@@ -199,7 +208,7 @@ def pve_port(s: Settings) -> Any:
     local = EtcPve(s.pve_root, node=s.node) if EtcPve.present(s.pve_root) else None
     has_api = resolve_backend(s) is not None
     if local is None and not has_api:
-        raise E.NotPveNodeError(s.pve_root)
+        raise no_pve(s.pve_root)
     node = s.node or (local.local_node() if local else "") or ""
     return NodePve(local, (lambda: api_client(s, node)) if has_api else None)
 
@@ -368,11 +377,26 @@ def cluster_audits(timeout: float, options: list[str]) -> Any:
     return SshAudits(timeout=timeout, options=options)
 
 
-def ct_lock(s: Settings, vmid: int, wait: float) -> Any:
-    """The per-container reset lock (``/run/lock/pvegpu/<vmid>.lock``), as a context manager."""
+def ct_lock(s: Settings, vmid: int, wait: float, on_wait: Any = None) -> Any:
+    """The per-container reset lock (``/run/pvegpu/locks/<vmid>.lock``), as a context manager; ``on_wait(text)``
+    hears about a wait for another reset's lock once a second."""
     from .adapters.locks import ct_lock as lock
 
-    return lock(s.reset.lock_dir, vmid, wait)
+    return lock(s.reset.lock_dir, vmid, wait, on_wait)
+
+
+def own_start(s: Settings, vmid: int) -> str | None:
+    """The reset whose own restart of CT ``vmid`` is starting it now ('pid N'), or None (the gate's lock check)."""
+    from .adapters.locks import own_start as own
+
+    return own(s.reset.lock_dir, vmid)
+
+
+def journal_line(line: str) -> None:
+    """One line to the system log with ident pvegpu (``journalctl -t pvegpu``)."""
+    from .adapters.journal import log_line
+
+    log_line(line)
 
 
 def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str, Any]:
@@ -385,7 +409,7 @@ def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str,
     if need_root and os.geteuid() != 0:
         raise E.UsageError("installing the guard needs root on the node", "`pct set --hookscript` is allowed for root@pam only; run it as root")
     if not EtcPve.present(s.pve_root):
-        raise E.NotPveNodeError(s.pve_root)
+        raise no_pve(s.pve_root)
     name = EtcPve(s.pve_root, node=s.node).local_node() or ""
     try:
         api = api_client(s, name)

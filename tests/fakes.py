@@ -295,9 +295,9 @@ class FakePve:
         self._check("task_log")
         return list(self.tasks[upid]["log"])
 
-    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, progress: Any = None) -> TaskResult:
         return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), self.clock,
-                         node=node, upid=upid, timeout=timeout, what=what)
+                         node=node, upid=upid, timeout=timeout, what=what, progress=progress)
 
 
 class FdBackedProbe:

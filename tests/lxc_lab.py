@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import time
+from typing import Any
 
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable
@@ -91,10 +92,14 @@ def destroy(vmid: int) -> None:
 
 class LxcPve:
     """PveApi whose reads come from a PVE-like /etc/pve tree and whose stop/start are lxc-stop --kill / lxc-start,
-    which is what PVE's vzstop/vzstart run underneath."""
+    which is what PVE's vzstop/vzstart run underneath. With ``guard`` (a hookscript path), a start first runs it as
+    PVE does (``<guard> <vmid> pre-start``, PVE's environment plus ``guard_env``) and fails with PVE's wording when
+    it refuses."""
 
-    def __init__(self, etc: object) -> None:
+    def __init__(self, etc: object, guard: str | None = None, guard_env: dict[str, str] | None = None) -> None:
         self.etc = etc
+        self.guard, self.guard_env = guard, dict(guard_env or {})
+        self.hook_log: list[str] = []
         self.calls: list[str] = []
         self.tasks: dict[str, str] = {}
 
@@ -115,6 +120,14 @@ class LxcPve:
 
     def ct_start(self, g: Guest) -> str:
         self.calls.append(f"start {g.vmid}")
+        if self.guard:
+            from tests.pvelike import run_as_pve
+
+            r = run_as_pve(self.guard, g.vmid, "pre-start", self.guard_env)
+            self.hook_log += [f"GUEST HOOK: {g.vmid} pre-start", *(r.stdout + r.stderr).splitlines()]
+            if r.returncode != 0:
+                err = f"hookscript error for {g.vmid} on pre-start: command '{self.guard} {g.vmid} pre-start' failed: exit code {r.returncode}"
+                return self._task("vzstart", g, subprocess.CompletedProcess([], 1, "", err))
         cleanup_cgroups(g.vmid)  # what PVE's prestart hook does
         return self._task("vzstart", g, subprocess.run(["lxc-start", "-n", str(g.vmid)], capture_output=True, text=True, timeout=60))
 
@@ -124,6 +137,6 @@ class LxcPve:
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         return [self.tasks[upid]]
 
-    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, progress: Any = None) -> TaskResult:
         return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), SystemClock(),
-                         node=node, upid=upid, timeout=timeout, what=what)
+                         node=node, upid=upid, timeout=timeout, what=what, progress=progress)

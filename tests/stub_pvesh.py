@@ -6,6 +6,9 @@ next to it. A rule is keyed by "<verb> <path>" (or "*" for every call) and may s
 ``sleep`` (seconds before answering), ``child`` (seconds a forked child lives holding stdout and stderr),
 ``setsid_child`` (the same child, in its own session, out of pvesh's process group), ``pidfile`` (where the
 child writes its pid, in the stub's directory), ``write`` ([path, text]: a file written before answering).
+``fail_calls`` ([n, ...]: the n-th call of this key, counting from 1, fails with a 500), ``ha`` (status/current
+only: the live state, HA-managed with this HA state), ``keeps_state`` (a stop/start that answers but changes nothing,
+as when HA only records the request), ``when_stopped`` (a rule used instead while the CT's live state is stopped).
 Every call is appended to ``calls.log`` as one line: "<verb> <path>". The CT's state is kept like PVE keeps it:
 a stop or start that answers (exit 0) changes what ``status/current`` says, unless a rule answers that itself.
 """
@@ -66,6 +69,14 @@ def main(argv: list[str]) -> int:
     with open(os.path.join(here, "calls.log"), "a") as f:
         f.write(f"{verb} {path}\n")
     rule = _rule(here, f"{verb} {path}")
+    if "when_stopped" in rule and _state(here) == "stopped":
+        rule = rule["when_stopped"]
+    if rule.get("fail_calls"):
+        with open(os.path.join(here, "calls.log")) as f:
+            n = sum(1 for line in f if line.strip() == f"{verb} {path}")
+        if n in rule["fail_calls"]:
+            sys.stderr.write("500 pvedaemon busy\n")
+            return 2
     for kind in ("child", "setsid_child"):
         if rule.get(kind) and os.fork() == 0:
             if kind == "setsid_child":
@@ -79,10 +90,12 @@ def main(argv: list[str]) -> int:
         with open(rule["write"][0], "w") as f:
             f.write(rule["write"][1])
     status_key = "get /nodes/pve1/lxc/129/status/current"
-    if f"{verb} {path}" == status_key and rule.get("json") == DEFAULTS[status_key]["json"]:  # the default answer: the live state
-        rule = rule | {"json": {"status": _state(here), "vmid": 129}}
+    if f"{verb} {path}" == status_key and (rule.get("json") == DEFAULTS[status_key]["json"] or "ha" in rule
+                                           or ("fail_calls" in rule and "json" not in rule)):  # the live state
+        ha = {"ha": {"managed": 1, "state": rule["ha"]}} if "ha" in rule else {}
+        rule = rule | {"json": {"status": _state(here), "vmid": 129} | ha}
     done = {"create /nodes/pve1/lxc/129/status/stop": "stopped", "create /nodes/pve1/lxc/129/status/start": "running"}
-    if f"{verb} {path}" in done and not rule.get("exit") and "json" in rule and str(rule["json"]).startswith("UPID:"):
+    if f"{verb} {path}" in done and not rule.get("exit") and not rule.get("keeps_state") and "json" in rule and str(rule["json"]).startswith("UPID:"):
         with open(os.path.join(here, "state"), "w") as f:
             f.write(done[f"{verb} {path}"])
     time.sleep(float(rule.get("sleep", 0)))

@@ -62,10 +62,12 @@ def test_audit_json_places_holders(sim_node):
 
 
 def test_demo_runs_clean():
-    """`pvegpu demo` (the README's first command) resets both demo containers and exits 0."""
+    """`pvegpu demo` (the README's first command) resets both demo containers and exits 0; one needs the restart,
+    and its start passes pvegpu's guard (installed as its hookscript, run by the simulated start)."""
     r = subprocess.run([sys.executable, "-m", "pvegpu", "demo"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("GPU memory verified free") == 2 and "(after a restart)" in r.stdout
+    assert "start task OK" in r.stdout and "missing-hookscript" not in r.stdout
 
 
 def test_second_reset_of_same_container_waits_then_refuses(sim_node, tmp_path):

@@ -64,7 +64,7 @@ def cli(args, *, config=None, sim=None, env=None, bound=30.0, module="tests.faul
 
 
 def write_config(path, **sections) -> str:
-    """A settings file; its reset lock lives next to it (hermetic, and writable by a user as by root)."""
+    """Settings for one test; its reset locks in its own directory (never the node's shared one)."""
     sections["reset"] = {"lock_dir": str(path.parent / "locks")} | sections.get("reset", {})
     lines = []
     for key, value in sections.pop("top", {}).items():
@@ -381,3 +381,374 @@ def test_sim_timeout_not_above_settle(sim_node, tmp_path):
     cfg = write_config(tmp_path / "c.toml", reset={"settle": 1.0})
     r = cli(["--simulate", node.root, "reset", "129", "--timeout", "0.5"], config=cfg, module="pvegpu")
     assert r.rc == 2 and "reset.timeout" in r.err
+
+
+# -- the guard installed as the container's hookscript (issue 15) -------------------------------------------------
+
+def _guarded(sim_node, tmp_path, **ct):
+    """A simulated node whose CT 129 runs a respawning holder (only a restart helps) with pvegpu's guard installed."""
+    from tests import pvelike
+
+    node = sim_node({"node": "pve1", "gpus": [GPU], "containers": [
+        {"vmid": 129, "gpus": [0], "hookscript": "local:snippets/pvegpu-guard",
+         "workloads": [{"kind": "respawn", "gpu": 0, "mib": 512}]} | ct]})
+    pvelike.guard(node.state.snippets, pvelike.launcher(str(tmp_path)))
+    return node
+
+
+SIM_FAST = ["--grace", "0.2", "--timeout", "1", "--settle", "0.1"]
+
+
+def test_sim_guarded_restart_passes_own_lock(sim_node, tmp_path):
+    """With the guard installed, the reset's own start passes its own lock: restarted, exit 0, the CT running."""
+    node = _guarded(sim_node, tmp_path)
+    r = cli(["--simulate", node.root, "reset", "129", "--json", *SIM_FAST], module="pvegpu", bound=60)
+    assert r.rc == 0 and r.report["restarted"] and not r.report["left_stopped"], r.out + r.err
+    assert SimState(node.root).ct(129)["status"] == "running"
+    from pvegpu.sim.state import read_dir
+
+    starts = [t for t in read_dir(os.path.join(node.root, "tasks")) if ":vzstart:" in t["upid"]]
+    assert any("restart of pvegpu reset" in line for t in starts for line in t["log"]), starts  # the guard ran and said why
+
+
+def test_sim_start_ok_but_init_exits(sim_node, tmp_path):
+    """A start task that ends OK for a CT whose init exits at once is not "restarted": exit 4, left stopped, said."""
+    node = _guarded(sim_node, tmp_path, init_dies=True)
+    r = cli(["--simulate", node.root, "reset", "129", "--json", *SIM_FAST], module="pvegpu", bound=60)
+    assert r.rc == 4 and not r.report["restarted"] and r.report["left_stopped"] and r.report["ct_state"] == "stopped", r.out
+    assert any("ended OK, but CT 129 is stopped" in d["problem"] for d in r.report["diagnosis"])
+    assert SimState(node.root).ct(129)["status"] == "stopped"
+
+
+# -- signals from the stop request on (local backend: the stop's pvesh call is slow) ------------------------------
+
+def _devlog(tmp_path):
+    import socket
+
+    path = str(tmp_path / "devlog")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    s.settimeout(5)
+    return s, path
+
+
+def _signalled(args, *, config, sim, env, signals, after="[restart] stopping", delay=0.3, bound=40.0) -> Run:
+    """Run the command line (human output), send ``signals`` (one every ``delay`` s) once ``after`` was printed."""
+    e = dict(os.environ) | env | {"FAULTCLI_SIM_ROOT": sim.root}
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-m", "tests.fault_cli", "--config", config, *args], cwd=REPO, env=e, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    lines: list[str] = []
+
+    def read():
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line)
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    def seen() -> bool:
+        if after.startswith("file:"):  # a call in the stand-in pvesh's log
+            path, _, text = after[5:].partition("#")
+            return os.path.exists(path) and text in open(path).read()
+        return any(after in ln for ln in lines)
+
+    while not seen() and p.poll() is None and time.monotonic() - t0 < bound:
+        time.sleep(0.02)
+    for sig in signals:
+        time.sleep(delay)
+        p.send_signal(sig)
+    try:
+        p.wait(timeout=bound)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    t.join(5)
+    err = p.stderr.read() if p.stderr else ""
+    out = "".join(lines)
+    assert "Traceback" not in out + err, err
+    return Run(p.returncode, out, err, time.monotonic() - t0)
+
+
+SLOW_STOP = {"create /nodes/pve1/lxc/129/status/stop": {"sleep": 1.5}}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_local_signal_after_stop_finishes_restart(local, tmp_path, sig):
+    """One SIGTERM/SIGINT/SIGHUP while `pvesh create .../status/stop` runs: the restart is finished, the CT runs,
+    the exit is 128+n, the output and the system log (ident pvegpu) say what happened."""
+    config, env, sim, d = local
+    log, path = _devlog(tmp_path)
+    r = _signalled(["reset", "129"], config=config(SLOW_STOP, reset={"task_timeout": 5}), sim=sim,
+                   env=env | {"FAULTCLI_DEVLOG": path}, signals=[sig])
+    assert r.rc == 128 + sig, r.out + r.err
+    assert f"interrupted by {sig.name}" in r.out and "finished the restart" in r.out and "finishes the restart first" in r.err
+    assert (d / "state").read_text().strip() == "running"
+    line = log.recv(4096).decode()
+    assert "pvegpu[" in line and f"interrupted by {sig.name}" in line and "CT 129 is running" in line
+
+
+def test_local_signal_after_stop_json(local, tmp_path):
+    """--json: a SIGTERM during the stop gives the usual report with `interrupted` (signal, what was done, the CT's
+    state) and exit 143; stdout stays one JSON document."""
+    config, env, sim, d = local
+    r = _signalled(RESET, config=config(SLOW_STOP, reset={"task_timeout": 5}), sim=sim, env=env, signals=[signal.SIGTERM],
+                   after=f"file:{d / 'calls.log'}#status/stop")
+    assert r.rc == 143, r.out + r.err
+    rep = json.loads(r.out)
+    assert rep["exit_code"] == 143 and rep["restarted"] and rep["ct_state"] == "running"
+    assert rep["interrupted"] == {"signal": "SIGTERM", "action": "finished the restart before exiting", "ct_state": "running",
+                                  "left_stopped": False}
+
+
+def test_local_second_signal_abandons_and_rerun_says_so(local, tmp_path):
+    """Two SIGTERMs during the stop: abandoned, exit 143, "may be STOPPED" in the output and the log; the next
+    reset says an earlier reset left CT 129 stopped (and that it is stopped now)."""
+    config, env, sim, d = local
+    log, path = _devlog(tmp_path)
+    cfg = config(SLOW_STOP | {"create /nodes/pve1/lxc/129/status/start": {"keeps_state": True}}, reset={"task_timeout": 5})
+    r = _signalled(["reset", "129"], config=cfg, sim=sim, env=env | {"FAULTCLI_DEVLOG": path},
+                   signals=[signal.SIGTERM, signal.SIGTERM])
+    assert r.rc == 143 and "abandoned" in r.out and "may be STOPPED" in r.out, r.out + r.err
+    assert "may be STOPPED" in log.recv(4096).decode()
+    r = cli(RESET, config=cfg, sim=sim, env=env)
+    assert any("an earlier pvegpu reset of CT 129" in x["problem"] and "STOPPED" in x["problem"] for x in r.report["diagnosis"]), r.out
+
+
+def test_signal_before_stop_says_nothing_was_stopped(local, tmp_path):
+    """SIGINT while waiting for another reset's lock (before any stop): exit 130 with one line saying CT 129 was
+    not stopped, the wait's progress shown; --json gets the error object."""
+    from pvegpu.adapters.locks import ct_lock
+
+    config, env, sim, d = local
+    cfg = config(reset={"lock_wait": 20, "lock_dir": str(tmp_path / "locks")})
+    with ct_lock(str(tmp_path / "locks"), 129, 0):
+        r = _signalled(["reset", "129"], config=cfg, sim=sim, env=env, signals=[signal.SIGINT], after="[wait]", delay=0.1)
+    assert r.rc == 130 and "before any stop was requested" in r.err and "waiting for the reset lock of CT 129" in r.out, r.out + r.err
+    assert (d / "calls.log").exists() is False or "status/stop" not in (d / "calls.log").read_text()
+
+
+# -- HA and answers about another guest (local backend) ------------------------------------------------------------
+
+STATUS = "get /nodes/pve1/lxc/129/status/current"
+
+
+def test_local_ha_error_state_said_at_once(local):
+    """HA in state 'error' will not stop the CT: said at once (not after task_timeout), exit 4, the CT runs."""
+    config, env, sim, d = local
+    rules = {STATUS: {"ha": "error"}, "create /nodes/pve1/lxc/129/status/stop": {"keeps_state": True}}
+    r = cli(RESET, config=config(rules, reset={"task_timeout": 20}), sim=sim, env=env, bound=30)
+    assert r.rc == 4 and r.wall < 15 and "in state 'error'" in r.out, r.out + r.err
+    assert r.report["ct_state"] == "running" and not (d / "state").exists()
+
+
+def test_local_ha_transient_status_failure_retried(local):
+    """One failed status read while waiting for HA: retried within the deadline; the restart completes, exit 0."""
+    config, env, sim, d = local
+    r = cli(RESET, config=config({STATUS: {"ha": "started", "fail_calls": [2]}}), sim=sim, env=env)
+    assert r.rc == 0 and r.report["restarted"], r.out + r.err
+
+
+def test_local_status_about_another_guest_refused(local):
+    """status/current of CT 129 answered with vmid 130's data: exit 4 naming it, never "stopped"; the CT untouched."""
+    config, env, sim, d = local
+    r = cli(RESET, config=config({STATUS: {"json": {"status": "stopped", "vmid": 130}}}), sim=sim, env=env)
+    assert r.rc == 4 and "about guest 130, not 129" in r.out + r.err, r.out + r.err
+    assert "status/stop" not in (d / "calls.log").read_text()
+
+
+def test_local_deeply_nested_answer(local):
+    """pvesh answering 100,000 nested lists: exit 4 naming the call, no RecursionError."""
+    config, env, sim, _ = local
+    r = cli(RESET, config=config({"get /cluster/resources": {"raw": "[" * 100000 + "]" * 100000}}), sim=sim, env=env)
+    assert r.rc == 4 and "nested deeper than" in r.err and "list guests" in r.err, r.err
+
+
+# -- a scripted PVE API over HTTPS: answers that break mid-body, lack `data`, nest without end ---------------------
+
+class _ScriptedPve:
+    """A real local HTTPS server answering like PVE for CT 129 on pve1; ``faults[path suffix]`` replaces one answer:
+    ``("body", bytes)`` a 200 with that body, ``("cut", bytes)`` a Content-Length larger than the bytes sent, then
+    the connection closed, ``("stall", bytes)`` the same bytes, then silence."""
+
+    def __init__(self, tmp) -> None:
+        import http.server
+        import socket
+        import ssl
+
+        from fakepve.certs import make_cert
+
+        cert, key, self.der = make_cert(str(tmp), name="scripted", hosts=("127.0.0.1",))
+        faults: dict[str, tuple[str, bytes]] = {}
+        self.faults = faults
+        answers = {
+            "/cluster/resources": [{"id": "lxc/129", "type": "lxc", "vmid": 129, "node": "pve1", "name": "llm129", "status": "running"}],
+            "/lxc/129/config": {"hostname": "llm129", "dev0": "/dev/nvidia0,gid=44"},
+            "/lxc/129/status/current": {"status": "running", "vmid": 129},
+        }
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                path = self.path.split("?")[0]
+                kind, body = next(((k, b) for suffix, (k, b) in faults.items() if path.endswith(suffix)), ("", b""))
+                if not kind:
+                    data = next((v for suffix, v in answers.items() if path.endswith(suffix)), None)
+                    body = json.dumps({"data": data}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body) + (1000 if kind in ("cut", "stall") else 0)))
+                self.end_headers()
+                self.wfile.write(body)
+                self.wfile.flush()
+                if kind == "stall":
+                    time.sleep(5)
+                if kind in ("cut", "stall"):
+                    self.close_connection = True
+
+            do_GET = do_POST = _answer  # noqa: N815 (http.server's names)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        del socket
+
+    def fingerprint(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(self.der).hexdigest()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def scripted(leaky, tmp_path, monkeypatch):
+    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    srv = _ScriptedPve(tmp_path)
+    tok = tmp_path / "token"
+    tok.write_text("a1b2\n")
+    tok.chmod(0o600)
+    cfg = write_config(tmp_path / "pvegpu.toml", top={"node": "pve1", "pve_root": str(tmp_path / "no-etc-pve")},
+                       api={"backend": "https", "host": "127.0.0.1", "port": srv.port, "token_name": "pvegpu", "token_file": str(tok),
+                            "verify": "false", "fingerprint": srv.fingerprint(), "timeout": 1}, reset=RESET_FAST)
+    yield srv, cfg, leaky
+    srv.close()
+
+
+@pytest.mark.parametrize("suffix,fault,text", [
+    ("/cluster/resources", ("body", b'{"errors": null}'), "list guests: unexpected answer from 127.0.0.1:{port}: the answer has no 'data' member"),
+    ("/lxc/129/status/current", ("body", b'{"success": 1}'), "read CT 129 status: unexpected answer from 127.0.0.1:{port}"),
+    ("/cluster/resources", ("body", b'{"data": ' + b"[" * 100000 + b"]" * 100000 + b"}"), "127.0.0.1:{port} sent an answer nested deeper than"),
+    ("/lxc/129/config", ("cut", b'{"data": {"hostn'), "127.0.0.1:{port} closed the connection in the middle of its answer"),
+    ("/lxc/129/status/current", ("stall", b'{"data": {"sta'), "127.0.0.1:{port} did not answer within 1 s"),
+])
+def test_https_broken_answers(scripted, suffix, fault, text):
+    """A 200 without `data`, 100,000 nested lists, a body cut off or stalled mid-answer: exit 4 naming the call and
+    host:port, never "internal error"; nothing is stopped."""
+    srv, cfg, sim = scripted
+    srv.faults[suffix] = fault
+    r = cli(RESET, config=cfg, sim=sim, bound=20)
+    assert r.rc == 4 and text.format(port=srv.port) in r.out + r.err and "internal error" not in r.out + r.err, r.out + r.err
+    assert r.wall < 15
+
+
+def test_https_stop_answer_cut_off_reports_state(scripted):
+    """The stop request's answer is cut off mid-body (the stop may have happened): exit 4 and the CT's state read and said."""
+    srv, cfg, sim = scripted
+    srv.faults["/status/stop"] = ("cut", b'{"data": "UPID:pve1')
+    r = cli(RESET, config=cfg, sim=sim, bound=40)
+    assert r.rc == 4 and "closed the connection in the middle of its answer" in r.out, r.out + r.err
+    assert r.report["ct_state"] == "running" and r.report["left_stopped"]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount needs root")
+def test_hook_install_onto_read_only_storage(tmp_path):
+    """`hook install` onto a read-only snippets storage: one refusal line, exit 8 (README), no container changed."""
+    from tests.pvelike import etc_pve
+
+    pve = etc_pve(str(tmp_path / "pve"), "pve1", {129: "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"})
+    vz = tmp_path / "vz"
+    (vz / "snippets").mkdir(parents=True)
+    (tmp_path / "pve" / "storage.cfg").write_text(f"dir: local\n\tpath {vz}\n\tcontent snippets\n")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "pct").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/pct.log\n")
+    (bindir / "pct").chmod(0o755)
+    cfg = write_config(tmp_path / "c.toml", top={"pve_root": pve, "node": "pve1"})
+    subprocess.run(["mount", "--bind", str(vz), str(vz)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(vz)], check=True)
+        r = cli(["hook", "install"], config=cfg, module="pvegpu", env={"PATH": f"{bindir}:{os.environ['PATH']}"})
+    finally:
+        subprocess.run(["umount", str(vz)], check=True)
+    assert r.rc == 8 and "cannot write the guard" in r.err and "Read-only file system" in r.err, r.out + r.err
+    assert not (tmp_path / "pct.log").exists()
+
+
+@pytest.mark.fakepve(time_scale=1)
+@pytest.mark.parametrize("json_out", [False, True])
+def test_https_slow_stop_task_progress(https, json_out):
+    """A stop task taking 2 s: human output says what is awaited and how long of the deadline; --json stays one
+    JSON document (no progress lines)."""
+    fake, ct, config, sim = https
+    ct.stop_secs = 2
+    r = cli(RESET if json_out else ["reset", "129"], config=config(reset={"task_timeout": 10}), sim=sim)
+    assert r.rc == 0, r.out + r.err
+    if json_out:
+        assert r.report["restarted"] and "[wait]" not in r.out
+    else:
+        assert "[wait] waiting for the stop task of CT 129: 1 s of 10" in r.out, r.out
+
+
+def test_pmxcfs_down_is_said(tmp_path):
+    """/etc/pve present but empty (pmxcfs not mounted): exit 4 saying so, not "not a Proxmox VE node"."""
+    (tmp_path / "pve").mkdir()
+    cfg = write_config(tmp_path / "c.toml", top={"pve_root": str(tmp_path / "pve")}, api={"backend": "auto"})
+    r = cli(RESET, config=cfg, module="pvegpu")
+    assert r.rc == 4 and "pmxcfs" in r.err and "not a Proxmox VE node" not in r.err, r.err
+    r = cli(["check", "129"], config=cfg, module="pvegpu")
+    assert r.rc == 4 and "pmxcfs" in r.err, r.err
+
+
+def test_local_migrated_while_stopped(local):
+    """The CT is relocated to pve2 while stopped (its status on pve1 is gone): said at once, naming pve2, not
+    "unknown" after the state wait; exit 4."""
+    config, env, sim, _ = local
+    there = [{"id": "lxc/129", "type": "lxc", "vmid": 129, "node": "pve2", "name": "llm129", "status": "stopped"}]
+    rules = {STATUS: {"fail_calls": [], "when_stopped": {"exit": 2, "stderr": "500 Configuration file 'nodes/pve1/lxc/129.conf' does not exist"}},
+             "get /cluster/resources": stub_pvesh.DEFAULTS["get /cluster/resources"] | {"when_stopped": {"json": there}}}
+    r = cli(RESET, config=config(rules, reset={"task_timeout": 5}), sim=sim, env=env, bound=40)
+    assert r.rc == 4 and "is now on node pve2" in r.out and r.wall < 12, r.out + r.err
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_sim_memory_wait_progress(leaky, json_out):
+    """A verify window of 2 s on memory that never comes back: human output says what is left and how long of the
+    deadline; --json output is the report alone."""
+    args = ["--simulate", leaky.root, "reset", "129", "--no-restart", "--timeout", "2", "--settle", "0.1"]
+    r = cli(args + (["--json"] if json_out else []), module="pvegpu", bound=30)
+    assert r.rc == 7, r.out + r.err
+    if json_out:
+        assert r.report["exit_code"] == 7 and "[wait]" not in r.out
+    else:
+        assert "[wait] waiting for CT 129's GPU memory (1,024 MiB left on GPU 0): 1 s of 2" in r.out, r.out
+
+
+def test_sim_lost_gpu_ends_wait_at_once(sim_node):
+    """A GPU the first reading already shows lost: the memory wait ends at once (not after --timeout), exit 5
+    (unknown, never clean), said."""
+    node = sim_node({"node": "s", "gpus": [GPU | {"fail": "GPU is lost"}], "containers": [
+        {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}]}]})
+    r = cli(["--simulate", node.root, "reset", "129", "--json", "--timeout", "20", "--grace", "0.2"], module="pvegpu", bound=40)
+    assert r.rc == 5 and r.wall < 12, (r.wall, r.out + r.err)
+    assert any(s["name"] == "verify" and s["outcome"] == "unreadable" for s in r.report["steps"])

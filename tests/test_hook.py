@@ -265,3 +265,246 @@ def test_check_says_an_allow_once_token_is_waiting(sim_node, tmp_path):
     r = subprocess.run(base + ["check", "129"], env=env, cwd=pvelike.REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 10 and "allow-once token is waiting" in r.stdout + r.stderr
     assert (tmp_path / "once" / "129").exists()  # check did not consume it
+
+
+# -- the reset lock: pvegpu's own restart passes it; another reset's lock, or one a user planted, does not decide ---
+
+def _lock_dir(node) -> str:
+    return os.path.join(node.root, "lock")  # a simulated node keeps its reset locks in its own directory
+
+
+def test_own_restart_marker_passes_lock_only_while_fresh(sim_node, guard):
+    """A reset's lock refuses the start; the same lock marked 'starting' by its holder lets it through (saying so);
+    cleared or expired, it refuses again."""
+    import time
+
+    from pvegpu.adapters.locks import ct_lock
+
+    node = sim_node(scenario())
+    with ct_lock(_lock_dir(node), 129, 0) as lock:
+        r = hook(node, guard)
+        assert r.returncode == 10 and "reset of CT 129 is in progress" in r.stderr
+        lock.starting(30)
+        r = hook(node, guard)
+        assert r.returncode == 0 and f"restart of pvegpu reset (pid {os.getpid()})" in r.stdout, r.stdout + r.stderr
+        lock.started()
+        assert hook(node, guard).returncode == 10
+        lock.starting(0)
+        time.sleep(0.05)
+        assert hook(node, guard).returncode == 10
+    assert hook(node, guard).returncode == 0
+
+
+def test_own_restart_marker_still_judges_gpu(sim_node, guard):
+    """The reset's own start passes the lock, not the GPU check: leftover memory still refuses it."""
+    from pvegpu.adapters.locks import ct_lock
+
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    with ct_lock(_lock_dir(node), 129, 0) as lock:
+        lock.starting(30)
+        r = hook(node, guard)
+    assert r.returncode == 10 and "no running container accounts for" in r.stderr and "in progress" not in r.stderr, r.stderr
+
+
+def test_marker_naming_another_process_refused(sim_node, guard):
+    """A 'starting' marker whose holder is not the live process that holds the lock (pid 1's identity forged) refuses."""
+    from pvegpu.adapters.locks import ct_lock
+
+    node = sim_node(scenario())
+    with ct_lock(_lock_dir(node), 129, 0) as lock:
+        lock.starting(30)
+        os.pwrite(lock.fd, b"holder=1:1\nstart-until=" + lock.fields["start-until"].encode() + b"\n", 0)
+        r = hook(node, guard)
+    assert r.returncode == 10 and "in progress" in r.stderr
+
+
+NOBODY = 65534
+root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files of another uid)")
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory every user may traverse (pytest's own tmp is root-only), removed afterwards."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="pvegpu-lockattack-", dir="/tmp")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _as_nobody(code: str):
+    """Run ``code`` as uid/gid 65534 (an unprivileged local user); it prints 'ready' once set up."""
+    import shutil
+    import subprocess
+    import sys
+
+    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable  # pvegpu's venv may be root-only; stdlib is enough
+    p = subprocess.Popen([python, "-I", "-c", code], user=NOBODY, group=NOBODY, extra_groups=[], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd="/")
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    assert line.strip() == "ready", (line, p.stderr.read() if p.stderr else "")
+    return p
+
+
+PLANT = """
+import fcntl, os, sys, time
+d = sys.argv[1] if len(sys.argv) > 1 else {d!r}
+os.makedirs(d, mode=0o700, exist_ok=True)
+fd = os.open(os.path.join(d, '129.lock'), os.O_RDWR | os.O_CREAT, 0o666)
+os.write(fd, b'holder=1:1\\nstart-until=99999999\\n')
+fcntl.flock(fd, fcntl.LOCK_EX)
+print('ready', flush=True)
+time.sleep(60)
+"""
+
+
+def _reset(node, lock_dir: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "reset", "129", "--json", "--no-restart",
+                           "--timeout", "0.5", "--settle", "0.1"], cwd=pvelike.REPO, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ) | {"PVEGPU_RESET_LOCK_DIR": lock_dir})
+
+
+@pytest.mark.root
+@root
+def test_user_planted_lock_dir_in_world_writable_place(sim_node, guard, shared_tmp):
+    """A local user pre-creates the lock directory in a sticky world-writable directory (/run/lock's case) and holds
+    CT 129's lock: reset refuses that directory with the fix (exit 2, not 9), and the gate is not blocked."""
+    sticky = os.path.join(shared_tmp, "lock")
+    os.mkdir(sticky)
+    os.chmod(sticky, 0o1777)
+    planted = os.path.join(sticky, "pvegpu")
+    attacker = _as_nobody(PLANT.format(d=planted))
+    try:
+        node = sim_node(scenario())
+        r = _reset(node, planted)
+        assert r.returncode == 2 and "owned by uid 65534" in r.stderr and "chmod 700" in r.stderr, r.stdout + r.stderr
+        g = hook(node, guard, PVEGPU_RESET_LOCK_DIR=planted)
+        assert g.returncode == 0, g.stdout + g.stderr
+        mine = os.path.join(sticky, "mine")  # root's own directory there: the parent is still writable by others
+        r = _reset(node, mine)
+        assert r.returncode == 2 and "writable by group or others" in r.stderr, r.stderr
+    finally:
+        attacker.kill()
+        attacker.wait()
+
+
+@pytest.mark.root
+@root
+def test_user_cannot_touch_locks_in_pvegpu_dir(sim_node, shared_tmp):
+    """The default layout (a root-only directory pvegpu creates with mode 700): an unprivileged user can neither
+    open, hold, list nor delete a running reset's lock."""
+    from pvegpu.adapters.locks import ct_lock
+
+    run = os.path.join(shared_tmp, "run")
+    os.mkdir(run, 0o755)
+    lock_dir = os.path.join(run, "pvegpu", "locks")
+    with ct_lock(lock_dir, 129, 0):
+        assert os.stat(lock_dir).st_mode & 0o777 == 0o700 and os.stat(os.path.dirname(lock_dir)).st_mode & 0o777 == 0o700
+        code = f"""
+import os
+path = {os.path.join(lock_dir, '129.lock')!r}
+out = []
+for what, fn in (('open', lambda: os.open(path, os.O_RDONLY)), ('unlink', lambda: os.unlink(path)),
+                 ('list', lambda: os.listdir({lock_dir!r})), ('mkdir', lambda: os.mkdir({os.path.join(run, 'pvegpu', 'x')!r}))):
+    try:
+        fn()
+        out.append(what + ':done')
+    except PermissionError:
+        out.append(what + ':denied')
+print('ready', flush=True)
+print(' '.join(out), flush=True)
+"""
+        p = _as_nobody(code)
+        assert p.stdout is not None
+        assert p.stdout.readline().split() == ["open:denied", "unlink:denied", "list:denied", "mkdir:denied"]
+        p.wait()
+        assert os.path.exists(os.path.join(lock_dir, "129.lock"))
+
+
+@pytest.mark.root
+@root
+def test_lock_dir_of_another_user_refused(sim_node, guard, shared_tmp):
+    """A lock directory owned by another uid (or open to others) is refused with the fix; its lock never blocks the gate."""
+    d = os.path.join(shared_tmp, "locks")
+    os.mkdir(d, 0o700)
+    os.chown(d, NOBODY, NOBODY)
+    attacker = _as_nobody(PLANT.format(d=d))
+    try:
+        node = sim_node(scenario())
+        r = _reset(node, d)
+        assert r.returncode == 2 and "owned by uid 65534" in r.stderr, r.stderr
+        assert hook(node, guard, PVEGPU_RESET_LOCK_DIR=d).returncode == 0
+    finally:
+        attacker.kill()
+        attacker.wait()
+    os.chown(d, 0, 0)
+    os.chmod(d, 0o755)
+    r = _reset(node, d)
+    assert r.returncode == 2 and "has mode 755, not 700" in r.stderr, r.stderr
+
+
+def _allow_once(node, env):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "pvegpu", "hook", "allow-once", "129"], capture_output=True, text=True,
+                       env=dict(os.environ, PVEGPU_SIMULATE=node.root, **env), cwd=pvelike.REPO)
+    assert r.returncode == 0, r.stderr
+
+
+def test_allow_once_survives_clock_stepped_back(sim_node, guard, tmp_path):
+    """The wall clock stepped back an hour after `allow-once` (the token looks written in the future): the token is
+    still honoured (its age is on the boot clock), not dropped without a word."""
+    import time
+
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    env = {"PVEGPU_GATE_OVERRIDE_DIR": str(tmp_path / "once")}
+    _allow_once(node, env)
+    path = tmp_path / "once" / "129"
+    words = path.read_text().split()
+    words[1] = str(int(time.time()) + 3600)
+    path.write_text(" ".join(words) + "\n")
+    os.utime(path, (time.time() + 3600, time.time() + 3600))
+    r = hook(node, guard, **env)
+    assert r.returncode == 0 and "allowed to start ONCE" in r.stdout, r.stdout + r.stderr
+
+
+def test_stale_allow_once_token_is_said(sim_node, guard, tmp_path):
+    """A token older than gate.override_ttl is removed and the task log says so (the start is judged as usual)."""
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    env = {"PVEGPU_GATE_OVERRIDE_DIR": str(tmp_path / "once"), "PVEGPU_GATE_OVERRIDE_TTL": "60"}
+    _allow_once(node, env)
+    path = tmp_path / "once" / "129"
+    text = path.read_text()
+    up = float(text.split("up=")[1].split()[0])
+    path.write_text(text.replace(f"up={text.split('up=')[1].split()[0]}", f"up={up - 600:.3f}"))
+    r = hook(node, guard, **env)
+    assert r.returncode == 10 and "allow-once token for CT 129 was not used" in r.stdout and "old" in r.stdout, r.stdout
+    assert not path.exists()
+
+
+@pytest.mark.root
+@root
+def test_allow_once_dir_of_another_user_not_trusted(sim_node, guard, shared_tmp):
+    """A token directory owned by another uid: `allow-once` refuses it (exit 2, the fix), and a token planted there
+    is not honoured, and said."""
+    d = os.path.join(shared_tmp, "once")
+    os.mkdir(d, 0o700)
+    with open(os.path.join(d, "129"), "w") as f:
+        f.write("pvegpu-allow-once 0 uid=0\n")
+    os.chown(d, NOBODY, NOBODY)
+    node = sim_node(scenario(gpu={"leak_mib": 2048}))
+    r = hook(node, guard, PVEGPU_GATE_OVERRIDE_DIR=d)
+    assert r.returncode == 10 and "not trusted" in r.stdout and "owned by uid 65534" in r.stdout, r.stdout + r.stderr
+    import subprocess
+    import sys
+
+    r2 = subprocess.run([sys.executable, "-m", "pvegpu", "hook", "allow-once", "129"], capture_output=True, text=True,
+                        env=dict(os.environ, PVEGPU_SIMULATE=node.root, PVEGPU_GATE_OVERRIDE_DIR=d), cwd=pvelike.REPO)
+    assert r2.returncode == 2 and "allow-once token directory" in r2.stderr and "owned by uid 65534" in r2.stderr, r2.stderr

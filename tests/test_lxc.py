@@ -91,3 +91,22 @@ def test_dry_run_lists_holders_and_spares_init(lab):
     assert rep.signalled == [] and pids <= set(host.ct_pids(a))  # nothing of the CT was stopped
     planned = [p for p in rep.plan if p["action"].startswith("SIGKILL at once")]  # HOLD traps TERM: SIGTERM cannot reach them
     assert len(planned) == 2 and all(p["ns_pid"] not in (None, 1) for p in planned)
+
+
+def test_guarded_restart_passes_its_own_lock(lab, tmp_path):
+    """pvegpu's guard as the CT's hookscript, run at the restart's start as PVE runs it, while the reset holds its
+    lock: the start passes (the reset's own start mark), the CT runs again, exit 0; the guard said why."""
+    from pvegpu.adapters.locks import ct_lock
+
+    etc, ct, (_, _, c) = lab
+    ct(c, "::respawn:/bin/sh -c 'exec 3<>/dev/nvidia0; exec sleep 1000'\n")
+    guard = pvelike.guard(str(tmp_path), pvelike.launcher(str(tmp_path)))
+    locks = str(tmp_path / "locks")
+    env = {"PVEGPU_PVE_ROOT": etc.root, "PVEGPU_RESET_LOCK_DIR": locks, "PVEGPU_GATE_ON_UNKNOWN": "allow"}  # no NVML here
+    api = lxc_lab.LxcPve(etc, guard=guard, guard_env=env)
+    host = ProcHost(lxc_lab.TABLE)
+    with ct_lock(locks, c, 0) as lock:
+        ports = Ports(api, FdBackedProbe(host), host, SystemClock(), lock=lock)
+        rep = reset(c, ports, ResetPolicy(grace=1.0, timeout=5, rounds=1, settle=2.0))
+    assert rep.restarted and rep.exit_code == 0 and not rep.left_stopped, (rep.diagnosis, api.hook_log)
+    assert any("restart of pvegpu reset" in line for line in api.hook_log) and lxc_lab.running(c)

@@ -726,3 +726,26 @@ def test_an_answer_larger_than_the_cap_is_refused(tmp_path, monkeypatch):
     cfg = ApiSettings(host="pve.test", port=8006, token_name="pvegpu", token_file=_token_file(tmp_path), timeout=5)
     with pytest.raises(PveApiError, match="larger than 1 MiB"):
         ProxmoxerPve(connect(cfg, "https")).guests()
+
+
+def test_depth_bound_skips_strings_and_escapes():
+    """The nesting bound counts only structural brackets: brackets and escaped quotes inside strings do not count."""
+    from pvegpu.adapters.pvesh import too_deep
+
+    assert not too_deep(b'{"a": "' + b"[" * 500 + b'\\"' + b"{" * 500 + b'"}')
+    assert too_deep(b"[" * 65 + b"]" * 65) and not too_deep(b"[" * 64 + b"]" * 64)
+    assert too_deep(b'[[{"x": "]]]]"' + b"[" * 100)
+
+
+def test_task_answer_about_another_task_refused():
+    """A task status answer naming another UPID (a misrouting proxy) is a bad answer, not this task's status."""
+    from pvegpu.adapters import answers
+
+    mine = "UPID:pve1:0006A1F2:0B2C3D4E:66F0A1B2:vzstop:129:root@pam:"
+    other = mine.replace("vzstop:129", "vzstop:130")
+    with pytest.raises(answers.BadAnswer, match="about task"):
+        answers.task_status({"upid": other, "status": "stopped", "exitstatus": "OK"}, mine)
+    assert answers.task_status({"upid": mine, "status": "stopped", "exitstatus": "OK"}, mine)["exitstatus"] == "OK"
+    with pytest.raises(answers.BadAnswer, match="about guest 130"):
+        answers.ct_status({"status": "running", "vmid": 130}, 129)
+    assert answers.ct_status({"status": "running", "vmid": "129", "ha": {"managed": 1, "state": "error"}}, 129)[3] == "error"

@@ -83,21 +83,28 @@ def ct_config(value: Any) -> dict[str, Any]:
     return conf
 
 
-def ct_status(value: Any) -> tuple[str, bool, str | None]:
-    """``GET .../status/current``: (status, HA managed, lock)."""
+def ct_status(value: Any, vmid: int | None = None) -> tuple[str, bool, str | None, str | None]:
+    """``GET .../status/current``: (status, HA managed, lock, HA state). An answer whose ``vmid`` names another
+    guest (a misrouting proxy or cache) is refused, never taken for CT ``vmid``'s."""
     st = obj(value)
+    if vmid is not None and st.get("vmid") is not None and integer(st, "vmid", "the answer") != vmid:
+        raise BadAnswer(f"the answer is about guest {integer(st, 'vmid', 'the answer')}, not {vmid} (a proxy or cache answering for another guest?)")
     status = text(st, "status", "the answer") or ""
     if status not in ("running", "stopped"):
         raise BadAnswer(f"status is {status!r}, expected running or stopped")
     ha = st.get("ha")
     managed = bool(integer(obj(ha, "ha"), "managed", "ha", required=False) or 0) if ha is not None else False
+    ha_state = text(obj(ha, "ha"), "state", "ha", required=False) if managed and ha is not None else None
     lock = text(st, "lock", "the answer", required=False) or None
-    return status, managed, lock
+    return status, managed, lock, ha_state
 
 
-def task_status(value: Any) -> dict[str, Any]:
-    """``GET /nodes/{node}/tasks/{upid}/status``: status running|stopped, exitstatus a string once stopped."""
+def task_status(value: Any, upid: str | None = None) -> dict[str, Any]:
+    """``GET /nodes/{node}/tasks/{upid}/status``: status running|stopped, exitstatus a string once stopped; an
+    answer naming another task is refused."""
     st = dict(obj(value))
+    if upid is not None and st.get("upid") is not None and str(st.get("upid")).strip() != upid.strip():
+        raise BadAnswer(f"the answer is about task {str(st.get('upid'))[:80]!r}, not {upid}")
     status = text(st, "status", "the answer")
     if status not in ("running", "stopped"):
         raise BadAnswer(f"status is {status!r}, expected running or stopped")

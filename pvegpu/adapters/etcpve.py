@@ -138,6 +138,7 @@ class NodePve:
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         return list(self._need_api("reading a task log").task_log(node, upid, limit))
 
-    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, progress: Any = None) -> TaskResult:
         """``pvesh get /nodes/<node>/tasks/<upid>/status`` until the task stops, through the API."""
-        return self._need_api("waiting for a task").wait_task(node, upid, timeout=timeout, what=what)  # type: ignore[no-any-return]
+        return self._need_api("waiting for a task").wait_task(node, upid, timeout=timeout, what=what,  # type: ignore[no-any-return]
+                                                              progress=progress)

@@ -21,7 +21,7 @@ from ..ports import Clock
 from ..safetext import escape
 from ..settings import ApiSettings
 from . import answers
-from .pvesh import PveshError, PveshSession
+from .pvesh import MAX_DEPTH, PveshError, PveshSession, too_deep
 
 
 def read_token(path: str) -> str:
@@ -103,7 +103,9 @@ def _bounded_adapter() -> Any:
     import time
 
     from requests.adapters import HTTPAdapter
-    from requests.exceptions import ChunkedEncodingError, ReadTimeout
+    from requests.exceptions import ChunkedEncodingError, ConnectionError, ReadTimeout
+    from urllib3.exceptions import HTTPError as Urllib3Error
+    from urllib3.exceptions import ReadTimeoutError
 
     class Bounded(HTTPAdapter):
         def send(self, request: Any, stream: bool = False, timeout: Any = None, verify: Any = True, cert: Any = None,
@@ -119,10 +121,24 @@ def _bounded_adapter() -> Any:
                     chunks.append(chunk)
                     if time.monotonic() > deadline:
                         raise ReadTimeout(f"Read timed out. (the whole answer took longer than {limit:g} s)")
+            except ReadTimeoutError as exc:  # urllib3's own errors mid-body: requests' (OSError) ones, named
+                resp.close()
+                raise ReadTimeout(f"Read timed out in the middle of the answer ({exc})") from None
+            except Urllib3Error as exc:
+                resp.close()
+                raise ChunkedEncodingError(f"answer cut off: {type(exc).__name__}: {exc}") from None
+            except OSError as exc:
+                resp.close()
+                if isinstance(exc, (ChunkedEncodingError, ReadTimeout, ConnectionError)):
+                    raise
+                raise ChunkedEncodingError(f"answer cut off: {type(exc).__name__}: {exc}") from None
             except BaseException:
                 resp.close()
                 raise
-            resp._content, resp._content_consumed = b"".join(chunks), True
+            content = b"".join(chunks)
+            if too_deep(content):
+                raise ChunkedEncodingError(f"answer nested deeper than {MAX_DEPTH} levels")
+            resp._content, resp._content_consumed = content, True
             return resp
 
     return Bounded
@@ -190,6 +206,11 @@ def _transport(exc: Exception, target: str, timeout: float | None) -> tuple[str,
         return f"cannot resolve the host name of {target}", "check api.host (a name this machine can resolve, or the node's IP address)"
     if "Connection refused" in text or "Errno 111" in text:
         return f"connection to {target} refused", "check api.host and api.port (8006); is pveproxy running? (`systemctl status pveproxy`)"
+    if "nested deeper than" in text:
+        return f"{target} sent an answer nested deeper than {MAX_DEPTH} levels", "is this a Proxmox VE API? check api.host and api.port"
+    if "answer cut off" in text or "IncompleteRead" in text:
+        return (f"{target} closed the connection in the middle of its answer",
+                "retry; if it persists, see `journalctl -u pveproxy` on the node, or a proxy in between")
     if "answer larger than" in text:
         return f"{target} sent an answer larger than {MAX_ANSWER >> 20} MiB", "is this a Proxmox VE API? check api.host and api.port"
     if "RemoteDisconnected" in text or "Connection reset" in text or "Connection aborted" in text:
@@ -256,6 +277,11 @@ class ProxmoxerPve:
             raise PveApiError(f"{what}: authentication failed ({exc})", "check api.user / api.token_name / api.token_file") from exc
         except PveshError as exc:
             raise (PveNoAnswer if exc.unanswered else PveApiError)(f"{what}: {exc.detail}", exc.hint) from exc
+        except (KeyError, TypeError, ValueError, RecursionError) as exc:  # proxmoxer's json.loads(...)["data"] on a bad answer
+            why = ("has no 'data' member" if isinstance(exc, KeyError) else "is not a JSON object" if isinstance(exc, TypeError)
+                   else "is nested too deeply" if isinstance(exc, RecursionError) else "is not JSON")
+            raise PveApiError(f"{what}: unexpected answer from {self.target}: the answer {why}",
+                              "is this a Proxmox VE API (or a proxy in front of it)? run the call by hand (`pvesh get ...`)") from None
         except OSError as exc:  # requests' ConnectionError/SSLError/Timeout derive from OSError via IOError
             m = _CA_PATH.search(str(exc))
             if m and "CA certificate bundle" in str(exc):
@@ -317,8 +343,9 @@ class ProxmoxerPve:
 
     def ct_status(self, guest: Guest) -> CtStatus:
         """``pvesh get /nodes/<node>/lxc/<vmid>/status/current``."""
-        status, managed, lock = self._call(f"read CT {guest.vmid} status", lambda: self._ct(guest).status.current.get(), answers.ct_status)
-        return CtStatus(status, managed, lock)
+        status, managed, lock, ha_state = self._call(f"read CT {guest.vmid} status", lambda: self._ct(guest).status.current.get(),
+                                                     lambda a: answers.ct_status(a, guest.vmid))
+        return CtStatus(status, managed, lock, ha_state)
 
     def ct_stop(self, guest: Guest) -> str:
         """``pvesh create /nodes/<node>/lxc/<vmid>/status/stop``: the task's UPID."""
@@ -330,19 +357,19 @@ class ProxmoxerPve:
 
     def task_status(self, node: str, upid: str) -> Mapping[str, Any]:
         """``pvesh get /nodes/<node>/tasks/<upid>/status``."""
-        return self._call("read task status", lambda: self.api.nodes(node).tasks(upid).status.get(), answers.task_status)
+        return self._call("read task status", lambda: self.api.nodes(node).tasks(upid).status.get(), lambda a: answers.task_status(a, upid))
 
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         """``pvesh get /nodes/<node>/tasks/<upid>/log --start 0 --limit N``."""
         return self._call("read task log", lambda: self.api.nodes(node).tasks(upid).log.get(start=0, limit=limit), answers.task_log)
 
-    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, clock: Clock | None = None) -> TaskResult:
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, clock: Clock | None = None, progress: Any = None) -> TaskResult:
         """``pvesh get /nodes/<node>/tasks/<upid>/status`` until it stops (bounded); TaskFailed/TaskTimeout with the log tail."""
         from .clock import SystemClock
         from .tasks import wait_task
 
         return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), clock or SystemClock(),
-                         node=node, upid=upid, timeout=timeout, what=what)
+                         node=node, upid=upid, timeout=timeout, what=what, progress=progress)
 
     def snippets(self, node: str, storage: str) -> set[str]:
         """``pvesh get /nodes/<node>/storage/<storage>/content --content snippets``: file names there."""

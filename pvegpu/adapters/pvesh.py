@@ -31,6 +31,25 @@ MAX_OUTPUT = 32 * 1024 * 1024  # bytes kept per stream; the rest is discarded
 UPID_RE = re.compile(r"UPID:[A-Za-z0-9][A-Za-z0-9.-]*:[0-9A-Fa-f]{8}:[0-9A-Fa-f]{8,9}:[0-9A-Fa-f]{8}:[A-Za-z0-9_-]+:[^:\s]*:[^:\s]+:")
 TASK_PATHS = re.compile(r"/(lxc|qemu)/\d+/status/(stop|start|shutdown|reboot)$")
 _STATUS_LINE = re.compile(r"^(\d{3}) \S")
+MAX_DEPTH = 64  # nesting levels of one answer (PVE's deepest is about 5); deeper is refused before parsing
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def too_deep(data: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Does this JSON text nest arrays/objects deeper than ``limit``? One linear scan (strings skipped), so a
+    hostile answer of 100,000 ``[`` is refused without ``json.loads`` ever recursing into it."""
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return False
+    depth = 0
+    for m in _JSON_TOKENS.finditer(data):
+        c = m.group()[:1]
+        if c in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in (b"]", b"}"):
+            depth -= 1
+    return False
 
 
 class PveshError(Exception):
@@ -148,9 +167,11 @@ def _decode(raw: bytes, stream: str, call: str) -> str:
 def _answer(out: str, call: str, task: bool) -> Any:
     """The JSON answer. A task-creating call may print the task log before the UPID: the UPID is taken then."""
     text = out.strip()
+    if too_deep(text.encode("utf-8", "replace")):
+        raise PveshError(f"`{call}` answered JSON nested deeper than {MAX_DEPTH} levels", f"run `{call}` by hand; is this PVE's pvesh?")
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     if task:
         for line in reversed(text.splitlines()):

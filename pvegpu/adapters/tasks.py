@@ -29,6 +29,7 @@ def wait_task(
     timeout: float,
     what: str,
     poll: float = POLL,
+    progress: Callable[[str], None] | None = None,
 ) -> TaskResult:
     """Poll ``status()`` until the task stops, for at most ``timeout`` seconds of ``clock``.
 
@@ -37,12 +38,17 @@ def wait_task(
     raises its own PveApiError (the caller finds out what happened to the guest). Elapsed time is
     measured after each read, so a slow read cannot stretch the wait past ``timeout`` by more than itself.
     """
-    deadline = clock.monotonic() + max(0.0, timeout)
+    start = clock.monotonic()
+    deadline, said = start + max(0.0, timeout), start
     while True:
         st = status()
         if st.get("status") == "stopped":
             break
-        left = deadline - clock.monotonic()
+        now = clock.monotonic()
+        left = deadline - now
+        if progress is not None and now - said >= (1.0 if said == start else 5.0):  # after 1 s, then every 5 s
+            said = now
+            progress(f"waiting for the {what}: {now - start:.0f} s of {timeout:g}")
         if left <= 0:
             message, tail = _with_log(f"{what} still running after {timeout:g} s ({upid})", log)
             raise TaskTimeout(message, f"it may still finish: `pvesh get /nodes/{node}/tasks/{upid}/status`; "

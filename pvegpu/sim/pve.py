@@ -4,7 +4,8 @@
 container's hookscript ``pre-start`` exactly as PVE does (argv ``<script> <vmid> pre-start``,
 ``PATH=/sbin:/bin:/usr/sbin:/usr/bin``, ``LC_ALL=C``, stdin ``/dev/null``) and fails the task with PVE's
 wording when it refuses, then starts a new init. Tasks finish synchronously with real UPIDs.
-Knobs in the container's state: ``lock``, ``ha_managed``, ``start_error``, ``stop_error``.
+Knobs in the container's state: ``lock``, ``ha_managed``, ``ha_state``, ``start_error``, ``stop_error``,
+``init_dies`` (the start task ends OK, then the container's init exits at once: a broken init or service).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ class SimPve(EtcPve):
 
     def ct_status(self, guest: Guest) -> CtStatus:
         ct = self.state.ct(guest.vmid)
-        return CtStatus(str(ct.get("status", "stopped")), bool(ct.get("ha_managed")), ct.get("lock") or None)
+        return CtStatus(str(ct.get("status", "stopped")), bool(ct.get("ha_managed")), ct.get("lock") or None,
+                        (str(ct.get("ha_state") or "started") if ct.get("status") == "running" else str(ct.get("ha_state") or "stopped"))
+                        if ct.get("ha_managed") else None)
 
     def _task(self, guest: Guest, kind: str, error: str | None, log: list[str]) -> str:
         n = len(os.listdir(os.path.join(self.state.root, "tasks"))) if os.path.isdir(os.path.join(self.state.root, "tasks")) else 0
@@ -62,10 +65,10 @@ class SimPve(EtcPve):
     def task_log(self, node: str, upid: str, limit: int = 50) -> list[str]:
         return list(self._find(upid)["log"])[-limit:]
 
-    def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult:
+    def wait_task(self, node: str, upid: str, *, timeout: float, what: str, progress: Any = None) -> TaskResult:
         """Tasks of the simulated node end at once; the shared loop still reads their status and log."""
         return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), SystemClock(),
-                         node=node, upid=upid, timeout=timeout, what=what)
+                         node=node, upid=upid, timeout=timeout, what=what, progress=progress)
 
     def _check(self, guest: Guest, ct: dict[str, Any]) -> None:
         if ct.get("lock"):
@@ -99,7 +102,13 @@ class SimPve(EtcPve):
         ct["workloads"] = ct.get("on_restart", [])
         self.state.set_ct(guest.vmid, ct)
         start_init(self.state, guest.vmid)
-        return self._task(guest, "vzstart", None, log)
+        upid = self._task(guest, "vzstart", None, log)
+        if ct.get("init_dies"):  # vzstart said OK; the init exits right after
+            ct = self.state.ct(guest.vmid)
+            kill_session(ct)
+            ct.update(status="stopped", init_pid=None, sid=None)
+            self.state.set_ct(guest.vmid, ct)
+        return upid
 
     def _run_hook(self, vmid: int, volid: str, log: list[str]) -> str | None:
         path = os.path.join(self.state.snippets, volid.split("snippets/", 1)[-1])

@@ -45,8 +45,8 @@ DEMO: dict[str, Any] = {
          "workloads": [{"kind": "simple", "gpu": 0, "mib": 2048},
                        {"kind": "fork", "gpu": 0, "mib": 1024},
                        {"kind": "ignore-term", "gpu": 0, "mib": 512}]},
-        {"vmid": 130, "name": "train130", "status": "running", "gpus": [0],
-         "workloads": [{"kind": "respawn", "gpu": 0, "mib": 3072}]},
+        {"vmid": 130, "name": "train130", "status": "running", "gpus": [0], "hookscript": "local:snippets/pvegpu-guard",
+         "workloads": [{"kind": "respawn", "gpu": 0, "mib": 3072}]},  # only a restart helps; pvegpu's guard runs at its start
         {"vmid": 131, "name": "shared131", "status": "running", "gpus": [0],
          "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024}]},
     ],
