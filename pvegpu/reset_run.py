@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .inspect import FirstReading, GpuFacts, inspect_gpus
-from .leftover import baseline
+from .leftover import baseline, leftover
 from .locate import Located
 from .model import MIB, Guest, Holder, Step
 from .ports import Clock
@@ -115,13 +115,13 @@ class ResetRun:
         """What the memory wait is waiting for, from the latest reading ("512 MiB left on GPU 0")."""
         parts = []
         for f in self.last_facts.values():
-            left = f.residual_bytes
-            if not f.sample.known or left is None:
+            lo = leftover(f, self.policy.rule, baseline_bytes=f.baseline_bytes)  # the rule verify judges by
+            if not f.sample.known or lo.net_bytes is None:
                 parts.append(f"GPU {f.gpu.index} unreadable")
             elif f.ct_holders:
                 parts.append(f"{len(f.ct_holders)} holder(s) on GPU {f.gpu.index}")
-            elif left > self.policy.threshold_bytes:
-                parts.append(f"{left / MIB:,.0f} MiB left on GPU {f.gpu.index}")
+            elif lo.over:
+                parts.append(f"{lo.net_bytes / MIB:,.0f} MiB left on GPU {f.gpu.index}")
         return f"waiting for CT {self.vmid}'s GPU memory (" + (", ".join(parts) or "back; holding for the settle window") + ")"
 
     def inspect(self, whole_host: bool = False) -> dict[int, GpuFacts]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -741,7 +742,7 @@ def test_sim_memory_wait_progress(leaky, json_out):
     if json_out:
         assert r.report["exit_code"] == 7 and "[wait]" not in r.out
     else:
-        assert "[wait] waiting for CT 129's GPU memory (1,024 MiB left on GPU 0): 1 s of 2" in r.out, r.out
+        assert re.search(r"\[wait\] waiting for CT 129's GPU memory \(1,0\d\d MiB left on GPU 0\): 1 s of 2", r.out), r.out
 
 
 def test_sim_lost_gpu_ends_wait_at_once(sim_node):
