@@ -102,13 +102,17 @@ def _health(read: Callable[[int], GpuHealth], minor: int) -> GpuHealth:
         return GpuHealth()
 
 
-def _holder_row(h: Holder, used: int | None, hostnames: Mapping[int, str], inherited: tuple[int, int | None] | None = None) -> HolderRow:
+def _holder_row(h: Holder, used: int | None, hostnames: Mapping[int, str], inherited: tuple[int, int | None] | None = None,
+                hidden: bool = False) -> HolderRow:
     p, info = h.info.placement, h.info
     place = {Place.CONTAINER: "lxc", Place.VM: "qemu", Place.MONITOR: "monitor", Place.HOST: "host"}.get(p.place, "unknown")
     hostname = hostnames.get(p.vmid) if p.vmid is not None and place in ("lxc", "qemu") else None
     ghost, credited = inherited if inherited is not None else (None, None)
+    # NVML lists every context's owner; an unlisted process that maps the device owns none of its own (NVML's own
+    # clients map it too, measured on the H200), unless it keeps the context of a dead listed pid no heir explains
+    owns = "nvml" in h.via or ghost is not None or ("maps" in h.via and hidden)
     return HolderRow(h.pid, info.ns_pid, info.comm, info.cmdline, info.uid, place, p.vmid, hostname, used, tuple(sorted(h.via)),
-                     credited, ghost)
+                     credited, ghost, owns)
 
 
 def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: LeftoverRule, flags: list[Flag]) -> GpuRow:
@@ -119,7 +123,8 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: Le
     row = GpuRow(gpu.index, gpu.minor, gpu.uuid, gpu.bus_id, gpu.name, gpu.total_bytes, f.used_bytes, lo.net_bytes,
                  lo.residual_bytes, lo.allowance_bytes, lo.contexts_outside, rule.threshold_bytes,
                  error=f.sample.error if not f.sample.known else None)
-    row.holders = [_holder_row(h, used_by_pid.get(h.pid), scan.hostnames, inherited.get(h.pid))
+    hidden = bool(f.unexplained_ghosts)  # a dead listed pid no heir explains: an unlisted mapper may be keeping it
+    row.holders = [_holder_row(h, used_by_pid.get(h.pid), scan.hostnames, inherited.get(h.pid), hidden)
                    for h in f.other_holders if h.pid != self_pid]
     row.dead_pids = list(f.ghosts)
     row.granted_to = sorted({g.id for g in scan.guests if g.type == "lxc" and g.node == scan.node
@@ -152,7 +157,7 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: Le
         flag(FlagKind.SHARED, f"held by {', '.join(guests)}")
     for h in row.holders:
         if h.place in ("host", "monitor") and not context_capable(h):  # an NVML client: information, not attention
-            flag(FlagKind.NVML_CLIENT, f"pid {h.pid} ({h.comm}) on the {h.place} has /dev/nvidia{gpu.minor} open (fd only)")
+            flag(FlagKind.NVML_CLIENT, f"pid {h.pid} ({h.comm}) on the {h.place} has /dev/nvidia{gpu.minor} open, not listed by NVML")
         elif h.place in ("host", "monitor"):
             flag(FlagKind.HOST_HOLDER, f"pid {h.pid} ({h.comm}) on the {h.place} holds /dev/nvidia{gpu.minor}")
         elif h.place == "unknown":
@@ -161,8 +166,8 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: Le
 
 
 def context_capable(h: HolderRow) -> bool:
-    """NVML lists it or it maps the device: it may own a CUDA context and memory. An fd alone is an NVML client."""
-    return "nvml" in h.via or "maps" in h.via
+    """It may own a CUDA context and memory (``HolderRow.may_own_context``); otherwise it is an NVML client."""
+    return h.may_own_context
 
 
 def _health_flags(row: GpuRow, flags: list[Flag]) -> None:

@@ -54,8 +54,8 @@ ADVICE: dict[FlagKind, str] = {
     FlagKind.SHARED: "several containers use this GPU; pvegpu reset of one never touches the others, but nothing limits their memory",
     FlagKind.DEAD_PID: "NVML lists a pid that is gone: a forked child keeps its context; `pvegpu reset <vmid> --dry-run` shows it",
     FlagKind.UNATTRIBUTED: "memory no live process accounts for: `fuser -v /dev/nvidia<minor>`; if nothing holds it, `nvidia-smi -r` when idle",
-    FlagKind.HOST_HOLDER: "a host process (no guest) may own a CUDA context on this GPU (NVML lists it, or it maps the device): check it should; pvegpu never signals it",
-    FlagKind.NVML_CLIENT: "a host process with only an fd on the device (nvidia-persistenced, DCGM, an exporter): no context, no memory; it blocks `nvidia-smi -r`",
+    FlagKind.HOST_HOLDER: "a host process (no guest) may own a CUDA context on this GPU (NVML lists it, or it maps the device while NVML lists a dead pid no heir explains): check it should; pvegpu never signals it",
+    FlagKind.NVML_CLIENT: "a host process NVML does not list, with the device open or mapped (nvidia-persistenced, DCGM, an exporter): no context of its own, no memory; it blocks `nvidia-smi -r`",
     FlagKind.UNKNOWN_PLACE: "where this process runs could not be read (`cat /proc/<pid>/cgroup`); its memory is counted as nobody's",
     FlagKind.MISSING_NODE: "this container will not start: create the nodes at boot (contrib/systemd/pvegpu-nvidia-nodes.service) or drop the entry",
     FlagKind.MISSING_HOOKSCRIPT: "this container will not start on this node: `pvegpu hook install <vmid>` copies the guard here",
@@ -99,6 +99,7 @@ class HolderRow:
     via: tuple[str, ...]  # "nvml", "fd", "maps"
     credited_bytes: int | None = None  # memory of a dead listed parent this process inherited (as reset credits it)
     inherited_from: int | None = None  # that dead parent's pid
+    may_own_context: bool = False  # NVML lists it, or it maps the device while a dead listed pid is unexplained
 
     @property
     def memory_bytes(self) -> int | None:
@@ -125,7 +126,8 @@ class HolderRow:
         return {"pid": self.pid, "ns_pid": self.ns_pid, "comm": self.comm, "cmdline": self.cmdline, "uid": self.uid,
                 "place": self.place, "vmid": self.vmid, "id": self.guest_id, "hostname": self.hostname, "owner": self.owner,
                 "used_bytes": self.used_bytes, "used_mib": _mib(self.used_bytes), "via": list(self.via),
-                "credited_bytes": self.credited_bytes, "inherited_from": self.inherited_from}
+                "credited_bytes": self.credited_bytes, "inherited_from": self.inherited_from,
+                "may_own_context": self.may_own_context}
 
 
 @dataclass(frozen=True)

@@ -82,8 +82,8 @@ class AuditCollector:
             "mig_enabled": g("pvegpu_gpu_mig_enabled", "1 when MIG mode is on", G),
         }
         outside = g("pvegpu_gpu_outside_holders", "live processes outside any guest (host, monitor, unknown) that may own a context on "
-                    "the GPU (NVML lists them or they map the device)", G)
-        clients = g("pvegpu_gpu_nvml_clients", "live processes outside any guest with only an fd on the GPU (NVML clients: "
+                    "the GPU (NVML lists them, or they map it while a dead listed pid is unexplained)", G)
+        clients = g("pvegpu_gpu_nvml_clients", "live processes outside any guest that NVML does not list, with the GPU open (NVML clients: "
                     "nvidia-persistenced, DCGM, exporters; informational)", G)
         dead = g("pvegpu_gpu_dead_pids", "pids NVML lists on the GPU that no longer exist", G)
         granted = g("pvegpu_gpu_granted_guests", "guests whose configuration grants the GPU", G)
@@ -110,7 +110,7 @@ class AuditCollector:
                 if v is not None:
                     fam.add_metric(key, 1.0 if v else 0.0)
             out = [h for h in gpu.get("holders", []) if h.get("place") not in ("lxc", "qemu")]
-            owners = sum(1 for h in out if {"nvml", "maps"} & set(h.get("via", [])))
+            owners = sum(1 for h in out if h.get("may_own_context", bool({"nvml", "maps"} & set(h.get("via", [])))))
             outside.add_metric(key, float(owners))
             clients.add_metric(key, float(len(out) - owners))
             dead.add_metric(key, float(len(gpu.get("dead_pids", []))))

@@ -57,15 +57,27 @@ def test_fd_only_host_process_does_not_raise_the_alerting_series():
     assert m["pvegpu_audit_attention"] == [({"node": "pve1"}, 0.0)]
 
 
-def test_host_process_that_maps_the_device_or_is_listed_still_needs_attention():
-    """A host process that maps the device (an unlisted context owner) or that NVML lists is host-holder, attention."""
-    host, probe, pve, _proc = _node(maps=True)  # maps the device, not listed
+def test_host_mapper_is_attention_only_while_a_dead_listed_pid_is_unexplained():
+    """An unlisted host process that maps the device is an NVML client (NVML's own clients map it, seen on the H200);
+    while NVML lists a dead pid no heir explains it may be keeping that context: host-holder, attention."""
+    host, probe, pve, _proc = _node(maps=True)  # maps the device, not listed, nothing dead listed
+    rep, doc = _audit(host, probe, pve)
+    assert {f.kind for f in rep.flags} == {FlagKind.NVML_CLIENT} and not rep.attention
+    m = samples(render(doc).decode())
+    assert m["pvegpu_gpu_outside_holders"] == [(GPU0, 0.0)] and m["pvegpu_gpu_nvml_clients"] == [(GPU0, 1.0)]
+    host, probe, pve, _proc = _node(maps=True)
+    dead = host.add(None, minors={0})
+    probe.context(0, 2048, dead)
+    del host.procs[dead.pid]  # its context lives on, NVML still lists it: nothing explains it
     rep, doc = _audit(host, probe, pve)
     assert FlagKind.HOST_HOLDER in {f.kind for f in rep.flags} and rep.attention
-    m = samples(render(doc).decode())
-    assert m["pvegpu_gpu_outside_holders"] == [(GPU0, 1.0)] and m["pvegpu_gpu_nvml_clients"] == [(GPU0, 0.0)]
+    assert samples(render(doc).decode())["pvegpu_gpu_outside_holders"] == [(GPU0, 1.0)]
+
+
+def test_listed_host_process_owns_a_context_and_needs_attention():
+    """A host process NVML lists with memory owns a context: host-holder, attention."""
     host, probe, pve, proc = _node(maps=False)
-    probe.context(0, 300, proc)  # listed by NVML with memory: it owns a context
+    probe.context(0, 300, proc)
     rep, _doc = _audit(host, probe, pve)
     assert {f.kind for f in rep.flags} == {FlagKind.HOST_HOLDER} and rep.attention
 

@@ -231,10 +231,11 @@ def _guard_env(tmp_path, root: str, extra: str = "") -> tuple[str, dict[str, str
     return guard, {"PVEGPU_CONFIG": str(cfg)}
 
 
-@pytest.mark.parametrize("case", ["clean", "shared", "exclusive", "host-process", "survivor-in-cgroup"])
+@pytest.mark.parametrize("case", ["clean", "shared", "exclusive", "host-process", "host-process-refused", "survivor-in-cgroup"])
 def test_gate_on_real_gpu(node, tmp_path, case):
-    """The guard, run as PVE runs it, allows clean and shared GPUs and refuses exclusive sharing, a host
-    process's memory and a process left in the container's cgroup."""
+    """The guard, run as PVE runs it, allows clean and shared GPUs and a host CUDA job as a sharer (the default
+    gate.host_users = share), and refuses exclusive sharing, a host job with gate.host_users = refuse, and a
+    process left in the container's cgroup."""
     root = node[0]
     base = _baseline()
     extra = ""
@@ -242,7 +243,8 @@ def test_gate_on_real_gpu(node, tmp_path, case):
         _run_ct(node, 302, ALLOC.format(pre="", gib=1, post=""))
         _wait_used(base + 900)
         extra = "[gate]\nexclusive = [301]\n" if case == "exclusive" else ""
-    elif case == "host-process":
+    elif case in ("host-process", "host-process-refused"):
+        extra = "[gate]\nhost_users = \"refuse\"\n" if case == "host-process-refused" else ""
         node[2].append(subprocess.Popen([sys.executable, "-c", ALLOC.format(pre="", gib=1, post="")]))
         _wait_used(base + 900)
     elif case == "survivor-in-cgroup":
@@ -252,7 +254,7 @@ def test_gate_on_real_gpu(node, tmp_path, case):
     t = time.perf_counter()
     r = pvelike.run_as_pve(guard, 301, "pre-start", env)
     wall = time.perf_counter() - t
-    want = 0 if case in ("clean", "shared") else 10
+    want = 0 if case in ("clean", "shared", "host-process") else 10
     assert r.returncode == want, r.stdout + r.stderr
     path = os.environ.get("PVEGPU_RESULTS")
     if path:

@@ -175,7 +175,9 @@ def test_audit_with_an_nvml_client_on_the_host_needs_no_attention(lab):
     G.record({"scenario": "audit: NVML client (nvmlInit only) on the host", "outcome": "attention" if doc["attention"] else "ok",
               "exit": r.returncode, "wall_s": round(wall, 3), "client_seen_via": [h["via"] for h in rows],
               "flags": sorted({f["kind"] for f in node["flags"]}), "outside_holders": outside})
-    assert not attention and r.returncode == 0 and not doc["attention"], (attention, r.stderr[-2000:])
+    named = {int(f["detail"].split()[1]) for f in attention if f["detail"].startswith("pid ")}
+    who = [(h["pid"], h["via"], h["cmdline"][:120]) for g in node["gpus"] for h in g["holders"] if h["pid"] in named]
+    assert not attention and r.returncode == 0 and not doc["attention"], (attention, who, r.stderr[-2000:])
     assert all(v == 0 for v in outside.values()), outside
     assert all(not ({"nvml", "maps"} & set(h["via"])) for h in rows), rows  # seen, if at all, as an fd only
 
