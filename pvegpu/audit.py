@@ -108,8 +108,8 @@ def _holder_row(h: Holder, used: int | None, hostnames: Mapping[int, str], inher
     place = {Place.CONTAINER: "lxc", Place.VM: "qemu", Place.MONITOR: "monitor", Place.HOST: "host"}.get(p.place, "unknown")
     hostname = hostnames.get(p.vmid) if p.vmid is not None and place in ("lxc", "qemu") else None
     ghost, credited = inherited if inherited is not None else (None, None)
-    # NVML lists every context's owner; an unlisted process that maps the device owns none of its own (NVML's own
-    # clients map it too, measured on the H200), unless it keeps the context of a dead listed pid no heir explains
+    # NVML lists every live context's owner: an unlisted process that maps the device has no context NVML does not
+    # show (a DataLoader worker shares its listed parent's), unless it keeps the context of a dead listed pid
     owns = "nvml" in h.via or ghost is not None or ("maps" in h.via and hidden)
     return HolderRow(h.pid, info.ns_pid, info.comm, info.cmdline, info.uid, place, p.vmid, hostname, used, tuple(sorted(h.via)),
                      credited, ghost, owns)

@@ -58,8 +58,8 @@ def test_fd_only_host_process_does_not_raise_the_alerting_series():
 
 
 def test_host_mapper_is_attention_only_while_a_dead_listed_pid_is_unexplained():
-    """An unlisted host process that maps the device is an NVML client (NVML's own clients map it, seen on the H200);
-    while NVML lists a dead pid no heir explains it may be keeping that context: host-holder, attention."""
+    """An unlisted host process that maps the device has no context NVML does not show: an NVML client; while NVML
+    lists a dead pid no heir explains it may be keeping that context: host-holder, attention."""
     host, probe, pve, _proc = _node(maps=True)  # maps the device, not listed, nothing dead listed
     rep, doc = _audit(host, probe, pve)
     assert {f.kind for f in rep.flags} == {FlagKind.NVML_CLIENT} and not rep.attention
