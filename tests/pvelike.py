@@ -374,3 +374,21 @@ def _node(spec: dict, ct: dict | None, node: dict, fd: int | None, orphan_of: in
     while not os.path.exists(spec["go"]) and time.monotonic() < end:
         time.sleep(0.005)
     time.sleep(node["exit_after"])
+
+
+def as_uid(uid: int, act: Callable[[], object]) -> None:
+    """Run ``act()`` in a forked child as an unprivileged uid (gid the same, no groups): a local user, the
+    exporter's user. Fails the test if ``act`` raises."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            act()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

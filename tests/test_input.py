@@ -13,6 +13,7 @@ from pvegpu.errors import ConfigError, UsageError
 from pvegpu.locate import check_vmid
 from pvegpu.settings import ApiSettings, load
 from pvegpu.sim import scenario as sc
+from tests import pvelike
 from tests.pvelike import REPO
 
 BAD_TOML = {
@@ -203,23 +204,6 @@ def test_task_exitstatus_and_log_lines_are_escaped_at_the_adapter():
     assert res.exitstatus.isprintable()
 
 
-def _as_user(uid: int, act) -> None:
-    """Run ``act()`` in a forked child with an unprivileged uid (a local user)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            act()
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-
-
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a file of another uid)")
 def test_settings_file_a_user_can_write_is_refused_and_pre_start_refuses(tmp_path):
@@ -236,7 +220,7 @@ def test_settings_file_a_user_can_write_is_refused_and_pre_start_refuses(tmp_pat
         os.write(fd, b'[gate]\non_unknown = "allow"\n')
         os.close(fd)
 
-    _as_user(65534, write)
+    pvelike.as_uid(65534, write)
     os.close(dirfd)
     assert os.stat(cfg).st_uid == 65534
     env = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests import pvelike
 from tests.pvelike import REPO, etc_pve
 
 GPU_CONF = "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"
@@ -248,23 +249,6 @@ def test_guard_on_another_storage_is_ours_never_chained_onto_itself(tree, tmp_pa
     assert "hookscript" not in conf(pve, 129)
 
 
-def _as_user(uid: int, act) -> None:
-    """Run ``act()`` in a forked child with an unprivileged uid (a local user)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            act()
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-
-
 @pytest.mark.parametrize("how", ["user owns snippets", "group-writable snippets", "user owns the storage dir"])
 def test_install_refuses_a_snippets_directory_a_user_could_change(tree, how):
     """The guard runs as root at every start: a snippets dir (or one above it) a local user owns or may write is
@@ -299,7 +283,7 @@ def test_status_calls_a_swapped_guard_not_guarded(tree):
         os.write(f, b"#!/bin/sh\nexit 0\n")
         os.close(f)
 
-    _as_user(65534, swap)
+    pvelike.as_uid(65534, swap)
     os.close(fd)
     for step in ("user", "edited", "symlink"):
         if step == "edited":

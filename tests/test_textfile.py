@@ -11,29 +11,13 @@ import pytest
 
 from pvegpu.adapters.textfile import HINT, read_previous, write_textfile
 from pvegpu.errors import EXIT_USAGE, UsageError
+from tests import pvelike
 
 EXPORTER = 65534  # the Prometheus service user, reproduced by an unprivileged uid
 DOC = {"schema": "pvegpu-audit", "version": 1, "generated_at": 1700000000.0, "attention": False, "nodes": []}
 
 pytestmark = pytest.mark.root
 root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (files owned by another uid)")
-
-
-def _as_exporter(dirfd: int, act) -> None:
-    """Run ``act(dirfd)`` in a forked child that is the exporter's user (uid and gid 65534, no groups)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setgroups([])
-            os.setgid(EXPORTER)
-            os.setuid(EXPORTER)
-            act(dirfd)
-            code = 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
 
 
 @pytest.fixture
@@ -69,7 +53,7 @@ def test_fifo_at_the_textfile_path_does_not_hang_the_audit(layout):
     """The exporter's user puts a FIFO where pvegpu.prom was: the write finishes at once and replaces it with a file."""
     _, textdir = layout
     fd = os.open(textdir, os.O_RDONLY | os.O_DIRECTORY)
-    _as_exporter(fd, lambda d: os.mkfifo("pvegpu.prom", dir_fd=d))
+    pvelike.as_uid(EXPORTER, lambda d=fd: os.mkfifo("pvegpu.prom", dir_fd=d))
     os.close(fd)
     done, exc = _write_bounded(str(textdir / "pvegpu.prom"))
     assert done and exc is None
@@ -81,7 +65,7 @@ def test_symlink_to_dev_zero_is_neither_read_nor_followed(layout):
     """pvegpu.prom -> /dev/zero: nothing is read from it (no endless read), the link is replaced, /dev/zero untouched."""
     _, textdir = layout
     fd = os.open(textdir, os.O_RDONLY | os.O_DIRECTORY)
-    _as_exporter(fd, lambda d: os.symlink("/dev/zero", "pvegpu.prom", dir_fd=d))
+    pvelike.as_uid(EXPORTER, lambda d=fd: os.symlink("/dev/zero", "pvegpu.prom", dir_fd=d))
     os.close(fd)
     assert read_previous(os.open(textdir, os.O_PATH | os.O_DIRECTORY), "pvegpu.prom") == ""
     done, exc = _write_bounded(str(textdir / "pvegpu.prom"))
@@ -96,7 +80,7 @@ def test_symlinked_directory_swap_is_refused_and_nothing_is_written_elsewhere(la
     target = tmp_path / "root-only"  # stands in for /etc/cron.d
     target.mkdir(mode=0o700)
     fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-    _as_exporter(fd, lambda d: (os.rename("node-exporter", "old", src_dir_fd=d, dst_dir_fd=d),
+    pvelike.as_uid(EXPORTER, lambda d=fd: (os.rename("node-exporter", "old", src_dir_fd=d, dst_dir_fd=d),
                                 os.symlink(str(target), "node-exporter", dir_fd=d)))
     os.close(fd)
     done, exc = _write_bounded(str(textdir / "pvegpu.prom"))
