@@ -93,6 +93,9 @@ def read_nofollow(path: str) -> str | None:
         return f.read().decode("utf-8", "replace")
 
 
+_TRUSTED = frozenset({0, os.geteuid()})  # root, or pvegpu's own user (a simulated node run by a user): nobody else
+
+
 def _check_dir(d: str) -> None:
     """Refuse a snippets directory a user other than root could change: the guard in it runs as root at every start.
 
@@ -103,13 +106,13 @@ def _check_dir(d: str) -> None:
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{d} is a symbolic link or not a directory; pvegpu writes snippets only into a real directory",
                          f"make {d} a plain directory owned by root")
-    if st.st_uid != 0 or st.st_mode & 0o022:
+    if st.st_uid not in _TRUSTED or st.st_mode & 0o022:
         raise UsageError(f"{d} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: a user other than root could swap the "
                          "guard that runs as root", f"chown root:root {d} && chmod 755 {d}")
     up = os.path.dirname(os.path.abspath(d))
     while True:
         a = os.stat(up)
-        if (a.st_uid != 0 or a.st_mode & 0o022) and not (a.st_uid == 0 and a.st_mode & stat.S_ISVTX):
+        if (a.st_uid not in _TRUSTED or a.st_mode & 0o022) and not (a.st_uid == 0 and a.st_mode & stat.S_ISVTX):
             raise UsageError(f"{up} (above {d}) can be changed by uid {a.st_uid} or its group/others: the snippets directory could be swapped",
                              f"chown root:root {up} && chmod go-w {up}")
         if up == os.path.dirname(up):
@@ -129,7 +132,7 @@ def guard_problem(path: str, expected: str) -> str | None:
         return f"{path} is missing"
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file (a symlink?)"
-    if st.st_uid != 0 or st.st_mode & 0o022:
+    if st.st_uid not in _TRUSTED or st.st_mode & 0o022:
         return f"{path} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: not the guard pvegpu wrote"
     text = read_nofollow(path)
     if text is None or _PATH_LINES.sub(r"\1=", text) != _PATH_LINES.sub(r"\1=", expected):
@@ -390,6 +393,6 @@ def _swapped(pve_root: str, vmid: int, volid: str, expected: str) -> str | None:
             return f"{path}: the chained hookscript's storage cannot be read"
         want = chain_text(vmid, m.group(1), guard_path, orig)
         lst = os.lstat(path)
-        if text != want or lst.st_uid != 0 or lst.st_mode & 0o022 or not stat.S_ISREG(lst.st_mode):
+        if text != want or lst.st_uid not in _TRUSTED or lst.st_mode & 0o022 or not stat.S_ISREG(lst.st_mode):
             return f"{path} is not the chain script pvegpu wrote (changed, or writable by others)"
     return guard_problem(guard_path, expected)

@@ -105,8 +105,11 @@ def test_audit_flags_a_gpu_granted_to_a_vm_and_to_containers():
 
 
 # a stand-in device no other test on this machine holds (other suites' workloads hold /dev/full, and the VM gate's
-# whole-host scan would rightly see them as host holders of "GPU 0")
-STAND_IN = next((d for d in ("/dev/loop-control", "/dev/port") if os.path.exists(d)), "/dev/full")  # opening it does nothing
+# whole-host scan would rightly see them as host holders of "GPU 0"): this module's own pseudo-terminal, which a user
+# can open too (its master stays open while the module lives)
+_PTY_MASTER, _pty_slave = os.openpty()
+STAND_IN = os.ttyname(_pty_slave)
+os.close(_pty_slave)
 
 
 SLOW_OK = {"PVEGPU_GATE_DEADLINE": "25"}  # a loaded CI machine: the whole-node scan must not hit the 5 s deadline here

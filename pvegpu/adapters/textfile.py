@@ -75,7 +75,7 @@ def open_dir(path: str, owners: Collection[int]) -> int:
         if fstype not in LOCAL_FS:
             raise UsageError(f"--prometheus: {path} is on a {fstype or 'unknown'} file system, not a local disk", HINT)
         st = os.fstat(fd)
-        if st.st_uid != 0 and st.st_uid not in owners:
+        if st.st_uid not in (0, os.geteuid()) and st.st_uid not in owners:  # root, pvegpu's own user, the exporter's
             raise UsageError(f"--prometheus: {path} is owned by uid {st.st_uid}, neither root nor the exporter's user", HINT)
         if st.st_mode & 0o022:
             raise UsageError(f"--prometheus: {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})", HINT)
