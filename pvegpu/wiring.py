@@ -42,6 +42,10 @@ def settings(opts: GlobalOptions, overrides: dict[str, Any] | None = None) -> Se
     """
     extra = dict(overrides or {})
     if opts.simulate:
+        if not os.path.isfile(os.path.join(opts.simulate, "scenario.json")):
+            raise E.UsageError(f"--simulate {opts.simulate}: not a simulated node (no scenario.json there)",
+                               "`pvegpu demo` builds and removes one; a lasting one: python3 -c 'from pvegpu.sim import scenario as s; "
+                               "s.build(s.DEMO, \"DIR\")' (README: Simulated node)")
         extra["simulate"] = opts.simulate
     s = load(opts.config, overrides=extra)
     return simulated_state(s) if s.simulate else s

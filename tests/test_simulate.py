@@ -42,10 +42,13 @@ def test_simulated_state_dirs_default_under_the_simulated_node(tmp_path, monkeyp
         monkeypatch.delenv(k)
     cfg = tmp_path / "empty.toml"
     cfg.write_text("")
-    s = wiring.settings(wiring.GlobalOptions(config=str(cfg), simulate="/tmp/simnode"))
-    assert s.reset.lock_dir == "/tmp/simnode/lock" and s.gate.override_dir == "/tmp/simnode/allow-once"
+    node = tmp_path / "simnode"
+    node.mkdir()
+    (node / "scenario.json").write_text("{}")
+    s = wiring.settings(wiring.GlobalOptions(config=str(cfg), simulate=str(node)))
+    assert s.reset.lock_dir == f"{node}/lock" and s.gate.override_dir == f"{node}/allow-once"
     assert ResetSettings.lock_dir != s.reset.lock_dir
-    s = wiring.settings(wiring.GlobalOptions(config=str(cfg), simulate="/tmp/simnode"), {"gate.override_dir": "/tmp/x"})
+    s = wiring.settings(wiring.GlobalOptions(config=str(cfg), simulate=str(node)), {"gate.override_dir": "/tmp/x"})
     assert s.gate.override_dir == "/tmp/x"
 
 
@@ -55,3 +58,11 @@ def test_simulated_hook_install_is_refused_and_runs_no_pct(sim_node, tmp_path):
     for sub in ("install", "uninstall", "status"):
         r = _pvegpu("--simulate", node.root, "hook", sub, "--storage", "local")
         assert r.returncode == 2 and r.stderr.startswith("Error: ") and "Traceback" not in r.stderr, r.stderr
+
+
+def test_simulate_dir_that_is_no_simulated_node_is_a_usage_error(tmp_path):
+    """`--simulate DIR` on an empty or missing directory: exit 2 with a hint for every command, never an internal error."""
+    for root in (str(tmp_path), str(tmp_path / "missing")):
+        for args in (["audit"], ["check", "129"], ["reset", "129", "--dry-run"], ["hook", "allow-once", "129"]):
+            r = _pvegpu("--simulate", root, *args)
+            assert r.returncode == 2 and "Hint:" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
