@@ -131,7 +131,9 @@ class _Signals:
         if self.got is None:
             self.got = (name, code)
             _say(f"pvegpu: {name}: CT {self.vmid}'s stop was requested, so pvegpu finishes the restart first "
-                 f"(then exits {code}); a second signal abandons it")
+                 f"(then exits {code}); a second Ctrl-C or SIGTERM abandons it")
+            return
+        if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
             return
         raise Interrupted(name, code, abandoned=True)
 

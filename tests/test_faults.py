@@ -502,6 +502,16 @@ def test_local_signal_after_stop_json(local, tmp_path):
                                   "left_stopped": False}
 
 
+def test_local_repeated_sighup_of_a_dropped_session_still_finishes_the_restart(local, tmp_path):
+    """Two SIGHUPs during the stop (a dropped SSH session: the shell's and the kernel's): the restart is still
+    finished, exit 129, CT 129 running; only a second SIGINT or SIGTERM abandons."""
+    config, env, sim, d = local
+    r = _signalled(["reset", "129"], config=config(SLOW_STOP, reset={"task_timeout": 5}), sim=sim, env=env,
+                   signals=[signal.SIGHUP, signal.SIGHUP])
+    assert r.rc == 129 and "abandoned" not in r.out, r.out + r.err
+    assert (d / "state").read_text().strip() == "running"
+
+
 def test_local_second_signal_abandons_and_rerun_says_so(local, tmp_path):
     """Two SIGTERMs during the stop: abandoned, exit 143, "may be STOPPED" in the output and the log; the next
     reset says an earlier reset left CT 129 stopped (and that it is stopped now)."""

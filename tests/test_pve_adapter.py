@@ -749,3 +749,16 @@ def test_task_answer_about_another_task_refused():
     with pytest.raises(answers.BadAnswer, match="about guest 130"):
         answers.ct_status({"status": "running", "vmid": 130}, 129)
     assert answers.ct_status({"status": "running", "vmid": "129", "ha": {"managed": 1, "state": "error"}}, 129)[3] == "error"
+
+
+def test_depth_scan_is_linear_on_a_hostile_unclosed_string():
+    """An answer with many brackets and a string that never closes, full of escaped quotes (quadratic for a naive
+    scan: tens of seconds at 100 KiB), is judged in one pass: 1 MiB well within a second."""
+    import time
+
+    from pvegpu.adapters.pvesh import too_deep
+
+    body = b"[" * 10 + b'"x' + b'\\"' * (1 << 19) + b"{" * 70
+    t = time.perf_counter()
+    assert too_deep(body) is False and too_deep(b"[" * 65 + b"]" * 65) is True
+    assert time.perf_counter() - t < 1.0

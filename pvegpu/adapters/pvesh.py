@@ -32,7 +32,9 @@ UPID_RE = re.compile(r"UPID:[A-Za-z0-9][A-Za-z0-9.-]*:[0-9A-Fa-f]{8}:[0-9A-Fa-f]
 TASK_PATHS = re.compile(r"/(lxc|qemu)/\d+/status/(stop|start|shutdown|reboot)$")
 _STATUS_LINE = re.compile(r"^(\d{3}) \S")
 MAX_DEPTH = 64  # nesting levels of one answer (PVE's deepest is about 5); deeper is refused before parsing
-_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+# a string (to its closing quote, or to the end when it never closes: possessive, so nothing is scanned twice) or a
+# bracket: one linear pass however the answer is built (an unclosed string full of \" cost quadratic time before)
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.?)*+(?:"|\Z)|[\[\]{}]', re.S)
 
 
 def too_deep(data: bytes, limit: int = MAX_DEPTH) -> bool:
