@@ -14,7 +14,7 @@ from collections.abc import Callable
 from . import errors as E
 from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, exit_for, foreign_leftover, restart_would_not_help
 from .inspect import GpuFacts
-from .model import ProcIdentity, Step
+from .model import MIB, ProcIdentity, Step
 from .ports import Interrupted
 from .reset_find import find, plan
 from .reset_report import Ports, ResetOutcome, ResetPolicy, ResetReport
@@ -68,11 +68,28 @@ def may_restart(run: ResetRun) -> bool:
     if not run.policy.restart:
         run.step("restart", "skipped", "not clean, and --no-restart was given")
         return False
-    why_not = restart_would_not_help(run.inspect(whole_host=True), run.policy.rule)  # unlisted holders elsewhere need a full scan
+    facts = run.inspect(whole_host=True)  # unlisted holders elsewhere need a full scan
+    why_not = restart_would_not_help(facts, run.policy.rule) or guard_would_refuse(run, facts)
     if why_not:
         run.step("restart", "skipped", f"not restarting CT {run.vmid}: {why_not}")
         return False
     return True
+
+
+def guard_would_refuse(run: ResetRun, facts: dict[int, GpuFacts]) -> str | None:
+    """With pvegpu's guard as the CT's hookscript, a start onto a GPU holding memory others left before the reset
+    (the leftover rule's baseline) would be refused: stopping it would leave it stopped. None: not known to be."""
+    assert run.located is not None
+    hook = run.located.config.hookscript or ""
+    if "pvegpu-guard" not in hook:  # install.GUARD, also in a chain script's name
+        return None
+    rule = run.policy.rule
+    for m, f in sorted(facts.items()):
+        if f.baseline_bytes > rule.threshold_bytes:
+            return (f"GPU minor {m} holds {f.baseline_bytes // MIB} MiB that others left before this reset; its guard "
+                    f"({hook}) would refuse the start and leave it stopped: free that first (`pvegpu audit`), then run "
+                    "`pvegpu reset` again")
+    return None
 
 
 def finish(run: ResetRun, facts: dict[int, GpuFacts], verdict: Verified) -> None:

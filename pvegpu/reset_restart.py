@@ -173,7 +173,9 @@ def confirm_state(run: ResetRun, want: str, what: str) -> None:
     a read that fails is retried within ``state_wait``. Raises TaskFailed (the task is over) when it is not."""
     deadline = run.deadline.within(run.policy.state_wait)
     state = "unknown"
+    t0 = run.clock.monotonic()
     while not deadline.expired():
+        run.progress(f"reading CT {run.vmid}'s state after its {what} task (the read failed)", t0, deadline)
         try:
             state = run.p.pve.ct_status(run.guest).status
         except E.PvegpuError:

@@ -386,11 +386,11 @@ def test_sim_timeout_not_above_settle(sim_node, tmp_path):
 
 # -- the guard installed as the container's hookscript (issue 15) -------------------------------------------------
 
-def _guarded(sim_node, tmp_path, **ct):
+def _guarded(sim_node, tmp_path, gpu=None, **ct):
     """A simulated node whose CT 129 runs a respawning holder (only a restart helps) with pvegpu's guard installed."""
     from tests import pvelike
 
-    node = sim_node({"node": "pve1", "gpus": [GPU], "containers": [
+    node = sim_node({"node": "pve1", "gpus": [GPU | (gpu or {})], "containers": [
         {"vmid": 129, "gpus": [0], "hookscript": "local:snippets/pvegpu-guard",
          "workloads": [{"kind": "respawn", "gpu": 0, "mib": 512}]} | ct]})
     pvelike.guard(node.state.snippets, pvelike.launcher(str(tmp_path)))
@@ -400,16 +400,29 @@ def _guarded(sim_node, tmp_path, **ct):
 SIM_FAST = ["--grace", "0.2", "--timeout", "1", "--settle", "0.1"]
 
 
-def test_sim_guarded_restart_passes_own_lock(sim_node, tmp_path):
-    """With the guard installed, the reset's own start passes its own lock: restarted, exit 0, the CT running."""
+@pytest.mark.parametrize("task_timeout", [None, 86400])
+def test_sim_guarded_restart_passes_own_lock(sim_node, tmp_path, task_timeout):
+    """With the guard installed, the reset's own start passes its own lock (also with the longest reset.task_timeout
+    the settings allow): restarted, exit 0, the CT running."""
     node = _guarded(sim_node, tmp_path)
-    r = cli(["--simulate", node.root, "reset", "129", "--json", *SIM_FAST], module="pvegpu", bound=60)
+    env = {} if task_timeout is None else {"PVEGPU_RESET_TASK_TIMEOUT": str(task_timeout)}
+    r = cli(["--simulate", node.root, "reset", "129", "--json", *SIM_FAST], module="pvegpu", bound=60, env=env)
     assert r.rc == 0 and r.report["restarted"] and not r.report["left_stopped"], r.out + r.err
     assert SimState(node.root).ct(129)["status"] == "running"
     from pvegpu.sim.state import read_dir
 
     starts = [t for t in read_dir(os.path.join(node.root, "tasks")) if ":vzstart:" in t["upid"]]
     assert any("restart of pvegpu reset" in line for t in starts for line in t["log"]), starts  # the guard ran and said why
+
+
+def test_sim_guarded_ct_not_stopped_onto_a_gpu_holding_others_leftover(sim_node, tmp_path):
+    """Guarded CT 129 needs a restart, but its GPU already holds 2 GiB that were never its own: its guard would refuse
+    the start, so the CT is not stopped (it stays running, no stop task), and the reset says why (not exit 0)."""
+    node = _guarded(sim_node, tmp_path, gpu={"leak_mib": 2048})
+    r = cli(["--simulate", node.root, "reset", "129", "--json", *SIM_FAST], module="pvegpu", bound=60)
+    assert r.rc not in (0, None) and not r.report["left_stopped"] and not r.report["restarted"], r.out + r.err
+    assert any(s["name"] == "restart" and s["outcome"] == "skipped" for s in r.report["steps"])
+    assert SimState(node.root).ct(129)["status"] == "running"
 
 
 def test_sim_start_ok_but_init_exits(sim_node, tmp_path):

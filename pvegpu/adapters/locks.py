@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 MAX_LOCK_FILE = 4096
 
+MARK_MAX = 6 * 3600.0  # the longest a reset's own-start mark lasts, whatever reset.task_timeout says
+
 
 def _path(lock_dir: str, vmid: int) -> str:
     return os.path.join(lock_dir, f"{vmid}.lock")
@@ -222,8 +224,9 @@ class ct_lock:  # noqa: N801 - used as ``with ct_lock(dir, 129, wait):``
         self._set("stop", None)
 
     def starting(self, seconds: float) -> None:
-        """The reset is about to start its own CT: its pre-start gate passes this lock for ``seconds``."""
-        self._set("start-until", f"{_boottime() + max(0.0, seconds):.3f}")
+        """The reset is about to start its own CT: its pre-start gate passes this lock for ``seconds`` (at most
+        ``MARK_MAX``: the gate trusts no mark that reaches further, and PVE runs pre-start early in the start task)."""
+        self._set("start-until", f"{_boottime() + min(MARK_MAX, max(0.0, seconds)):.3f}")
 
     def started(self) -> None:
         self._set("start-until", None)
@@ -276,7 +279,7 @@ def lock_state(lock_dir: str, vmid: int) -> tuple[bool, str | None]:
         os.close(fd)
     holder, until = f.get("holder", ""), f.get("start-until", "")
     try:
-        fresh = 0 <= float(until) - _boottime() <= 24 * 3600
+        fresh = 0 <= float(until) - _boottime() <= MARK_MAX + 60
     except ValueError:
         fresh = False
     pid = holder.split(":")[0]
