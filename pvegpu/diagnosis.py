@@ -51,6 +51,11 @@ def foreign_leftover(vmid: int, facts: dict[int, GpuFacts], rule: LeftoverRule) 
                         "accounts for its memory (another container's hidden context, or a leak)",
                         "not this container's problem: `pvegpu audit` and `fuser -v /dev/nvidia*` on the host; the start gate refuses "
                         "starts onto this GPU until it is gone"))
+        for pid in f.foreign_ghosts:
+            out.append((f"NVML lists pid {pid} on {g}, which was alive outside CT {vmid} when this reset began and no longer "
+                        f"exists; its memory stays (another container's context kept out of sight, e.g. an fd in flight) and was "
+                        f"never CT {vmid}'s",
+                        "not this container's problem: `pvegpu audit` names whose it was; restart that container"))
         lo = leftover(f, rule)
         if lo.over and not own_leftover(f, rule).over and not f.unexplained_ghosts:
             out.append((f"{g} has {mib(lo.net_bytes)} allocated that no live process accounts for; it was there before this "

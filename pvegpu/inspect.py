@@ -21,10 +21,13 @@ if TYPE_CHECKING:
 class FirstReading:
     """What one reset remembers from its first reading: each NVML-listed pid's start time and placement
     (None: already dead then). A ghost that was the target's stays the target's leftover, whatever else maps
-    the device later (a tenant that parks its context fd in flight on a unix socket gains nothing)."""
+    the device later (a tenant that parks its context fd in flight on a unix socket gains nothing). A ghost whose
+    pid the first reading saw alive outside the target (a neighbour parking its fd during the reset) stays foreign:
+    its memory counts as a live neighbour's, never against the target (``foreign_ghosts``)."""
 
     def __init__(self) -> None:
         self.listed: dict[int, tuple[int, Placement] | None] = {}
+        self.alive_outside: set[tuple[int, int]] = set()  # (minor, pid): listed, live and placed outside the target
         self.done = False
         self.baseline: dict[int, int] = {}  # minor -> leftover bytes at the first reading that were not the target's
 
@@ -41,6 +44,10 @@ class GpuFacts:
     ghost_owners: list[int] = field(default_factory=list)  # heirs: live unlisted holders credited with a ghost's memory
     heirs: dict[int, int] = field(default_factory=dict)  # ghost pid -> the one heir credited with its memory
     target_ghosts: list[int] = field(default_factory=list)  # ghosts that were the target's at the first reading
+    foreign_ghosts: list[int] = field(default_factory=list)  # ghosts the first reading saw alive outside the target
+    linked: list[int] = field(default_factory=list)  # ghosts paired with an heir whose pgid or sid is the ghost's pid
+    unproven: list[int] = field(default_factory=list)  # ghosts credited to a target heir with no link, other ghosts competing
+    unproven_bytes: int | None = 0  # their memory (inside ct_listed_bytes, but not provably the target's)
     recycled: list[int] = field(default_factory=list)  # listed pids now used by a process that does not hold the GPU
     unreadable: list[int] = field(default_factory=list)  # container pids whose fds could not be read
     foreign_bytes: int | None = 0  # NVML memory of live processes outside the container (and their heirs)
@@ -55,7 +62,7 @@ class GpuFacts:
     @property
     def unexplained_ghosts(self) -> list[int]:
         """Dead NVML-listed pids that are neither the target's nor explained by a plausible heir (unknown)."""
-        return [g for g in self.ghosts if g not in self.heirs and g not in self.target_ghosts]
+        return [g for g in self.ghosts if g not in self.heirs and g not in self.target_ghosts and g not in self.foreign_ghosts]
 
     @property
     def unplaced(self) -> list[Holder]:
@@ -157,6 +164,10 @@ def inspect_gpus(
                 if seen is not None and _placed_in(seen[1], vmid):
                     facts.target_ghosts.append(proc.pid)  # it was the target's: its leftover, whoever maps the device now
                     facts.ct_listed_bytes = _add(facts.ct_listed_bytes, proc.used_bytes)
+                elif first is not None and (gpu.minor, proc.pid) in first.alive_outside:
+                    facts.foreign_ghosts.append(proc.pid)  # a neighbour's owner, alive at the first reading: its memory stays foreign
+                    facts.foreign_bytes = _add(facts.foreign_bytes, proc.used_bytes)
+                    facts.contexts_outside += 1
                 continue
             assert i is not None
             by_pid.setdefault(proc.pid, (set(), i))[0].add("nvml")
@@ -165,6 +176,8 @@ def inspect_gpus(
             elif i.placement.place is not Place.UNKNOWN:  # memory of an unplaced process explains nothing
                 facts.foreign_bytes = _add(facts.foreign_bytes, proc.used_bytes)
                 facts.contexts_outside += 1
+                if first is not None and not first.done:
+                    first.alive_outside.add((gpu.minor, proc.pid))
         for pid, (via, i) in sorted(by_pid.items()):
             holder = Holder(i, frozenset({gpu.minor}), frozenset(via))
             (facts.ct_holders if _in_ct(i, vmid) else facts.other_holders).append(holder)
@@ -191,38 +204,59 @@ def _placed_in(p: Placement, vmid: int | None) -> bool:
 
 def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: int | None, first: FirstReading | None,
                    info: Callable[[int], ProcInfo | None]) -> None:
-    """Give each ghost's memory to one plausible heir: the target's own first (its reset must stop them), else a
-    neighbour's. A target's ghost is the target's leftover whatever maps the device; a ghost first seen in a
-    container can only be that container's heir's. One heir explains at most one ghost on this GPU."""
-    listed_live = {h.pid for h in facts.ct_holders + facts.other_holders if "nvml" in h.via}
-    mapping = {h.pid for h in facts.ct_holders + facts.other_holders if "maps" in h.via}
-    inside = [h for h in facts.ct_holders if _heir(h, listed_live, mapping, info)]
-    outside = [h for h in facts.other_holders if _heir(h, listed_live, mapping, info)]
+    """Give each ghost's memory to one plausible heir (``_heir``), one heir per ghost on this GPU; a ghost first seen in
+    a container can only be that container's heir's, and the target's and foreign ghosts are settled already.
+
+    Pairing: first by a link a tenant cannot forge across containers: the heir's process group or session id (host
+    pid namespace) is the ghost's pid (a fork child keeps its parent's pgid/sid when the parent led its group or
+    session, and the kernel keeps such a pid from reuse); then the rest in order, the target's heirs first (its reset
+    must stop them). A ghost credited to a target heir without a link while other ghosts compete for the same heir
+    is ``unproven``: the pairing is a guess, so its memory is not enough to stop the target (``leftover.baseline``);
+    the target is stopped only for memory provably its own (live listed processes, linked ghosts, target ghosts)."""
+    holders = facts.ct_holders + facts.other_holders
+    listed_live = {h.pid for h in holders if "nvml" in h.via}
+    mapping = {h.pid for h in holders if "maps" in h.via}
+    busy = {h.info.placement for h in holders if "nvml" in h.via}  # a live listed process there owns the shared context
+    heirs = [h for h in holders if h.info.placement not in busy and _heir(h, listed_live, mapping, info)]
+    open_ghosts = [g for g in facts.ghosts if g not in facts.target_ghosts and g not in facts.foreign_ghosts]
     used: set[int] = set()
-    for ghost in facts.ghosts:
-        if ghost in facts.target_ghosts:
-            continue
+
+    def fits(ghost: int, h: Holder) -> bool:
         seen = first.listed.get(ghost) if first is not None else None
         where = seen[1] if seen is not None else None
-        pool = [h for h in inside + outside if h.pid not in used
-                and (where is None or (where.place is Place.CONTAINER and h.info.placement == where))]
-        if not pool:
-            continue
-        heir = pool[0]
+        return h.pid not in used and (where is None or (where.place is Place.CONTAINER and h.info.placement == where))
+
+    def credit(ghost: int, heir: Holder, unproven: bool) -> None:
         used.add(heir.pid)
         facts.heirs[ghost] = heir.pid
         facts.ghost_owners.append(heir.pid)
         if _in_ct(heir.info, vmid):
             facts.ct_listed_bytes = _add(facts.ct_listed_bytes, ghost_bytes.get(ghost))
+            if unproven:
+                facts.unproven.append(ghost)
+                facts.unproven_bytes = _add(facts.unproven_bytes, ghost_bytes.get(ghost))
         else:
             facts.foreign_bytes = _add(facts.foreign_bytes, ghost_bytes.get(ghost))
             facts.contexts_outside += 1
+
+    for ghost in open_ghosts:
+        linked = [h for h in heirs if fits(ghost, h) and ghost in (h.info.pgid, h.info.sid)]
+        if linked:
+            facts.linked.append(ghost)
+            credit(ghost, linked[0], False)
+    rest = [g for g in open_ghosts if g not in facts.heirs]
+    for ghost in rest:
+        pool = [h for h in heirs if fits(ghost, h)]
+        if pool:
+            credit(ghost, pool[0], any(o != ghost and o not in facts.heirs and fits(o, pool[0]) for o in rest))
 
 
 def _heir(h: Holder, listed_live: set[int], mapping: set[int], info: Callable[[int], ProcInfo | None]) -> bool:
     """A plausible heir of a dead listed pid: a live, unlisted process in a container that maps the device and
     has lost its parent (re-parented to the container's init or a subreaper there). Never a host process,
-    never the child of a live listed process (a DataLoader worker whose parent owns the context)."""
+    never the child of a live listed process (a DataLoader worker whose parent owns the context), and never in a
+    container that has a live NVML-listed process on that GPU (checked by ``_credit_ghosts``: that process owns the
+    context its family shares, as a double-forked grandchild re-parented to the init does)."""
     i = h.info
     if "nvml" in h.via or "maps" not in h.via or i.placement.place is not Place.CONTAINER or i.is_ct_init or i.ppid is None:
         return False

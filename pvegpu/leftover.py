@@ -68,8 +68,11 @@ def baseline(facts: GpuFacts, rule: LeftoverRule) -> int:
     context, a ghost never seen in the target), i.e. the net leftover less the target's own listed memory and
     the per-context overhead of its own contexts. The target is later judged only on what exceeds it."""
     lo = leftover(facts, rule)
-    if lo.net_bytes is None or facts.ct_listed_bytes is None:
+    if lo.net_bytes is None or facts.ct_listed_bytes is None or facts.unproven_bytes is None:
         return 0  # unknown: every byte left counts against the target (never a reason to call it clean)
     own_contexts = sum(1 for h in facts.ct_holders if "nvml" in h.via) + len(facts.target_ghosts) + sum(
-        1 for heir in facts.heirs.values() if any(h.pid == heir for h in facts.ct_holders))
-    return max(0, lo.net_bytes - facts.ct_listed_bytes - own_contexts * rule.per_context_bytes)
+        1 for g, heir in facts.heirs.items() if g not in facts.unproven and any(h.pid == heir for h in facts.ct_holders))
+    # a ghost credited to a target heir by a guess (``inspect._credit_ghosts``: no link, other ghosts competing) is not
+    # provably the target's: it stays in the baseline, so it alone never makes the reset stop the target
+    own = facts.ct_listed_bytes - facts.unproven_bytes
+    return max(0, lo.net_bytes - own - own_contexts * rule.per_context_bytes)

@@ -140,6 +140,9 @@ class ProcInfo:
     uid: int | None = None  # real uid on the host (``/proc/<pid>/status`` Uid:), for audit
     cmdline: str = ""  # escaped ``/proc/<pid>/cmdline`` (tenant text: display only, never decide on it)
     term_futile: bool = False  # SIGTERM cannot reach it: ignored (SigIgn), or a nested namespace's init without a handler
+    pgid: int | None = None  # process group id on the host (stat field 5): a fork child keeps its group leader's pid
+    sid: int | None = None  # session id on the host (stat field 6): a fork child keeps its session leader's pid
+    frozen: bool = False  # its cgroup (or an ancestor up to the container's) is frozen (cgroup v2 cgroup.events frozen 1)
 
     @property
     def pid(self) -> int:

@@ -19,11 +19,12 @@ if TYPE_CHECKING:
         comm: bytes
         state: str  # R S D Z T t X I ...
         ppid: int  # field 4
+        pgid: int  # field 5 (process group id)
         sid: int  # field 6 (session id)
         threads: int  # field 20 (num_threads)
         start_ticks: int  # field 22 (starttime, clock ticks after boot)
 else:
-    Stat = namedtuple("Stat", "comm state ppid sid threads start_ticks")
+    Stat = namedtuple("Stat", "comm state ppid pgid sid threads start_ticks")
 
 
 def parse_stat(data: bytes | str) -> Stat | None:
@@ -36,8 +37,8 @@ def parse_stat(data: bytes | str) -> Stat | None:
     if len(fields) < 20:
         return None
     try:
-        return Stat(raw[lp + 1 : rp], fields[0].decode("ascii"), int(fields[1]), int(fields[3]),
-                    int(fields[17]), int(fields[19]))
+        return Stat(raw[lp + 1 : rp], fields[0].decode("ascii"), int(fields[1]), int(fields[2]),
+                    int(fields[3]), int(fields[17]), int(fields[19]))
     except (ValueError, UnicodeDecodeError):
         return None
 

@@ -25,6 +25,7 @@ def _facts_json(f: GpuFacts) -> dict[str, Any]:
         "ghost_pids": f.ghosts, "error": f.sample.error,
         "heirs": {str(g): h for g, h in f.heirs.items()}, "target_ghost_pids": f.target_ghosts,
         "unexplained_ghost_pids": f.unexplained_ghosts, "recycled_pids": f.recycled,
+        "foreign_ghost_pids": f.foreign_ghosts, "linked_ghost_pids": f.linked, "unproven_ghost_pids": f.unproven,
         "contexts_outside": f.contexts_outside,
         "baseline_mib": round(f.baseline_bytes / MIB, 1),  # left before the reset by others: not held against the target
     }

@@ -70,17 +70,24 @@ def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> set[ProcIdenti
     without a handler, or it is traced (state ``t`` or a debugger attached: the tracer would see SIGTERM first,
     and SIGCONT cannot resume it). A stopped target (state ``T``) gets SIGCONT right after its SIGTERM, so
     the pending SIGTERM is acted on (its handler runs, or the default action ends it) within the grace,
-    instead of waiting the whole grace for a signal that cannot be delivered."""
+    instead of waiting the whole grace for a signal that cannot be delivered. A target in a frozen cgroup (cgroup v2
+    ``cgroup.freeze``, on its cgroup or an ancestor, read from the host's cgroupfs) gets SIGKILL at once: SIGTERM
+    stays pending while it is frozen, SIGKILL kills frozen tasks."""
     pol = run.policy
     run.step("round", "start", f"round {n}: {len(targets)} holder(s) in CT {run.vmid}", pids=[h.pid for h in targets])
+    frozen = [h for h in targets if h.info.frozen and not (h.info.term_futile or h.info.state == TRACED)]
     futile = [h for h in targets if h.info.term_futile or h.info.state == TRACED]
-    skip = {h.info.ident for h in futile}
+    skip = {h.info.ident for h in futile + frozen}
     termed = send(run, [h for h in targets if h.info.ident not in skip], signal.SIGTERM)
     killed: list[Holder] = []
+    if frozen:
+        run.step("signal", "skipped", f"pid(s) {', '.join(str(h.pid) for h in frozen)} are in a frozen cgroup: SIGTERM would stay "
+                 "pending, SIGKILL at once (it kills frozen tasks on cgroup v2)", pids=[h.pid for h in frozen])
+        killed = send(run, frozen, signal.SIGKILL)
     if futile:
         run.step("signal", "skipped", f"SIGTERM cannot reach pid(s) {', '.join(str(h.pid) for h in futile)} (ignored, traced by a "
                  "debugger, or the init of a nested PID namespace without a handler): SIGKILL at once", pids=[h.pid for h in futile])
-        killed = send(run, futile, signal.SIGKILL)
+        killed += send(run, futile, signal.SIGKILL)
     if stopped := [h for h in termed if _state(run, h) == STOPPED]:
         run.step("signal", "continue", f"pid(s) {', '.join(str(h.pid) for h in stopped)} stopped (state T): SIGCONT so the "
                  "pending SIGTERM is acted on", pids=[h.pid for h in stopped])
@@ -99,6 +106,8 @@ def planned_action(h: Holder) -> str:
     """What ``signal_round`` will send this holder (for --dry-run)."""
     if h.info.term_futile or h.info.state == TRACED:
         return "SIGKILL at once: SIGTERM cannot reach it (ignored, traced, or a nested namespace's init without a handler)"
+    if h.info.frozen:
+        return "SIGKILL at once: its cgroup is frozen (SIGTERM would stay pending)"
     if h.info.state == STOPPED:
         return "SIGTERM, then SIGCONT (it is stopped), then SIGKILL after grace"
     return "SIGTERM, then SIGKILL after grace"

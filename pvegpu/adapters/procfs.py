@@ -99,6 +99,25 @@ def term_futile(data: bytes, nspid: list[int]) -> bool:
     return len(nspid) > 2 and nspid[-1] == 1 and b"SigCgt" in masks and not masks[b"SigCgt"] & SIGTERM_BIT
 
 
+def cgroup_frozen(cgroup_file: bytes | None, cgroup_root: str) -> bool:
+    """Is the process's cgroup v2 frozen (``cgroup.freeze`` on it or an ancestor: ``cgroup.events`` says ``frozen 1``)?
+    ``cat /proc/<pid>/cgroup`` (the ``0::`` line) then ``grep frozen /sys/fs/cgroup/<path>/cgroup.events``; the
+    kernel writes both. Unreadable: False (the holder gets the ordinary SIGTERM, then SIGKILL after the grace)."""
+    if not cgroup_file:
+        return False
+    for line in cgroup_file.split(b"\n"):  # never splitlines(): a cgroup name may hold \r, \v, ...
+        if line.startswith(b"0::/"):
+            path = os.fsdecode(line[3:])
+            if "/../" in path + "/" or "\0" in path:
+                return False
+            for sub in ("", "unified"):  # cgroup v2, or the unified hierarchy of a hybrid host
+                events = _read_bytes(os.path.join(cgroup_root, sub, path.lstrip("/"), "cgroup.events"), 4096)
+                if events is not None:
+                    return b"\nfrozen 1" in b"\n" + events
+            return False
+    return False
+
+
 def parse_status(data: bytes) -> tuple[list[int], int | None, int]:
     """(NSpid, real uid, Threads) from ``/proc/<pid>/status``; the kernel writes these lines, not the tenant.
 
@@ -189,6 +208,7 @@ class ProcHost:
         self._stat_of = stat_of  # tests pass a plain os.stat to reproduce a scan that blocks
         self._scan_type = scan  # how one process is scanned (the simulated node passes its own; see sim/host.py)
         self.proc = proc
+        self.cgroup_root = cgroup_root
         self.boundary: Boundary = boundary or CgroupBoundary(proc, cgroup_root)
         self.budget = budget or ScanBudget()
         self.self_pid = os.getpid()
@@ -231,6 +251,10 @@ class ProcHost:
             uid=uid,
             cmdline=escape(cmd, CMDLINE_SHOWN),
             term_futile=term_futile(status, nspid),
+            pgid=st.pgid,
+            sid=st.sid,
+            frozen=placement.place is Place.CONTAINER and cgroup_frozen(_read_bytes(f"{self.proc}/{pid}/cgroup"),
+                                                                        self.cgroup_root),
         )
 
     def all_pids(self) -> list[int]:

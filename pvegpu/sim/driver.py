@@ -10,6 +10,9 @@ real-process tests all read GPU memory through ``DriverModel``, so they all show
   any context lives plus ``gap_per_context`` (5.8 MiB) per context.
 - **Release latency**: a context's memory returns ``release_latency`` (0.15 s; 0.12-0.2 s measured) after its
   last holder died; until then ``used`` still counts it and its owner's (dead) pid is still listed.
+- **One row per process**: NVML lists a process once however many contexts it owns, with their memory summed
+  (one process with 16 ``cuCtxCreate`` contexts: one row of 8288 MiB, ``used`` 8383 MiB); the gap counts every
+  context.
 - **Dead pids listed**: the owner's pid is listed while the context lives, even when only a fork child
   (never listed) keeps it; a ``pinned`` context (an fd parked in flight on a unix socket, a driver leak
   with a pid) lives whatever happens to its holders.
@@ -131,5 +134,8 @@ class DriverModel:
                 continue
             cs = [c for c in live if c.gpu == m]
             used = sum(c.nbytes for c in cs) + context_gap(len(cs), self.gap_base, self.gap_per_context) + self.leak.get(m, 0)
-            out[m] = GpuSample(m, used, tuple(NvmlProcess(c.owner_pid, c.nbytes) for c in cs))
+            rows: dict[int, int] = {}  # NVML lists one row per process, its contexts' memory summed (measured)
+            for c in cs:
+                rows[c.owner_pid] = rows.get(c.owner_pid, 0) + c.nbytes
+            out[m] = GpuSample(m, used, tuple(NvmlProcess(pid, nbytes) for pid, nbytes in rows.items()))
         return out
