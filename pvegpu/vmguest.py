@@ -67,6 +67,10 @@ class AgentUnavailable(E.PveApiError):
     """The guest agent is not configured, not running, or does not answer (exit 4)."""
 
 
+class AgentForbidden(E.PveApiError):
+    """The API token lacks the privilege to run commands in the guest (a 403; exit 4): says nothing about the guest."""
+
+
 class GuestTimeout(E.PveApiError):
     """A command in the guest did not finish within its deadline (exit 4)."""
 

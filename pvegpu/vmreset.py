@@ -171,9 +171,7 @@ def _reset(run: _Run) -> None:
         if isinstance(exc, E.NotFoundError) or r.node == "":
             raise
         return _fail(run, exc)
-    if str(status.get("status")) != "running":
-        r.outcome, r.exit_code, r.vm_state = VmOutcome.NOT_RUNNING, E.EXIT_OK, str(status.get("status") or "unknown")
-        run.step("find", "stopped", f"VM {run.vmid} is {r.vm_state}: no guest process can hold its GPU; nothing to do")
+    if _not_running(run, status, midway=False):
         return
     run.guestside = Guestside(run.api, run.guest, run.clock, exec_timeout=pol.exec_timeout)
     try:
@@ -204,6 +202,26 @@ def _reset(run: _Run) -> None:
     _reboot_and_verify(run)
 
 
+def _not_running(run: _Run, status: Mapping[str, Any] | None = None, *, midway: bool = True) -> bool:
+    """The VM's status, read now (or ``status``, just read): True when the VM is not running, and the report says
+    so (exit 0, nothing to reset). pvegpu leaves a VM it did not stop alone: no shutdown, stop or start."""
+    r = run.report
+    if status is None:
+        try:
+            status = _status(run)
+        except E.PvegpuError as exc:
+            _fail(run, exc)
+            return True
+    state = str(status.get("status") or "unknown")
+    if state == "running":
+        return False
+    r.outcome, r.exit_code, r.vm_state = VmOutcome.NOT_RUNNING, E.EXIT_OK, escape(state, 40)
+    run.step("find" if r.before is None else "verify", "stopped",
+             f"VM {run.vmid} is {r.vm_state}" + (" (stopped during the reset, not by pvegpu: left alone)" if midway else "")
+             + ": no guest process can hold its GPU; nothing to reset")
+    return True
+
+
 def _look(run: _Run) -> GuestView:
     if run.blind is not None:
         raise run.blind
@@ -214,6 +232,8 @@ def _look(run: _Run) -> GuestView:
 def _cannot_look(run: _Run, exc: E.PvegpuError) -> None:
     """The guest cannot be looked into (or stopped talking): say why; reboot where allowed, else exit with the reason."""
     r = run.report
+    if _not_running(run):  # the VM was stopped meanwhile (its agent's "VM N not running"): not pvegpu's to start
+        return
     run.step("find" if r.before is None else "verify", "unknown", exc.message)
     r.add(exc.message, exc.hint or "")
     if run.policy.dry_run or not run.policy.restart:
@@ -320,6 +340,8 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
         status = _status(run)
     except E.PvegpuError as exc:
         return _fail(run, exc)
+    if _not_running(run, status):  # re-read before any power action: a VM stopped by its admin stays stopped
+        return
     lock = status.get("lock")
     if lock:
         return _fail(run, E.PveApiError(f"VM {vmid} is locked ({escape(str(lock), 40)}); reboot refused",
@@ -329,7 +351,14 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
     run.step("restart", "shutdown", f"shutting VM {vmid} down through the API ({why}; guest timeout {pol.shutdown_timeout} s)")
     upid: str | None = None
     try:
-        upid = run.api.vm_shutdown(run.guest, pol.shutdown_timeout)
+        try:
+            upid = run.api.vm_shutdown(run.guest, pol.shutdown_timeout)
+        except E.PveNoAnswer:
+            raise  # may have been sent: pvegpu may have stopped it
+        except E.PvegpuError:
+            if _not_running(run):  # refused because the VM is already down (its admin): leave it alone
+                return
+            raise
         _task(run, upid, "shutdown")
         if _await_state(run, "stopped", pol.task_timeout if ha else pol.state_wait) != "stopped":
             raise E.TaskFailed(f"the shutdown of VM {vmid} ended, but VM {vmid} is not stopped")
