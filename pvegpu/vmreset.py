@@ -20,7 +20,7 @@ from . import errors as E
 from .model import Guest, Step
 from .qemuconf import parse_hostpci
 from .safetext import escape
-from .vmguest import AgentUnavailable, Clock, GuestCannotTell, Guestside, GuestView, VmApi
+from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, Guestside, GuestTimeout, GuestView, VmApi
 
 EVIDENCE = "the guest's own nvidia-smi and /proc, read through the QEMU guest agent (host NVML cannot see a vfio-pci GPU)"
 STATE_POLL = 0.5
@@ -234,6 +234,16 @@ def _cannot_look(run: _Run, exc: E.PvegpuError) -> None:
     r = run.report
     if _not_running(run):  # the VM was stopped meanwhile (its agent's "VM N not running"): not pvegpu's to start
         return
+    if not isinstance(exc, REBOOTABLE):  # a 403, or any other API error: it says nothing about the guest's GPU
+        run.step("find" if r.before is None else "verify", "unknown", exc.message)
+        if isinstance(exc, AgentForbidden) or "permission" in exc.message.lower():
+            r.add(f"pvegpu may not run commands in VM {run.vmid}'s guest: {exc.message}",
+                  f"the API token needs VM.GuestAgent.Unrestricted (PVE 9) or VM.Monitor (PVE 8) on /vms/{run.vmid}; "
+                  "nothing was stopped (README 'VM reset')")
+        else:
+            r.add(f"{exc.message} (VM {run.vmid} was not rebooted: only a guest agent that does not answer is a reason to)", exc.hint or "")
+        r.outcome, r.exit_code = VmOutcome.NOT_VERIFIED, exc.exit_code
+        return
     run.step("find" if r.before is None else "verify", "unknown", exc.message)
     r.add(exc.message, exc.hint or "")
     if run.policy.dry_run or not run.policy.restart:
@@ -242,6 +252,11 @@ def _cannot_look(run: _Run, exc: E.PvegpuError) -> None:
             run.step("restart", "skipped", "cannot verify inside the guest, and --no-restart was given")
         return
     _reboot_and_verify(run, reason=exc)
+
+
+# What may send a VM down the reboot path: the guest cannot be looked into (no agent configured, an agent that
+# does not answer, a command that times out, a guest without nvidia-smi or Windows). Never a 403 or another API error.
+REBOOTABLE = (AgentUnavailable, GuestTimeout, GuestCannotTell)
 
 
 def _stop_and_verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
