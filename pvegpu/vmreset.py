@@ -203,8 +203,9 @@ def _reset(run: _Run) -> None:
 
 
 def _not_running(run: _Run, status: Mapping[str, Any] | None = None, *, midway: bool = True) -> bool:
-    """The VM's status, read now (or ``status``, just read): True when the VM is not running, and the report says
-    so (exit 0, nothing to reset). pvegpu leaves a VM it did not stop alone: no shutdown, stop or start."""
+    """The VM's status, read now (or ``status``, just read): True when the VM is not running (exit 0, nothing to
+    reset) or paused (exit 4, ``qm resume``), and the report says so. pvegpu leaves such a VM alone: no shutdown,
+    stop or start."""
     r = run.report
     if status is None:
         try:
@@ -213,6 +214,15 @@ def _not_running(run: _Run, status: Mapping[str, Any] | None = None, *, midway: 
             _fail(run, exc)
             return True
     state = str(status.get("status") or "unknown")
+    qmp = status.get("qmpstatus")
+    if state == "running" and qmp is not None and str(qmp) != "running":
+        # paused by its admin, suspended, on an I/O error: its agent cannot answer, and it is not pvegpu's to stop
+        qmp_s = escape(str(qmp), 40)
+        r.outcome, r.exit_code, r.vm_state = VmOutcome.NOT_VERIFIED, E.EXIT_PVE, qmp_s
+        run.step("find" if r.before is None else "verify", "paused", f"VM {run.vmid} is {qmp_s}: its guest cannot be looked into")
+        r.add(f"VM {run.vmid} is {qmp_s} (qmpstatus): pvegpu does not look into, shut down or stop a paused VM",
+              f"resume it (`qm resume {run.vmid}`) and run `pvegpu reset {run.vmid}` again; `qm status {run.vmid} --verbose`")
+        return True
     if state == "running":
         return False
     r.outcome, r.exit_code, r.vm_state = VmOutcome.NOT_RUNNING, E.EXIT_OK, escape(state, 40)
