@@ -18,6 +18,7 @@ from typing import Any
 
 from . import errors as E
 from .model import Guest, Step
+from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
 from .safetext import escape
 from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, Guestside, GuestTimeout, GuestView, VmApi
@@ -76,6 +77,9 @@ class VmReport:
     vm_state: str | None = None
     task_log: list[str] = field(default_factory=list)
     elapsed: float = 0.0
+    power_requested: bool = False  # this reset asked PVE to shut the VM down (the critical section began)
+    start_requested: bool = False
+    interrupted: dict[str, object] | None = None  # a signal after the power request: its name, what pvegpu did, where the VM is
 
     def add(self, problem: str, action: str) -> None:
         """A diagnosis line; both may carry text from the guest (an agent's error): escaped."""
@@ -89,13 +93,14 @@ class VmReport:
                 "before": self.before.to_json() if self.before else None, "after": self.after.to_json() if self.after else None,
                 "diagnosis": [{"problem": p, "action": a} for p, a in self.diagnosis], "notes": self.notes,
                 "restarted": self.restarted, "left_stopped": self.left_stopped, "vm_state": self.vm_state,
-                "task_log": self.task_log, "respawns": [], "elapsed_s": round(self.elapsed, 3)}
+                "task_log": self.task_log, "respawns": [], "interrupted": self.interrupted, "elapsed_s": round(self.elapsed, 3)}
 
 
 class _Run:
     def __init__(self, vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None,
-                 log: Any = None) -> None:
+                 log: Any = None, interrupts: Interrupts | None = None) -> None:
         self.vmid, self.api, self.clock, self.policy, self.on_step, self.log = vmid, api, clock, policy, on_step, log
+        self.interrupts: Interrupts = interrupts or NoInterrupts()
         self.report = VmReport(vmid)
         self.guest = Guest(vmid, "", "qemu")
         self.guestside: Guestside | None = None
@@ -114,16 +119,47 @@ class _Run:
 
 
 def reset_vm(vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None = None,
-             log: Any = None) -> VmReport:
+             log: Any = None, interrupts: Interrupts | None = None) -> VmReport:
     """Run ``pvegpu reset`` for one VM and return the full report; PveApiErrors end as the report's exit code.
-    ``log``: an EventLog (structlog) that gets every step as an event."""
-    run = _Run(vmid, api, clock, policy, on_step, log)
+    ``log``: an EventLog (structlog) that gets every step as an event. Signals (``interrupts``) as for a container:
+    before the first power action ``Interrupted`` is raised (the VM was not stopped); from it on the first signal
+    is recorded and the restart finished (exit 128+n), a second one abandons it; both say where the VM is."""
+    run = _Run(vmid, api, clock, policy, on_step, log, interrupts)
     t0 = clock.monotonic()
     try:
         _reset(run)
+    except Interrupted as exc:
+        if not run.report.power_requested:
+            raise
+        _interrupted(run, exc.signame, exc.exit_code, abandoned=True)
     finally:
         run.report.elapsed = clock.monotonic() - t0
-    return run.report
+    r = run.report
+    got = run.interrupts.received()
+    if got and r.interrupted is None and r.power_requested:
+        _interrupted(run, got[0], got[1], abandoned=False)
+    return r
+
+
+def _interrupted(run: _Run, signame: str, code: int, *, abandoned: bool) -> None:
+    """A signal after the power request: finished (first signal) or abandoned (second); where the VM is, exit 128+n."""
+    r, vmid = run.report, run.vmid
+    if abandoned:
+        known = r.vm_state or "unknown"
+        r.left_stopped = not (r.restarted and known == "running")
+        action = "abandoned the reboot at the second signal"
+        where = (f"VM {vmid} is running" if not r.left_stopped else
+                 f"VM {vmid} may be STOPPED (last known: {known}; its start was {'requested' if r.start_requested else 'never requested'})")
+    else:
+        action = "finished the reboot before exiting"
+        where = (f"VM {vmid} is running" if r.vm_state == "running" and not r.left_stopped
+                 else f"VM {vmid} was left STOPPED" if r.vm_state == "stopped"
+                 else f"VM {vmid} is {r.vm_state or 'in an unknown state'}" + (" and may end up stopped" if r.left_stopped else ""))
+    r.interrupted = {"signal": signame, "action": action, "vm_state": r.vm_state or "unknown", "left_stopped": r.left_stopped}
+    msg = f"pvegpu reset of VM {vmid} interrupted by {signame} after it asked for the VM's shutdown: it {action}; {where}"
+    run.step("interrupted", signame, msg, signal=signame)
+    r.diagnosis.append((msg, f"check `qm status {vmid}`" + (f"; start it with `qm start {vmid}`" if r.left_stopped else "")))
+    r.exit_code = code
 
 
 def _agent_enabled(value: Any) -> bool:
@@ -373,6 +409,8 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
                                         f"wait for the {escape(str(lock), 40)} to finish, or `qm unlock {vmid}` if it is stale"))
     ha = isinstance(status.get("ha"), Mapping) and str(status["ha"].get("managed")) == "1"
     why = reason.message if reason else "the GPU is not clean in the guest"
+    run.interrupts.critical()  # from the shutdown request on, a signal never leaves the VM stopped without a word
+    r.power_requested = True
     run.step("restart", "shutdown", f"shutting VM {vmid} down through the API ({why}; guest timeout {pol.shutdown_timeout} s)")
     upid: str | None = None
     try:
@@ -403,6 +441,7 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
     r.vm_state, r.left_stopped = "stopped", True
     run.step("restart", "start", f"VM {vmid} stopped; starting it")
     upid = None
+    r.start_requested = True
     try:
         upid = run.api.vm_start(run.guest)
         _task(run, upid, "start")
@@ -470,6 +509,8 @@ def vm_human(r: VmReport) -> str:
     if r.task_log:
         lines.append("task log (last lines):")
         lines += [f"    {t}" for t in r.task_log]
+    if r.interrupted:
+        lines.append(f"  interrupted by {r.interrupted['signal']}: pvegpu {r.interrupted['action']}; exit {r.exit_code}")
     if r.left_stopped:
         lines.append(f"VM {r.vmid} is {r.vm_state or 'maybe stopped'}: it was LEFT STOPPED (start it with `qm start {r.vmid}`)")
     verdict = {VmOutcome.CLEAN: "GPU verified free in the guest (its nvidia-smi and /proc; host NVML cannot see a vfio-pci GPU)",
