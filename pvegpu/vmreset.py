@@ -21,7 +21,8 @@ from .model import Guest, Step
 from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
 from .safetext import escape
-from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, Guestside, GuestTimeout, GuestView, VmApi
+from .vmguest import (AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, GuestHolder, Guestside, GuestTimeout, GuestView,
+                      VmApi)
 
 EVIDENCE = "the guest's own nvidia-smi and /proc, read through the QEMU guest agent (host NVML cannot see a vfio-pci GPU)"
 STATE_POLL = 0.5
@@ -54,6 +55,7 @@ class VmPolicy:
     exec_timeout: float = 10.0  # each command in the guest
     shutdown_timeout: int = 60  # the guest's own clean shutdown before the hard stop
     poll: float = 0.2  # between looks inside the guest
+    rounds: int = 3  # signal rounds: holders that appear after a round (respawns) get the next one
     state_wait: float = 15.0
 
 
@@ -306,29 +308,46 @@ REBOOTABLE = (AgentUnavailable, GuestTimeout, GuestCannotTell)
 
 
 def _stop_and_verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
-    """SIGTERM, SIGKILL after the grace for survivors, then wait for clean to hold for the settle window."""
+    """Rounds of SIGTERM, then SIGKILL after the grace to the survivors of that SIGTERM only (same pid and start
+    time); a holder that appeared meanwhile (a respawn) gets its own round, ``rounds`` in all. Then wait for clean
+    to hold for the settle window."""
     pol, gs = run.policy, run.guestside
     assert gs is not None
-    if view.killable:
+    seen: set[tuple[int, int | None]] = set()
+    for n in range(1, pol.rounds + 1):
+        fresh = [h for h in view.killable if (h.pid, h.start) not in seen]
+        if not fresh:
+            break
+        if n > 1:
+            run.step("respawn", "found", f"{len(fresh)} new holder(s) in VM {run.vmid}'s guest after round {n - 1}: "
+                     + ", ".join(f"pid {h.pid} ({h.comm})" for h in fresh[:8]), pids=[h.pid for h in fresh])
+        seen |= {(h.pid, h.start) for h in fresh}
+        targets = fresh
         for sig, wait in (("TERM", pol.grace), ("KILL", pol.kill_wait)):
-            targets = view.killable
             if not targets:
                 break
-            results = gs.signal(sig, targets)
-            for h in targets:
-                res = results.get(h.pid, "unknown")
-                run.report.signalled.append({"pid": h.pid, "comm": h.comm, "signal": f"SIG{sig}", "result": res})
-                run.step("signal", res, f"SIG{sig} → guest pid {h.pid} ({h.comm}): {res}", pid=h.pid, signal=f"SIG{sig}")
-            view = _wait_gone(run, wait, {h.pid for h in targets})
+            _send(run, sig, targets)
+            ids = {(h.pid, h.start) for h in targets}
+            view = _wait_gone(run, wait, ids)
+            targets = [h for h in view.killable if (h.pid, h.start) in ids]  # survivors of this very signal
     return _verify(run, view)
 
 
-def _wait_gone(run: _Run, seconds: float, pids: set[int]) -> GuestView:
+def _send(run: _Run, sig: str, targets: list[GuestHolder]) -> None:
+    assert run.guestside is not None
+    results = run.guestside.signal(sig, targets)
+    for h in targets:
+        res = results.get(h.pid, "unknown")
+        run.report.signalled.append({"pid": h.pid, "comm": h.comm, "signal": f"SIG{sig}", "result": res})
+        run.step("signal", res, f"SIG{sig} → guest pid {h.pid} ({h.comm}): {res}", pid=h.pid, signal=f"SIG{sig}")
+
+
+def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]]) -> GuestView:
     assert run.guestside is not None
     end = run.clock.monotonic() + seconds
     while True:
         view = run.guestside.look()
-        if not pids & {h.pid for h in view.killable} or run.clock.monotonic() >= end:
+        if not ids & {(h.pid, h.start) for h in view.killable} or run.clock.monotonic() >= end:
             return view
         run.pause(min(run.policy.poll, max(0.0, end - run.clock.monotonic())))
 
