@@ -81,17 +81,17 @@ def _main(
 def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool = False) -> int:
     """A VM: its holders are found and stopped inside the guest, through the guest agent (pvegpu/vmreset.py)."""
     from .logs import configure
-    from .vmreset import reset_vm, vm_human
-
     from .ports import Interrupted
+    from .vmreset import reset_vm, vm_human
 
     log = configure(verbose=verbose, json_lines=json_out and verbose)
     on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
+    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
     with _Signals(vmid, "VM") as signals:  # the container path's handling: see do_reset
         try:
             with wiring.ct_lock(s, vmid, s.reset.lock_wait):
                 report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log,
-                                  interrupts=signals)
+                                  interrupts=signals, on_progress=on_wait)
                 signals.done = True
         except Interrupted as exc:  # before any power action (after it, reset_vm() reports the signal itself)
             line = (f"pvegpu reset of VM {vmid} interrupted by {exc.signame} before any power action: VM {vmid} was not stopped "

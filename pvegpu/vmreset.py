@@ -21,8 +21,7 @@ from .model import Guest, Step
 from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
 from .safetext import escape
-from .vmguest import (AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, GuestHolder, Guestside, GuestTimeout, GuestView,
-                      VmApi)
+from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, GuestHolder, Guestside, GuestTimeout, GuestView, VmApi
 
 EVIDENCE = "the guest's own nvidia-smi and /proc, read through the QEMU guest agent (host NVML cannot see a vfio-pci GPU)"
 STATE_POLL = 0.5
@@ -103,6 +102,8 @@ class _Run:
                  log: Any = None, interrupts: Interrupts | None = None) -> None:
         self.vmid, self.api, self.clock, self.policy, self.on_step, self.log = vmid, api, clock, policy, on_step, log
         self.interrupts: Interrupts = interrupts or NoInterrupts()
+        self.on_progress: Callable[[str], None] | None = None
+        self.last_look = 0.0  # seconds the last look inside the guest took
         self.report = VmReport(vmid)
         self.guest = Guest(vmid, "", "qemu")
         self.guestside: Guestside | None = None
@@ -116,17 +117,33 @@ class _Run:
         if self.on_step:
             self.on_step(s)
 
+    def look(self, deadline: float | None = None) -> GuestView:
+        """One look inside the guest, its commands capped at ``deadline``; a look over a second is said (progress)."""
+        assert self.guestside is not None
+        t0 = self.clock.monotonic()
+        try:
+            return self.guestside.look(deadline)
+        finally:
+            self.last_look = took = self.clock.monotonic() - t0
+            if took > 1.0 and self.on_progress:
+                self.on_progress(f"looking inside VM {self.vmid} took {took:.1f} s (a slow guest)")
+
+    def fits(self, end: float) -> bool:
+        """Whether a look started now may end by ``end``, judged by the last look's duration."""
+        return self.clock.monotonic() + self.last_look <= end
+
     def pause(self, seconds: float) -> None:
         self.clock.sleep(max(0.0, seconds))
 
 
 def reset_vm(vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None = None,
-             log: Any = None, interrupts: Interrupts | None = None) -> VmReport:
+             log: Any = None, interrupts: Interrupts | None = None, on_progress: Callable[[str], None] | None = None) -> VmReport:
     """Run ``pvegpu reset`` for one VM and return the full report; PveApiErrors end as the report's exit code.
     ``log``: an EventLog (structlog) that gets every step as an event. Signals (``interrupts``) as for a container:
     before the first power action ``Interrupted`` is raised (the VM was not stopped); from it on the first signal
     is recorded and the restart finished (exit 128+n), a second one abandons it; both say where the VM is."""
     run = _Run(vmid, api, clock, policy, on_step, log, interrupts)
+    run.on_progress = on_progress
     t0 = clock.monotonic()
     try:
         _reset(run)
@@ -273,8 +290,7 @@ def _not_running(run: _Run, status: Mapping[str, Any] | None = None, *, midway: 
 def _look(run: _Run) -> GuestView:
     if run.blind is not None:
         raise run.blind
-    assert run.guestside is not None
-    return run.guestside.look()
+    return run.look()
 
 
 def _cannot_look(run: _Run, exc: E.PvegpuError) -> None:
@@ -328,7 +344,7 @@ def _stop_and_verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
                 break
             _send(run, sig, targets)
             ids = {(h.pid, h.start) for h in targets}
-            view = _wait_gone(run, wait, ids)
+            view = _wait_gone(run, wait, ids, view)
             targets = [h for h in view.killable if (h.pid, h.start) in ids]  # survivors of this very signal
     return _verify(run, view)
 
@@ -342,11 +358,20 @@ def _send(run: _Run, sig: str, targets: list[GuestHolder]) -> None:
         run.step("signal", res, f"SIG{sig} → guest pid {h.pid} ({h.comm}): {res}", pid=h.pid, signal=f"SIG{sig}")
 
 
-def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]]) -> GuestView:
-    assert run.guestside is not None
+def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]], last: GuestView) -> GuestView:
+    """Look until the signalled holders are gone or ``seconds`` passed. A look that cannot end in the time left is
+    not started (nor one past it finished): the last view stands, and the next signal's script checks identities."""
     end = run.clock.monotonic() + seconds
+    view = last
     while True:
-        view = run.guestside.look()
+        if not run.fits(end):
+            return view
+        try:
+            view = run.look(end)
+        except GuestTimeout:
+            if run.clock.monotonic() < end:
+                raise
+            return view
         if not ids & {(h.pid, h.start) for h in view.killable} or run.clock.monotonic() >= end:
             return view
         run.pause(min(run.policy.poll, max(0.0, end - run.clock.monotonic())))
@@ -354,8 +379,7 @@ def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]]) -> G
 
 def _verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
     """Clean (no holder that may own a context, nothing NVML lists without a process) held for ``settle``."""
-    pol, gs = run.policy, run.guestside
-    assert gs is not None
+    pol = run.policy
     end = run.clock.monotonic() + pol.timeout
     since: float | None = None
     while True:
@@ -368,11 +392,17 @@ def _verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
                 return view, True
         else:
             since = None
-        if now >= end:
+        if now >= end or not run.fits(end):
             run.step("verify", "not clean", f"the guest still shows GPU holders after {pol.timeout:g} s")
             return view, False
         run.pause(min(pol.poll if since is None else max(pol.settle - (now - since), 0.01), max(0.0, end - now)))
-        view = gs.look()
+        try:
+            view = run.look(end)
+        except GuestTimeout:
+            if run.clock.monotonic() < end:
+                raise
+            run.step("verify", "not clean", f"the guest did not show clean within {pol.timeout:g} s (its last look did not finish)")
+            return view, False
 
 
 def _finish(run: _Run, view: GuestView | None, outcome: VmOutcome, code: int) -> None:
