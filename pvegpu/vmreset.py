@@ -303,7 +303,7 @@ def _cannot_look(run: _Run, exc: E.PvegpuError) -> None:
         if isinstance(exc, AgentForbidden) or "permission" in exc.message.lower():
             r.add(f"pvegpu may not run commands in VM {run.vmid}'s guest: {exc.message}",
                   f"the API token needs VM.GuestAgent.Unrestricted (PVE 9) or VM.Monitor (PVE 8) on /vms/{run.vmid}; "
-                  "nothing was stopped (README 'VM reset')")
+                  "nothing was stopped (README 'VMs')")
         else:
             r.add(f"{exc.message} (VM {run.vmid} was not rebooted: only a guest agent that does not answer is a reason to)", exc.hint or "")
         r.outcome, r.exit_code = VmOutcome.NOT_VERIFIED, exc.exit_code
