@@ -81,13 +81,27 @@ def _main(
 def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool = False) -> int:
     """A VM: its holders are found and stopped inside the guest, through the guest agent (pvegpu/vmreset.py)."""
     from .logs import configure
+    from .ports import Interrupted
     from .vmreset import reset_vm, vm_human
 
     log = configure(verbose=verbose, json_lines=json_out and verbose)
-    on_step = None if json_out else (lambda st: typer.echo(f"[{st.name}] {st.detail.get('msg', st.outcome)}"))
-    with wiring.ct_lock(s, vmid, s.reset.lock_wait):
-        report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log)
-    typer.echo(json.dumps(report.to_json(), indent=2) if json_out else "\n" + vm_human(report))
+    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
+    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
+    with _Signals(vmid, "VM") as signals:  # the container path's handling: see do_reset
+        try:
+            with wiring.ct_lock(s, vmid, s.reset.lock_wait):
+                report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log,
+                                  interrupts=signals, on_progress=on_wait)
+                signals.done = True
+        except Interrupted as exc:  # before any power action (after it, reset_vm() reports the signal itself)
+            line = (f"pvegpu reset of VM {vmid} interrupted by {exc.signame} before any power action: VM {vmid} was not stopped "
+                    "(guest processes may have been signalled)")
+            wiring.journal_line(line)
+            raise E.SignalledError(line, f"run `pvegpu reset {vmid}` again to finish", exc.exit_code) from None
+    if report.interrupted or report.left_stopped:
+        wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
+                            or f"pvegpu reset of VM {vmid}: VM {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
+    _say(json.dumps(report.to_json(), indent=2) if json_out else "\n" + vm_human(report), err=False)
     return int(report.exit_code)
 
 
@@ -98,8 +112,8 @@ class _Signals:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, vmid: int) -> None:
-        self.vmid = vmid
+    def __init__(self, vmid: int, kind: str = "CT") -> None:
+        self.vmid, self.kind = vmid, kind
         self.in_critical = self.done = False
         self.got: tuple[str, int] | None = None
         self.previous: dict[int, Any] = {}
@@ -130,7 +144,8 @@ class _Signals:
             raise Interrupted(name, code)
         if self.got is None:
             self.got = (name, code)
-            _say(f"pvegpu: {name}: CT {self.vmid}'s stop was requested, so pvegpu finishes the restart first "
+            _say(f"pvegpu: {name}: {self.kind} {self.vmid}'s {'stop' if self.kind == 'CT' else 'shutdown'} was requested, "
+                 "so pvegpu finishes the restart first "
                  f"(then exits {code}); a second Ctrl-C or SIGTERM abandons it")
             return
         if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon

@@ -67,6 +67,10 @@ class AgentUnavailable(E.PveApiError):
     """The guest agent is not configured, not running, or does not answer (exit 4)."""
 
 
+class AgentForbidden(E.PveApiError):
+    """The API token lacks the privilege to run commands in the guest (a 403; exit 4): says nothing about the guest."""
+
+
 class GuestTimeout(E.PveApiError):
     """A command in the guest did not finish within its deadline (exit 4)."""
 
@@ -184,12 +188,14 @@ class Guestside:
         self.exec_timeout, self.poll = exec_timeout, poll
         self.on_exec = on_exec
 
-    def run(self, argv: list[str], *, what: str) -> ExecResult:
-        """``agent/exec`` then ``agent/exec-status`` polled until it exits, at most ``exec_timeout``; then GuestTimeout."""
+    def run(self, argv: list[str], *, what: str, deadline: float | None = None) -> ExecResult:
+        """``agent/exec`` then ``agent/exec-status`` polled until it exits, at most ``exec_timeout`` and never past
+        ``deadline`` (the phase's end, on this clock); then GuestTimeout."""
         if self.on_exec:
             self.on_exec(argv)
         pid = self.api.agent_exec(self.guest, argv)
-        deadline = self.clock.monotonic() + self.exec_timeout
+        t0 = self.clock.monotonic()
+        deadline = min(t0 + self.exec_timeout, deadline if deadline is not None else float("inf"))
         while True:
             st = self.api.agent_exec_status(self.guest, pid)
             if _true(st.get("exited")):
@@ -200,14 +206,14 @@ class Guestside:
                                   sig if isinstance(sig, int) and not isinstance(sig, bool) else None)
             left = deadline - self.clock.monotonic()
             if left <= 0:  # the command is left to the guest: its pid may be reused by the time a kill arrives
-                raise GuestTimeout(f"{what} in VM {self.guest.vmid} did not finish within {self.exec_timeout:g} s",
+                raise GuestTimeout(f"{what} in VM {self.guest.vmid} did not finish within {max(0.0, deadline - t0):.3g} s",
                                    "the guest is overloaded or the command hangs (a stuck driver?); look with `qm guest exec "
                                    f"{self.guest.vmid} -- nvidia-smi`, or raise reset.timeout")
             self.clock.sleep(min(self.poll, left))
 
-    def nvidia_smi(self, argv: tuple[str, ...]) -> str:
+    def nvidia_smi(self, argv: tuple[str, ...], deadline: float | None = None) -> str:
         try:
-            r = self.run(list(argv), what="nvidia-smi")
+            r = self.run(list(argv), what="nvidia-smi", deadline=deadline)
         except E.PveApiError as exc:
             if "No such file" in exc.message or "not found" in exc.message.lower():
                 raise GuestCannotTell(f"VM {self.guest.vmid} has no nvidia-smi on the guest agent's PATH",
@@ -219,11 +225,11 @@ class Guestside:
                                   f"`qm guest exec {self.guest.vmid} -- nvidia-smi`: is the driver loaded in the guest?")
         return r.out
 
-    def look(self) -> GuestView:
-        """nvidia-smi's apps and GPUs, plus the fd scan, merged by guest pid."""
-        apps = parse_apps(self.nvidia_smi(NVSMI_APPS))
-        gpus = parse_gpus(self.nvidia_smi(NVSMI_GPUS))
-        r = self.run(["sh", "-c", SCAN_SCRIPT, "pvegpu-scan"], what="the /proc fd scan")
+    def look(self, deadline: float | None = None) -> GuestView:
+        """nvidia-smi's apps and GPUs, plus the fd scan, merged by guest pid; every command ends by ``deadline``."""
+        apps = parse_apps(self.nvidia_smi(NVSMI_APPS, deadline))
+        gpus = parse_gpus(self.nvidia_smi(NVSMI_GPUS, deadline))
+        r = self.run(["sh", "-c", SCAN_SCRIPT, "pvegpu-scan"], what="the /proc fd scan", deadline=deadline)
         found, complete = parse_scan(r.out)
         if not complete:
             why = escape((r.out if "scan-unsupported" in r.out else r.err).strip()[:200]) or f"exit code {r.exitcode}"

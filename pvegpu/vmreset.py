@@ -18,9 +18,10 @@ from typing import Any
 
 from . import errors as E
 from .model import Guest, Step
+from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
 from .safetext import escape
-from .vmguest import AgentUnavailable, Clock, GuestCannotTell, Guestside, GuestView, VmApi
+from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, GuestHolder, Guestside, GuestTimeout, GuestView, VmApi
 
 EVIDENCE = "the guest's own nvidia-smi and /proc, read through the QEMU guest agent (host NVML cannot see a vfio-pci GPU)"
 STATE_POLL = 0.5
@@ -53,6 +54,7 @@ class VmPolicy:
     exec_timeout: float = 10.0  # each command in the guest
     shutdown_timeout: int = 60  # the guest's own clean shutdown before the hard stop
     poll: float = 0.2  # between looks inside the guest
+    rounds: int = 3  # signal rounds: holders that appear after a round (respawns) get the next one
     state_wait: float = 15.0
 
 
@@ -76,6 +78,9 @@ class VmReport:
     vm_state: str | None = None
     task_log: list[str] = field(default_factory=list)
     elapsed: float = 0.0
+    power_requested: bool = False  # this reset asked PVE to shut the VM down (the critical section began)
+    start_requested: bool = False
+    interrupted: dict[str, object] | None = None  # a signal after the power request: its name, what pvegpu did, where the VM is
 
     def add(self, problem: str, action: str) -> None:
         """A diagnosis line; both may carry text from the guest (an agent's error): escaped."""
@@ -89,13 +94,16 @@ class VmReport:
                 "before": self.before.to_json() if self.before else None, "after": self.after.to_json() if self.after else None,
                 "diagnosis": [{"problem": p, "action": a} for p, a in self.diagnosis], "notes": self.notes,
                 "restarted": self.restarted, "left_stopped": self.left_stopped, "vm_state": self.vm_state,
-                "task_log": self.task_log, "respawns": [], "elapsed_s": round(self.elapsed, 3)}
+                "task_log": self.task_log, "respawns": [], "interrupted": self.interrupted, "elapsed_s": round(self.elapsed, 3)}
 
 
 class _Run:
     def __init__(self, vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None,
-                 log: Any = None) -> None:
+                 log: Any = None, interrupts: Interrupts | None = None) -> None:
         self.vmid, self.api, self.clock, self.policy, self.on_step, self.log = vmid, api, clock, policy, on_step, log
+        self.interrupts: Interrupts = interrupts or NoInterrupts()
+        self.on_progress: Callable[[str], None] | None = None
+        self.last_look = 0.0  # seconds the last look inside the guest took
         self.report = VmReport(vmid)
         self.guest = Guest(vmid, "", "qemu")
         self.guestside: Guestside | None = None
@@ -109,21 +117,68 @@ class _Run:
         if self.on_step:
             self.on_step(s)
 
+    def look(self, deadline: float | None = None) -> GuestView:
+        """One look inside the guest, its commands capped at ``deadline``; a look over a second is said (progress)."""
+        assert self.guestside is not None
+        t0 = self.clock.monotonic()
+        try:
+            return self.guestside.look(deadline)
+        finally:
+            self.last_look = took = self.clock.monotonic() - t0
+            if took > 1.0 and self.on_progress:
+                self.on_progress(f"looking inside VM {self.vmid} took {took:.1f} s (a slow guest)")
+
+    def fits(self, end: float) -> bool:
+        """Whether a look started now may end by ``end``, judged by the last look's duration."""
+        return self.clock.monotonic() + self.last_look <= end
+
     def pause(self, seconds: float) -> None:
         self.clock.sleep(max(0.0, seconds))
 
 
 def reset_vm(vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None = None,
-             log: Any = None) -> VmReport:
+             log: Any = None, interrupts: Interrupts | None = None, on_progress: Callable[[str], None] | None = None) -> VmReport:
     """Run ``pvegpu reset`` for one VM and return the full report; PveApiErrors end as the report's exit code.
-    ``log``: an EventLog (structlog) that gets every step as an event."""
-    run = _Run(vmid, api, clock, policy, on_step, log)
+    ``log``: an EventLog (structlog) that gets every step as an event. Signals (``interrupts``) as for a container:
+    before the first power action ``Interrupted`` is raised (the VM was not stopped); from it on the first signal
+    is recorded and the restart finished (exit 128+n), a second one abandons it; both say where the VM is."""
+    run = _Run(vmid, api, clock, policy, on_step, log, interrupts)
+    run.on_progress = on_progress
     t0 = clock.monotonic()
     try:
         _reset(run)
+    except Interrupted as exc:
+        if not run.report.power_requested:
+            raise
+        _interrupted(run, exc.signame, exc.exit_code, abandoned=True)
     finally:
         run.report.elapsed = clock.monotonic() - t0
-    return run.report
+    r = run.report
+    got = run.interrupts.received()
+    if got and r.interrupted is None and r.power_requested:
+        _interrupted(run, got[0], got[1], abandoned=False)
+    return r
+
+
+def _interrupted(run: _Run, signame: str, code: int, *, abandoned: bool) -> None:
+    """A signal after the power request: finished (first signal) or abandoned (second); where the VM is, exit 128+n."""
+    r, vmid = run.report, run.vmid
+    if abandoned:
+        known = r.vm_state or "unknown"
+        r.left_stopped = not (r.restarted and known == "running")
+        action = "abandoned the reboot at the second signal"
+        where = (f"VM {vmid} is running" if not r.left_stopped else
+                 f"VM {vmid} may be STOPPED (last known: {known}; its start was {'requested' if r.start_requested else 'never requested'})")
+    else:
+        action = "finished the reboot before exiting"
+        where = (f"VM {vmid} is running" if r.vm_state == "running" and not r.left_stopped
+                 else f"VM {vmid} was left STOPPED" if r.vm_state == "stopped"
+                 else f"VM {vmid} is {r.vm_state or 'in an unknown state'}" + (" and may end up stopped" if r.left_stopped else ""))
+    r.interrupted = {"signal": signame, "action": action, "vm_state": r.vm_state or "unknown", "left_stopped": r.left_stopped}
+    msg = f"pvegpu reset of VM {vmid} interrupted by {signame} after it asked for the VM's shutdown: it {action}; {where}"
+    run.step("interrupted", signame, msg, signal=signame)
+    r.diagnosis.append((msg, f"check `qm status {vmid}`" + (f"; start it with `qm start {vmid}`" if r.left_stopped else "")))
+    r.exit_code = code
 
 
 def _agent_enabled(value: Any) -> bool:
@@ -171,9 +226,7 @@ def _reset(run: _Run) -> None:
         if isinstance(exc, E.NotFoundError) or r.node == "":
             raise
         return _fail(run, exc)
-    if str(status.get("status")) != "running":
-        r.outcome, r.exit_code, r.vm_state = VmOutcome.NOT_RUNNING, E.EXIT_OK, str(status.get("status") or "unknown")
-        run.step("find", "stopped", f"VM {run.vmid} is {r.vm_state}: no guest process can hold its GPU; nothing to do")
+    if _not_running(run, status, midway=False):
         return
     run.guestside = Guestside(run.api, run.guest, run.clock, exec_timeout=pol.exec_timeout)
     try:
@@ -204,16 +257,57 @@ def _reset(run: _Run) -> None:
     _reboot_and_verify(run)
 
 
+def _not_running(run: _Run, status: Mapping[str, Any] | None = None, *, midway: bool = True) -> bool:
+    """The VM's status, read now (or ``status``, just read): True when the VM is not running (exit 0, nothing to
+    reset) or paused (exit 4, ``qm resume``), and the report says so. pvegpu leaves such a VM alone: no shutdown,
+    stop or start."""
+    r = run.report
+    if status is None:
+        try:
+            status = _status(run)
+        except E.PvegpuError as exc:
+            _fail(run, exc)
+            return True
+    state = str(status.get("status") or "unknown")
+    qmp = status.get("qmpstatus")
+    if state == "running" and qmp is not None and str(qmp) != "running":
+        # paused by its admin, suspended, on an I/O error: its agent cannot answer, and it is not pvegpu's to stop
+        qmp_s = escape(str(qmp), 40)
+        r.outcome, r.exit_code, r.vm_state = VmOutcome.NOT_VERIFIED, E.EXIT_PVE, qmp_s
+        run.step("find" if r.before is None else "verify", "paused", f"VM {run.vmid} is {qmp_s}: its guest cannot be looked into")
+        r.add(f"VM {run.vmid} is {qmp_s} (qmpstatus): pvegpu does not look into, shut down or stop a paused VM",
+              f"resume it (`qm resume {run.vmid}`) and run `pvegpu reset {run.vmid}` again; `qm status {run.vmid} --verbose`")
+        return True
+    if state == "running":
+        return False
+    r.outcome, r.exit_code, r.vm_state = VmOutcome.NOT_RUNNING, E.EXIT_OK, escape(state, 40)
+    run.step("find" if r.before is None else "verify", "stopped",
+             f"VM {run.vmid} is {r.vm_state}" + (" (stopped during the reset, not by pvegpu: left alone)" if midway else "")
+             + ": no guest process can hold its GPU; nothing to reset")
+    return True
+
+
 def _look(run: _Run) -> GuestView:
     if run.blind is not None:
         raise run.blind
-    assert run.guestside is not None
-    return run.guestside.look()
+    return run.look()
 
 
 def _cannot_look(run: _Run, exc: E.PvegpuError) -> None:
     """The guest cannot be looked into (or stopped talking): say why; reboot where allowed, else exit with the reason."""
     r = run.report
+    if _not_running(run):  # the VM was stopped meanwhile (its agent's "VM N not running"): not pvegpu's to start
+        return
+    if not isinstance(exc, REBOOTABLE):  # a 403, or any other API error: it says nothing about the guest's GPU
+        run.step("find" if r.before is None else "verify", "unknown", exc.message)
+        if isinstance(exc, AgentForbidden) or "permission" in exc.message.lower():
+            r.add(f"pvegpu may not run commands in VM {run.vmid}'s guest: {exc.message}",
+                  f"the API token needs VM.GuestAgent.Unrestricted (PVE 9) or VM.Monitor (PVE 8) on /vms/{run.vmid}; "
+                  "nothing was stopped (README 'VMs')")
+        else:
+            r.add(f"{exc.message} (VM {run.vmid} was not rebooted: only a guest agent that does not answer is a reason to)", exc.hint or "")
+        r.outcome, r.exit_code = VmOutcome.NOT_VERIFIED, exc.exit_code
+        return
     run.step("find" if r.before is None else "verify", "unknown", exc.message)
     r.add(exc.message, exc.hint or "")
     if run.policy.dry_run or not run.policy.restart:
@@ -224,38 +318,68 @@ def _cannot_look(run: _Run, exc: E.PvegpuError) -> None:
     _reboot_and_verify(run, reason=exc)
 
 
+# What may send a VM down the reboot path: the guest cannot be looked into (no agent configured, an agent that
+# does not answer, a command that times out, a guest without nvidia-smi or Windows). Never a 403 or another API error.
+REBOOTABLE = (AgentUnavailable, GuestTimeout, GuestCannotTell)
+
+
 def _stop_and_verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
-    """SIGTERM, SIGKILL after the grace for survivors, then wait for clean to hold for the settle window."""
+    """Rounds of SIGTERM, then SIGKILL after the grace to the survivors of that SIGTERM only (same pid and start
+    time); a holder that appeared meanwhile (a respawn) gets its own round, ``rounds`` in all. Then wait for clean
+    to hold for the settle window."""
     pol, gs = run.policy, run.guestside
     assert gs is not None
-    if view.killable:
+    seen: set[tuple[int, int | None]] = set()
+    for n in range(1, pol.rounds + 1):
+        fresh = [h for h in view.killable if (h.pid, h.start) not in seen]
+        if not fresh:
+            break
+        if n > 1:
+            run.step("respawn", "found", f"{len(fresh)} new holder(s) in VM {run.vmid}'s guest after round {n - 1}: "
+                     + ", ".join(f"pid {h.pid} ({h.comm})" for h in fresh[:8]), pids=[h.pid for h in fresh])
+        seen |= {(h.pid, h.start) for h in fresh}
+        targets = fresh
         for sig, wait in (("TERM", pol.grace), ("KILL", pol.kill_wait)):
-            targets = view.killable
             if not targets:
                 break
-            results = gs.signal(sig, targets)
-            for h in targets:
-                res = results.get(h.pid, "unknown")
-                run.report.signalled.append({"pid": h.pid, "comm": h.comm, "signal": f"SIG{sig}", "result": res})
-                run.step("signal", res, f"SIG{sig} → guest pid {h.pid} ({h.comm}): {res}", pid=h.pid, signal=f"SIG{sig}")
-            view = _wait_gone(run, wait, {h.pid for h in targets})
+            _send(run, sig, targets)
+            ids = {(h.pid, h.start) for h in targets}
+            view = _wait_gone(run, wait, ids, view)
+            targets = [h for h in view.killable if (h.pid, h.start) in ids]  # survivors of this very signal
     return _verify(run, view)
 
 
-def _wait_gone(run: _Run, seconds: float, pids: set[int]) -> GuestView:
+def _send(run: _Run, sig: str, targets: list[GuestHolder]) -> None:
     assert run.guestside is not None
+    results = run.guestside.signal(sig, targets)
+    for h in targets:
+        res = results.get(h.pid, "unknown")
+        run.report.signalled.append({"pid": h.pid, "comm": h.comm, "signal": f"SIG{sig}", "result": res})
+        run.step("signal", res, f"SIG{sig} → guest pid {h.pid} ({h.comm}): {res}", pid=h.pid, signal=f"SIG{sig}")
+
+
+def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]], last: GuestView) -> GuestView:
+    """Look until the signalled holders are gone or ``seconds`` passed. A look that cannot end in the time left is
+    not started (nor one past it finished): the last view stands, and the next signal's script checks identities."""
     end = run.clock.monotonic() + seconds
+    view = last
     while True:
-        view = run.guestside.look()
-        if not pids & {h.pid for h in view.killable} or run.clock.monotonic() >= end:
+        if not run.fits(end):
+            return view
+        try:
+            view = run.look(end)
+        except GuestTimeout:
+            if run.clock.monotonic() < end:
+                raise
+            return view
+        if not ids & {(h.pid, h.start) for h in view.killable} or run.clock.monotonic() >= end:
             return view
         run.pause(min(run.policy.poll, max(0.0, end - run.clock.monotonic())))
 
 
 def _verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
     """Clean (no holder that may own a context, nothing NVML lists without a process) held for ``settle``."""
-    pol, gs = run.policy, run.guestside
-    assert gs is not None
+    pol = run.policy
     end = run.clock.monotonic() + pol.timeout
     since: float | None = None
     while True:
@@ -268,11 +392,17 @@ def _verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
                 return view, True
         else:
             since = None
-        if now >= end:
+        if now >= end or not run.fits(end):
             run.step("verify", "not clean", f"the guest still shows GPU holders after {pol.timeout:g} s")
             return view, False
         run.pause(min(pol.poll if since is None else max(pol.settle - (now - since), 0.01), max(0.0, end - now)))
-        view = gs.look()
+        try:
+            view = run.look(end)
+        except GuestTimeout:
+            if run.clock.monotonic() < end:
+                raise
+            run.step("verify", "not clean", f"the guest did not show clean within {pol.timeout:g} s (its last look did not finish)")
+            return view, False
 
 
 def _finish(run: _Run, view: GuestView | None, outcome: VmOutcome, code: int) -> None:
@@ -320,16 +450,27 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
         status = _status(run)
     except E.PvegpuError as exc:
         return _fail(run, exc)
+    if _not_running(run, status):  # re-read before any power action: a VM stopped by its admin stays stopped
+        return
     lock = status.get("lock")
     if lock:
         return _fail(run, E.PveApiError(f"VM {vmid} is locked ({escape(str(lock), 40)}); reboot refused",
                                         f"wait for the {escape(str(lock), 40)} to finish, or `qm unlock {vmid}` if it is stale"))
     ha = isinstance(status.get("ha"), Mapping) and str(status["ha"].get("managed")) == "1"
     why = reason.message if reason else "the GPU is not clean in the guest"
+    run.interrupts.critical()  # from the shutdown request on, a signal never leaves the VM stopped without a word
+    r.power_requested = True
     run.step("restart", "shutdown", f"shutting VM {vmid} down through the API ({why}; guest timeout {pol.shutdown_timeout} s)")
     upid: str | None = None
     try:
-        upid = run.api.vm_shutdown(run.guest, pol.shutdown_timeout)
+        try:
+            upid = run.api.vm_shutdown(run.guest, pol.shutdown_timeout)
+        except E.PveNoAnswer:
+            raise  # may have been sent: pvegpu may have stopped it
+        except E.PvegpuError:
+            if _not_running(run):  # refused because the VM is already down (its admin): leave it alone
+                return
+            raise
         _task(run, upid, "shutdown")
         if _await_state(run, "stopped", pol.task_timeout if ha else pol.state_wait) != "stopped":
             raise E.TaskFailed(f"the shutdown of VM {vmid} ended, but VM {vmid} is not stopped")
@@ -349,6 +490,7 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
     r.vm_state, r.left_stopped = "stopped", True
     run.step("restart", "start", f"VM {vmid} stopped; starting it")
     upid = None
+    r.start_requested = True
     try:
         upid = run.api.vm_start(run.guest)
         _task(run, upid, "start")
@@ -416,6 +558,8 @@ def vm_human(r: VmReport) -> str:
     if r.task_log:
         lines.append("task log (last lines):")
         lines += [f"    {t}" for t in r.task_log]
+    if r.interrupted:
+        lines.append(f"  interrupted by {r.interrupted['signal']}: pvegpu {r.interrupted['action']}; exit {r.exit_code}")
     if r.left_stopped:
         lines.append(f"VM {r.vmid} is {r.vm_state or 'maybe stopped'}: it was LEFT STOPPED (start it with `qm start {r.vmid}`)")
     verdict = {VmOutcome.CLEAN: "GPU verified free in the guest (its nvidia-smi and /proc; host NVML cannot see a vfio-pci GPU)",

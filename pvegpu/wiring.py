@@ -244,7 +244,7 @@ def vm_policy(s: Settings, *, dry_run: bool = False) -> Any:
     r = s.reset
     return VmPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, settle=r.settle, restart=r.restart, dry_run=dry_run,
                     task_timeout=r.task_timeout, exec_timeout=max(2.0, min(30.0, r.timeout)),
-                    shutdown_timeout=max(1, int(min(60.0, r.task_timeout / 2))), poll=max(r.poll, 0.2))
+                    shutdown_timeout=max(1, int(min(60.0, r.task_timeout / 2))), poll=max(r.poll, 0.2), rounds=r.rounds)
 
 
 def read_deadline(s: Settings) -> float:

@@ -5,7 +5,7 @@ and answers the guest pid; ``GET .../agent/exec-status?pid=N`` answers ``exited`
 output, already base64-decoded by PVE. Privileges for an API token: ``VM.GuestAgent.Unrestricted`` (PVE 9) or
 ``VM.Monitor`` (PVE 8) for exec, ``VM.PowerMgmt`` for shutdown/stop/start, ``VM.Audit`` to read.
 Errors become PveApiError naming the call (through ``ProxmoxerPve._call``); an agent that is not running or
-does not answer becomes AgentUnavailable.
+does not answer becomes AgentUnavailable, a 403 AgentForbidden.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from typing import Any
 
 from ..errors import PveApiError
 from ..model import Guest, TaskResult
-from ..vmguest import AgentUnavailable
+from ..vmguest import AgentForbidden, AgentUnavailable
 from . import answers
 from .pve import ProxmoxerPve
 
-_NO_AGENT = ("guest agent is not running", "qmp command 'guest-ping' failed", "got timeout", "not running",
+# The agent is configured but does not answer. Not "VM N not running" (the VM itself is stopped: the core
+# re-reads the VM's status and leaves a VM it did not stop alone), not a 403 (AgentForbidden).
+_NO_AGENT = ("guest agent is not running", "qmp command 'guest-ping' failed", "got timeout",
              "QEMU guest agent is not", "No QEMU guest agent configured", "agent is not running")
 
 
@@ -49,6 +51,11 @@ class ProxmoxerVm:
         except AgentUnavailable:
             raise
         except PveApiError as exc:
+            if getattr(exc.__cause__, "status_code", None) == 403 or "permission denied" in exc.message.lower() \
+                    or "permission check failed" in exc.message.lower():
+                raise AgentForbidden(f"the API token may not use the guest agent of VM {guest.vmid} ({exc.message})",
+                                     f"grant it VM.GuestAgent.Unrestricted (PVE 9) or VM.Monitor (PVE 8) on /vms/{guest.vmid}: "
+                                     f"`pveum acl modify /vms/{guest.vmid} --tokens USER@REALM!TOKEN --roles ROLE`") from exc
             if any(s in exc.message for s in _NO_AGENT) and "No such file" not in exc.message:
                 raise AgentUnavailable(f"the guest agent of VM {guest.vmid} does not answer ({exc.message})",
                                        f"is qemu-guest-agent running in the guest? `qm agent {guest.vmid} ping`; "
