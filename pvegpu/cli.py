@@ -376,7 +376,7 @@ def hook_status(
     storage: str = typer.Option("local", "--storage", help="snippets storage"),
     json_out: bool = typer.Option(False, "--json", help="print the status as JSON"),
 ) -> None:
-    """Guarded and unguarded GPU containers of this node, and nodes missing the snippet. Exit 1 if anything needs attention."""
+    """Guarded and unguarded GPU containers of this node, and nodes missing the snippet. Exit 8 if anything needs attention."""
     from . import install as ins
 
     s = _settings()

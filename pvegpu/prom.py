@@ -2,7 +2,7 @@
 
 Conventions follow Prometheus and prometheus-pve-exporter: prefix ``pvegpu_``, base units (``_bytes``),
 identity in ``_info`` gauges, GPU values labelled ``uuid`` + ``minor``, guests labelled ``id="lxc/129"`` and
-``node`` (so ``* on(id) group_left(name) pve_guest_info`` joins). Unknown readings are absent, never 0.
+``node`` (so ``* on(id, node) group_left(name) max by (id, node, name) (pve_guest_info)`` joins). Unknown readings are absent, never 0.
 Series are bounded: anomalies are counts per GPU or per flag kind, never one series per pid.
 Manual equivalent: ``curl -s localhost:9100/metrics | grep ^pvegpu_`` once node_exporter reads the directory.
 """
