@@ -278,21 +278,27 @@ def note_earlier(run: ResetRun) -> None:
     run.report.diagnosis.append((problem, f"start it with `pct start {run.vmid}` once `pvegpu check {run.vmid}` allows it"))
 
 
-def interrupted(run: ResetRun, signame: str, code: int, *, abandoned: bool) -> None:
-    """A signal arrived after the stop request. First signal: the restart was finished before this. Second
-    signal (``abandoned``): pvegpu stops where it is. Either way the report says where the CT is, and exits 128+n."""
-    r, vmid = run.report, run.vmid
+def interruption(kind: str, vmid: int, state: str | None, *, restarted: bool, left_stopped: bool, start_requested: bool,
+                 abandoned: bool, restart: str = "restart") -> tuple[bool, str, str]:
+    """How an interrupted reset ended, for a CT or a VM (``kind``): (left stopped?, what pvegpu did, where the guest
+    is). First signal: the ``restart`` was finished before this; second (``abandoned``): pvegpu stopped where it was."""
     if abandoned:
-        known = r.ct_state or "unknown"
-        r.left_stopped = not (r.restarted and known == "running")
-        action = "abandoned the restart at the second signal"
-        where = (f"CT {vmid} is running" if not r.left_stopped else
-                 f"CT {vmid} may be STOPPED (last known: {known}; its start was {'requested' if r.start_requested else 'never requested'})")
-    else:
-        action = "finished the restart before exiting"
-        where = (f"CT {vmid} is running" if r.ct_state == "running" and not r.left_stopped
-                 else f"CT {vmid} was left STOPPED" if r.ct_state == "stopped"
-                 else f"CT {vmid} is {r.ct_state or 'in an unknown state'}" + (" and may end up stopped" if r.left_stopped else ""))
+        known = state or "unknown"
+        left = not (restarted and known == "running")
+        where = (f"{kind} {vmid} is running" if not left else
+                 f"{kind} {vmid} may be STOPPED (last known: {known}; its start was {'requested' if start_requested else 'never requested'})")
+        return left, f"abandoned the {restart} at the second signal", where
+    where = (f"{kind} {vmid} is running" if state == "running" and not left_stopped
+             else f"{kind} {vmid} was left STOPPED" if state == "stopped"
+             else f"{kind} {vmid} is {state or 'in an unknown state'}" + (" and may end up stopped" if left_stopped else ""))
+    return left_stopped, f"finished the {restart} before exiting", where
+
+
+def interrupted(run: ResetRun, signame: str, code: int, *, abandoned: bool) -> None:
+    """A signal arrived after the stop request: the report says what pvegpu did and where the CT is; exit 128+n."""
+    r, vmid = run.report, run.vmid
+    r.left_stopped, action, where = interruption("CT", vmid, r.ct_state, restarted=r.restarted, left_stopped=r.left_stopped,
+                                                 start_requested=r.start_requested, abandoned=abandoned)
     r.interrupted = {"signal": signame, "action": action, "ct_state": r.ct_state or "unknown", "left_stopped": r.left_stopped}
     msg = f"pvegpu reset of CT {vmid} interrupted by {signame} after it asked for the CT's stop: it {action}; {where}"
     run.step("interrupted", signame, msg, signal=signame)

@@ -20,6 +20,7 @@ from . import errors as E
 from .model import Guest, Step
 from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
+from .reset_restart import interruption
 from .safetext import escape
 from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, GuestHolder, Guestside, GuestTimeout, GuestView, VmApi
 
@@ -163,17 +164,8 @@ def reset_vm(vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Cal
 def _interrupted(run: _Run, signame: str, code: int, *, abandoned: bool) -> None:
     """A signal after the power request: finished (first signal) or abandoned (second); where the VM is, exit 128+n."""
     r, vmid = run.report, run.vmid
-    if abandoned:
-        known = r.vm_state or "unknown"
-        r.left_stopped = not (r.restarted and known == "running")
-        action = "abandoned the reboot at the second signal"
-        where = (f"VM {vmid} is running" if not r.left_stopped else
-                 f"VM {vmid} may be STOPPED (last known: {known}; its start was {'requested' if r.start_requested else 'never requested'})")
-    else:
-        action = "finished the reboot before exiting"
-        where = (f"VM {vmid} is running" if r.vm_state == "running" and not r.left_stopped
-                 else f"VM {vmid} was left STOPPED" if r.vm_state == "stopped"
-                 else f"VM {vmid} is {r.vm_state or 'in an unknown state'}" + (" and may end up stopped" if r.left_stopped else ""))
+    r.left_stopped, action, where = interruption("VM", vmid, r.vm_state, restarted=r.restarted, left_stopped=r.left_stopped,
+                                                 start_requested=r.start_requested, abandoned=abandoned, restart="reboot")
     r.interrupted = {"signal": signame, "action": action, "vm_state": r.vm_state or "unknown", "left_stopped": r.left_stopped}
     msg = f"pvegpu reset of VM {vmid} interrupted by {signame} after it asked for the VM's shutdown: it {action}; {where}"
     run.step("interrupted", signame, msg, signal=signame)

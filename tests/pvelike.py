@@ -392,3 +392,13 @@ def as_uid(uid: int, act: Callable[[], object]) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def wait_until(cond: Callable[[], object], what: str, limit: float = 10.0) -> object:
+    """What ``cond()`` returns once it is truthy, polled every 20 ms; fails the test after ``limit`` seconds."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if got := cond():
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -118,12 +118,7 @@ def _state(pid: int) -> str:
 
 
 def _wait(cond, what: str, limit: float = 15.0):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if got := cond():
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return pvelike.wait_until(cond, what, limit)
 
 
 @pytest.fixture

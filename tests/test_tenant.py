@@ -33,12 +33,7 @@ def _vmid() -> int:
 
 
 def _wait(cond, what: str, limit: float = 10.0):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        if got := cond():
-            return got
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return pvelike.wait_until(cond, what, limit)
 
 
 def _gone(host: ProcHost, ident) -> bool:
