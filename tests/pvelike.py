@@ -402,3 +402,15 @@ def wait_until(cond: Callable[[], object], what: str, limit: float = 10.0) -> ob
             return got
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def high_pty(min_index: int = 64, tries: int = 256) -> tuple[int, int]:
+    """A pty pair (master, slave) with a high index, as a private stand-in device nobody else holds. Every devpts
+    instance (each LXC container mounts its own) numbers its ptys from 0 with the same device numbers, so a low
+    index is likely also some container's console, held by its lxc-start; the host instance's high ones are free."""
+    pairs = [os.openpty()]
+    while int(os.ttyname(pairs[-1][1]).rsplit("/", 1)[1]) < min_index and len(pairs) < tries:
+        pairs.append(os.openpty())
+    for fd in (fd for pair in pairs[:-1] for fd in pair):
+        os.close(fd)
+    return pairs[-1]

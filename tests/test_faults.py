@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pytest
 
 from pvegpu.sim.state import SimState
-from tests import stub_pvesh
+from tests import pvelike, stub_pvesh
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
@@ -87,7 +87,7 @@ def leaky(sim_node, tmp_path):
 
     Its stand-in is a private pseudo-terminal (a device number no other process holds), so a concurrent test
     holding /dev/full cannot look like a holder of this GPU."""
-    master, slave = os.openpty()
+    master, slave = pvelike.high_pty()
     path = os.ttyname(slave)
     os.close(slave)
     try:

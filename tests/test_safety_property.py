@@ -396,24 +396,12 @@ def violations(lab: Lab, rep: ResetReport, calls: list[tuple[ProcIdentity, int, 
     return out
 
 
-def _high_pty(min_index: int = 64, tries: int = 256) -> tuple[int, int]:
-    """A pty pair with a high index. Every devpts instance (each LXC container mounts its own) numbers its ptys
-    from 0 with the same device numbers, so a low index is likely also some container's console, held by its
-    lxc-start; the host instance's high indexes are free of that."""
-    pairs = [os.openpty()]
-    while int(os.ttyname(pairs[-1][1]).rsplit("/", 1)[1]) < min_index and len(pairs) < tries:
-        pairs.append(os.openpty())
-    for fd in (fd for pair in pairs[:-1] for fd in pair):
-        os.close(fd)
-    return pairs[-1]
-
-
 @pytest.fixture(scope="module")
 def standin() -> Iterator[tuple[str, DeviceTable]]:
     """A stand-in GPU no one else holds: a pseudo-terminal's slave, mapped to GPU minor 0 (the test process keeps
     it open, so pvegpu itself is a holder it must skip). Other holders of that device number, if any, are not
     this test's processes, and every assertion is about this test's processes only."""
-    master, slave = _high_pty()
+    master, slave = pvelike.high_pty()
     rdev = os.fstat(slave).st_rdev
     try:
         yield os.ttyname(slave), DeviceTable({(os.major(rdev), os.minor(rdev)): 0})

@@ -31,20 +31,10 @@ GRACE = 6.0  # a reset that waited the grace for a stopped holder takes longer t
 FAST = 2.5
 
 
-def _high_pty(min_index: int = 64, tries: int = 256) -> tuple[int, int]:
-    """A pty pair with a high index (low ones may be some container's console, held by its lxc-start)."""
-    pairs = [os.openpty()]
-    while int(os.ttyname(pairs[-1][1]).rsplit("/", 1)[1]) < min_index and len(pairs) < tries:
-        pairs.append(os.openpty())
-    for fd in (fd for pair in pairs[:-1] for fd in pair):
-        os.close(fd)
-    return pairs[-1]
-
-
 @pytest.fixture
 def standin() -> Iterator[tuple[str, DeviceTable]]:
     """(path of the stand-in GPU, the table that maps its device number to GPU minor 0)."""
-    master, slave = _high_pty()
+    master, slave = pvelike.high_pty()
     path, rdev = os.ttyname(slave), os.fstat(slave).st_rdev
     os.close(slave)  # only the workloads hold the slave; the master is another device
     try:

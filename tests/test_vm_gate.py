@@ -107,7 +107,7 @@ def test_audit_flags_a_gpu_granted_to_a_vm_and_to_containers():
 # a stand-in device no other test on this machine holds (other suites' workloads hold /dev/full, and the VM gate's
 # whole-host scan would rightly see them as host holders of "GPU 0"): this module's own pseudo-terminal, which a user
 # can open too (its master stays open while the module lives)
-_PTY_MASTER, _pty_slave = os.openpty()
+_PTY_MASTER, _pty_slave = pvelike.high_pty()
 STAND_IN = os.ttyname(_pty_slave)
 os.close(_pty_slave)
 
