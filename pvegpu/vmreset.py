@@ -436,6 +436,13 @@ def _task(run: _Run, upid: str, what: str) -> None:
     run.api.wait_task(run.guest.node, upid, timeout=run.policy.task_timeout, what=f"{what} task of VM {run.vmid}")
 
 
+def _task_to(run: _Run, upid: str, what: str, want: str, ha: bool) -> None:
+    """Await the power task, then the VM's state (HA acts later: within task_timeout); raises TaskFailed if not ``want``."""
+    _task(run, upid, what)
+    if _await_state(run, want, run.policy.task_timeout if ha else run.policy.state_wait) != want:
+        raise E.TaskFailed(f"the {what} task of VM {run.vmid} ended, but VM {run.vmid} is not {want}")
+
+
 def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
     r, pol, vmid = run.report, run.policy, run.vmid
     try:
@@ -463,16 +470,12 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
             if _not_running(run):  # refused because the VM is already down (its admin): leave it alone
                 return
             raise
-        _task(run, upid, "shutdown")
-        if _await_state(run, "stopped", pol.task_timeout if ha else pol.state_wait) != "stopped":
-            raise E.TaskFailed(f"the shutdown of VM {vmid} ended, but VM {vmid} is not stopped")
+        _task_to(run, upid, "shutdown", "stopped", ha)
     except E.PvegpuError as exc:
         run.step("restart", "stop", f"shutdown did not stop VM {vmid} ({exc.message}): stopping it")
         try:
             upid = run.api.vm_stop(run.guest)
-            _task(run, upid, "stop")
-            if _await_state(run, "stopped", pol.task_timeout if ha else pol.state_wait) != "stopped":
-                raise E.TaskFailed(f"the stop task of VM {vmid} ended, but VM {vmid} is not stopped")
+            _task_to(run, upid, "stop", "stopped", ha)
         except E.PvegpuError as exc2:
             _fail(run, exc2, upid)
             r.vm_state = _await_state(run, "stopped", pol.state_wait)
@@ -485,9 +488,7 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
     r.start_requested = True
     try:
         upid = run.api.vm_start(run.guest)
-        _task(run, upid, "start")
-        if _await_state(run, "running", pol.task_timeout if ha else pol.state_wait) != "running":
-            raise E.TaskFailed(f"the start task of VM {vmid} ended, but VM {vmid} is not running")
+        _task_to(run, upid, "start", "running", ha)
     except E.PvegpuError as exc:
         _fail(run, exc, upid)
         r.vm_state = _state(run)

@@ -15,6 +15,7 @@ import pytest
 from pvegpu.model import MIB
 from pvegpu.sim.driver import GAP_BASE, GAP_PER_CONTEXT, RELEASE_LATENCY, DriverModel, context_gap
 from tests.fakes import FakeClock
+from tests.test_gpu import _nvml_ok
 
 HOLD = ("import torch, time; x = torch.empty({mib} << 20, dtype=torch.uint8, device='cuda'); x.fill_(1); "
         "torch.cuda.synchronize(); print('ok', flush=True); time.sleep(600)")
@@ -43,16 +44,6 @@ def test_model_gap_and_release(n):
 
 
 # -- the same cases, on the GPU ---------------------------------------------------------------------------------
-
-def _nvml_ok() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetCount() > 0
-    except Exception:
-        return False
-
 
 def _torch_ok() -> bool:
     return subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"], capture_output=True).returncode == 0
