@@ -17,7 +17,7 @@ from typing import Any
 from .audit_guests import GuestScan, scan_guests
 from .audit_model import Flag, FlagKind, GpuRow, HolderRow, NodeAudit, document
 from .errors import PvegpuError
-from .inspect import GpuFacts, inspect_gpus
+from .holders import GpuFacts, inspect_gpus
 from .leftover import LeftoverRule, leftover
 from .model import MIB, GpuHealth, GpuInfo, Holder, Place
 from .ports import GpuProbe, Host, NodeFiles, PveApi

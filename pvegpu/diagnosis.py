@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import errors as E
-from .inspect import GpuFacts
+from .holders import GpuFacts
 from .leftover import Leftover, LeftoverRule, leftover
 from .model import MIB, Place
 

@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass, field
 
 from .errors import GpuQueryError, PvegpuError
-from .inspect import GpuFacts, inspect_gpus
+from .holders import GpuFacts, inspect_gpus
 from .leftover import LeftoverRule, leftover
 from .locate import find_guest, granted_gpus
 from .lxcconf import parse_config

@@ -21,7 +21,7 @@ from .model import MIB
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
-    from .inspect import GpuFacts
+    from .holders import GpuFacts
 
 DEFAULT_THRESHOLD_MIB = 64
 DEFAULT_PER_CONTEXT_MIB = 6.0  # measured gap per CUDA context: 5.8-5.9 MiB (reference/nvidia-gpu.md)
@@ -72,7 +72,7 @@ def baseline(facts: GpuFacts, rule: LeftoverRule) -> int:
         return 0  # unknown: every byte left counts against the target (never a reason to call it clean)
     own_contexts = sum(1 for h in facts.ct_holders if "nvml" in h.via) + len(facts.target_ghosts) + sum(
         1 for g, heir in facts.heirs.items() if g not in facts.unproven and any(h.pid == heir for h in facts.ct_holders))
-    # a ghost credited to a target heir by a guess (``inspect._credit_ghosts``: no link, other ghosts competing) is not
+    # a ghost credited to a target heir by a guess (``holders._credit_ghosts``: no link, other ghosts competing) is not
     # provably the target's: it stays in the baseline, so it alone never makes the reset stop the target
     own = facts.ct_listed_bytes - facts.unproven_bytes
     return max(0, lo.net_bytes - own - own_contexts * rule.per_context_bytes)

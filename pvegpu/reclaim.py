@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from . import errors as E
 from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, exit_for, foreign_leftover, restart_would_not_help
-from .inspect import GpuFacts
+from .holders import GpuFacts
 from .model import MIB, ProcIdentity, Step
 from .ports import Interrupted
 from .reset_find import find, plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .inspect import GpuFacts
+from .holders import GpuFacts
 from .model import MIB
 from .reclaim import ResetOutcome, ResetReport
 

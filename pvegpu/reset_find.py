@@ -7,7 +7,7 @@ and ``fuser -v /dev/nvidia*`` matched against ``/sys/fs/cgroup/lxc/129``.
 from __future__ import annotations
 
 from . import errors as E
-from .inspect import GpuFacts
+from .holders import GpuFacts
 from .locate import locate
 from .reset_report import ResetOutcome
 from .reset_run import ResetRun

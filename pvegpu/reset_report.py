@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import errors as E
-from .inspect import GpuFacts
+from .holders import GpuFacts
 from .leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
 from .model import MIB, Step
 from .ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi

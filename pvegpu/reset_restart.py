@@ -9,7 +9,7 @@ reports it: a container is never left stopped without saying so.
 from __future__ import annotations
 
 from . import errors as E
-from .inspect import GpuFacts
+from .holders import GpuFacts
 from .reset_run import ResetRun
 from .reset_verify import Verified, verify
 

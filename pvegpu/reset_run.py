@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .inspect import FirstReading, GpuFacts, inspect_gpus
+from .holders import FirstReading, GpuFacts, inspect_gpus
 from .leftover import baseline, leftover
 from .locate import Located
 from .model import MIB, Guest, Holder, Step

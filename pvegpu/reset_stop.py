@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 
-from .inspect import GpuFacts
+from .holders import GpuFacts
 from .model import Holder, ProcIdentity, SignalResult
 from .reset_run import ResetRun
 from .reset_verify import Verified, verify

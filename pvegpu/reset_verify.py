@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from .inspect import GpuFacts
+from .holders import GpuFacts
 from .leftover import LeftoverRule, leftover
 from .reset_run import Deadline, ResetRun
 

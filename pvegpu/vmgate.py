@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import GpuQueryError, NotFoundError
-from .inspect import GpuFacts, inspect_gpus
+from .holders import GpuFacts, inspect_gpus
 from .leftover import leftover
 from .model import MIB, GpuInfo, Holder, Place
 from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping, same_device

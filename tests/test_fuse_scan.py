@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pvegpu.adapters.procfs import DeviceTable, ProcHost, ScanBudget
-from pvegpu.inspect import inspect_gpus
+from pvegpu.holders import inspect_gpus
 from pvegpu.model import GpuInfo, GpuSample
 from tests import pvelike
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pvegpu.gate import GatePolicy, GateState, Situation, decide
-from pvegpu.inspect import GpuFacts
+from pvegpu.holders import GpuFacts
 from pvegpu.model import MIB, GpuInfo, GpuSample, Holder, NvmlProcess, Place, Placement, ProcIdentity, ProcInfo
 
 GPU = GpuInfo(0, 0, "GPU-0", "0000:41:00.0")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pvegpu.errors import ConfigError
-from pvegpu.inspect import GpuFacts
+from pvegpu.holders import GpuFacts
 from pvegpu.leftover import LeftoverRule, leftover
 from pvegpu.model import MIB, GpuInfo, GpuSample
 from pvegpu.settings import load
