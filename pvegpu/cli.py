@@ -167,8 +167,8 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
         return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out, verbose=verbose)
     from .logs import configure
     from .ports import Interrupted
-    from .reclaim import reset
     from .render import reset_human, reset_json
+    from .reset import reset
 
     log = configure(verbose=verbose, json_lines=json_out and verbose)
     on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))

@@ -181,7 +181,7 @@ def _post_stop(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
 
 
 def _reclaim(vmid: int, s: Settings) -> str:
-    from .reclaim import reset
+    from .reset import reset
 
     try:
         with wiring.ct_lock(s, vmid, wait=0), wiring.node(s) as ports:

@@ -6,7 +6,7 @@ from typing import Any
 
 from .holders import GpuFacts
 from .model import MIB
-from .reclaim import ResetOutcome, ResetReport
+from .reset import ResetOutcome, ResetReport
 
 
 def _mib(n: int | None) -> str:

@@ -18,7 +18,7 @@ from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.etcpve import EtcPve
 from pvegpu.adapters.procfs import ProcHost
 from pvegpu.model import MIB
-from pvegpu.reclaim import Ports, ResetPolicy, reset
+from pvegpu.reset import Ports, ResetPolicy, reset
 from tests import pvelike
 
 

@@ -22,7 +22,7 @@ from pvegpu.errors import PveApiError
 from pvegpu.gate import GatePolicy, GatePorts, GateState, evaluate
 from pvegpu.model import MIB, CtStatus, GpuInfo, Guest
 from pvegpu.procstat import read_stat
-from pvegpu.reclaim import Ports, ResetPolicy, reset
+from pvegpu.reset import Ports, ResetPolicy, reset
 from pvegpu.sim.driver import DriverModel
 from pvegpu.sim.nvml import proc_alive
 from tests import pvelike

@@ -304,8 +304,7 @@ def test_simulated_reset_is_clean_without_a_restart_where_map_files_is_unreadabl
     """As a user (map_files unreadable), a simulated reset of the demo's kind of CT ends clean by signals alone:
     the CT's init and its mapped stand-ins are not 'unknown' holders, so no restart is needed (the demo's 0.3 s)."""
     from pvegpu.adapters.clock import SystemClock
-    from pvegpu.reclaim import Ports, ResetPolicy, reset
-    from pvegpu.reset_report import ResetOutcome
+    from pvegpu.reset import Ports, ResetOutcome, ResetPolicy, reset
 
     node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/zero"}], "containers": [
         {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}, {"kind": "fork", "gpu": 0, "mib": 32}]}]})

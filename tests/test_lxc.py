@@ -10,7 +10,7 @@ from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.etcpve import EtcPve
 from pvegpu.adapters.procfs import ProcHost
 from pvegpu.model import Place
-from pvegpu.reclaim import Ports, ResetPolicy, reset
+from pvegpu.reset import Ports, ResetPolicy, reset
 from tests import lxc_lab, pvelike
 from tests.fakes import FdBackedProbe
 

@@ -20,8 +20,8 @@ from pvegpu.audit_model import FlagKind
 from pvegpu.gate import GatePorts, evaluate
 from pvegpu.model import MIB
 from pvegpu.prom import render
-from pvegpu.reclaim import Ports, ResetPolicy, reset
 from pvegpu.render_audit import audit_table
+from pvegpu.reset import Ports, ResetPolicy, reset
 from pvegpu.wiring import GatePolicy
 from tests.fakes import FakeClock, FakeHost, FakePve
 from tests.test_audit import NODES, FakeFiles

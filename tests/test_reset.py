@@ -6,8 +6,8 @@ import pytest
 
 from pvegpu import errors as E
 from pvegpu.model import MIB
-from pvegpu.reclaim import Ports, ResetPolicy, reset
 from pvegpu.render import reset_json, reset_table
+from pvegpu.reset import Ports, ResetPolicy, reset
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
 

@@ -22,7 +22,7 @@ import pytest
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
 from pvegpu.model import MIB, CtStatus, GpuInfo, GpuSample, Guest, NvmlProcess
-from pvegpu.reclaim import Ports, ResetPolicy, reset
+from pvegpu.reset import Ports, ResetPolicy, reset
 from tests import pvelike
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, PID namespaces, ptrace)")]

@@ -61,7 +61,7 @@ def _hits(deps: set[str], layers: set[str]) -> list[str]:
 
 
 def test_core_imports_no_adapter_sim_or_edge():
-    """No core module (locate, holders, reclaim, gate, audit, ...) imports adapters/, sim/, cli, hook or wiring."""
+    """No core module (locate, holders, reset, gate, audit, ...) imports adapters/, sim/, cli, hook or wiring."""
     bad = {m: _hits(d, {"adapters", "sim", "edge"}) for m, d in _modules().items() if _layer(m) == "core"}
     assert not {m: h for m, h in bad.items() if h}
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import signal
 
-from .holders import GpuFacts
-from .model import Holder, ProcIdentity, SignalResult
-from .reset_run import ResetRun
-from .reset_verify import Verified, verify
+from ..holders import GpuFacts
+from ..model import Holder, ProcIdentity, SignalResult
+from .run import ResetRun
+from .verify import Verified, verify
 
 
 def describe(h: Holder) -> dict[str, object]:

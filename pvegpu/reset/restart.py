@@ -8,10 +8,10 @@ reports it: a container is never left stopped without saying so.
 
 from __future__ import annotations
 
-from . import errors as E
-from .holders import GpuFacts
-from .reset_run import ResetRun
-from .reset_verify import Verified, verify
+from .. import errors as E
+from ..holders import GpuFacts
+from .run import ResetRun
+from .verify import Verified, verify
 
 STATE_POLL = 0.5  # seconds between status reads while finding out the CT's state
 SETTLE_POLL = 0.2  # seconds between status reads while a started CT settles

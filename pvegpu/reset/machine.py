@@ -1,8 +1,8 @@
 """``pvegpu reset``: stop a container's GPU holders, verify the memory is back, restart if not.
 
 The manual procedure it replaces: ``pct exec 129 -- kill -9 ...; fuser -k /dev/nvidia*; sleep 3;
-nvidia-smi``. The phases read on their own: find (reset_find), stop and verify (reset_stop,
-reset_verify), restart (reset_restart), diagnose (diagnosis). Every step is an event on ``log`` and a
+nvidia-smi``. The phases read on their own: find (reset.find), stop and verify (reset.stop,
+reset.verify), restart (reset.restart), diagnose (diagnosis). Every step is an event on ``log`` and a
 ``Step`` in the report; time comes from the ``Clock`` port, so tests run the whole state machine without
 sleeping, and one overall deadline (``ResetPolicy.budget``) bounds every loop.
 """
@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import errors as E
+from .. import errors as E
+from ..holders import GpuFacts
+from ..model import MIB, Step
+from ..ports import Interrupted
 from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, exit_for, foreign_leftover, restart_would_not_help
-from .holders import GpuFacts
-from .model import MIB, ProcIdentity, Step
-from .ports import Interrupted
-from .reset_find import find, plan
-from .reset_report import Ports, ResetOutcome, ResetPolicy, ResetReport
-from .reset_restart import interrupted, note_earlier, restart
-from .reset_run import ResetRun
-from .reset_stop import stop_and_verify
-from .reset_verify import Verified, is_clean
+from .find import find, plan
+from .report import Ports, ResetOutcome, ResetPolicy, ResetReport
+from .restart import interrupted, note_earlier, restart
+from .run import ResetRun
+from .stop import stop_and_verify
+from .verify import Verified
 
 
 def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None,
@@ -115,4 +115,4 @@ def finish(run: ResetRun, facts: dict[int, GpuFacts], verdict: Verified) -> None
         r.exit_code = r.pve_error or exit_for(whole)
 
 
-__all__ = ["Ports", "ResetPolicy", "ResetReport", "ResetOutcome", "reset", "is_clean", "diagnose", "ProcIdentity"]
+

@@ -6,12 +6,12 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import errors as E
-from .holders import GpuFacts
-from .leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
-from .model import MIB, Step
-from .ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
-from .settings import ResetSettings
+from .. import errors as E
+from ..holders import GpuFacts
+from ..leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
+from ..model import MIB, Step
+from ..ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
+from ..settings import ResetSettings
 
 _D = ResetSettings()  # the one source of defaults
 

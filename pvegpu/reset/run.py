@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from .holders import FirstReading, GpuFacts, inspect_gpus
-from .leftover import baseline, leftover
-from .locate import Located
-from .model import MIB, Guest, Holder, Step
-from .ports import Clock
-from .reset_report import Ports, ResetPolicy, ResetReport
+from ..holders import FirstReading, GpuFacts, inspect_gpus
+from ..leftover import baseline, leftover
+from ..locate import Located
+from ..model import MIB, Guest, Holder, Step
+from ..ports import Clock
+from .report import Ports, ResetPolicy, ResetReport
 
 GONE = ("GPU is lost", "GPU not found", "GPU requires reset")  # NVML errors a GPU does not recover from by itself
 
@@ -44,7 +44,7 @@ class Deadline:
 
 
 class ResetRun:
-    """One run of ``pvegpu reset VMID``: the phases (reset_stop, reset_verify, reset_restart) act on it."""
+    """One run of ``pvegpu reset VMID``: the phases (stop, verify, restart) act on it."""
 
     def __init__(self, vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None,
                  on_progress: Callable[[str], None] | None = None) -> None:

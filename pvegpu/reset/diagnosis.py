@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import errors as E
-from .holders import GpuFacts
-from .leftover import Leftover, LeftoverRule, leftover
-from .model import MIB, Place
+from .. import errors as E
+from ..holders import GpuFacts
+from ..leftover import Leftover, LeftoverRule, leftover
+from ..model import MIB, Place
 
 
 def mib(n: int | None) -> str:

@@ -6,12 +6,12 @@ and ``fuser -v /dev/nvidia*`` matched against ``/sys/fs/cgroup/lxc/129``.
 
 from __future__ import annotations
 
-from . import errors as E
-from .holders import GpuFacts
-from .locate import locate
-from .reset_report import ResetOutcome
-from .reset_run import ResetRun
-from .reset_stop import describe, planned_action
+from .. import errors as E
+from ..holders import GpuFacts
+from ..locate import locate
+from .report import ResetOutcome
+from .run import ResetRun
+from .stop import describe, planned_action
 
 
 def find(run: ResetRun) -> dict[int, GpuFacts]:

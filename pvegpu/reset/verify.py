@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import enum
 
-from .holders import GpuFacts
-from .leftover import LeftoverRule, leftover
-from .reset_run import Deadline, ResetRun
+from ..holders import GpuFacts
+from ..leftover import LeftoverRule, leftover
+from .run import Deadline, ResetRun
 
 
 class Verified(enum.Enum):
