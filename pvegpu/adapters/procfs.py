@@ -339,6 +339,10 @@ class ProcHost:
         return st is not None and st.start_ticks == ident.start_ticks and self._live_state(ident.pid, st) not in DEAD
 
     def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
+        """Send ``sig`` to ``ident`` through a pidfd: the adapter half of who may be signalled (the core half,
+        who is chosen, is ``pvegpu.reset.targets``). With the process pinned, it re-checks its identity (a
+        recycled pid is GONE), its placement (outside CT ``vmid``: MOVED) and that it is neither the CT's init
+        nor pvegpu (REFUSED)."""
         try:
             pidfd = os.pidfd_open(ident.pid)
         except ProcessLookupError:

@@ -1,7 +1,8 @@
 """``pvegpu reset`` for a container: stop its GPU holders, verify the memory is back, restart it if not.
 
 The face of the package (structlog's style): import from here. The phases, one module each:
-``find`` (locate the CT, first reading, the dry-run plan), ``stop`` (signal rounds), ``verify`` (clean held
+``targets`` (who is signalled with what, who is spared: the one rule, pure), ``find`` (locate the CT, first
+reading, the dry-run plan), ``stop`` (signal rounds), ``verify`` (clean held
 for the settle window), ``restart`` (the API fallback), ``diagnosis`` (why not clean, what to do),
 ``machine`` (the state machine that runs them), ``run`` (what one run shares), ``report`` (policy, outcome,
 report, ports).
@@ -13,6 +14,8 @@ from ..model import ProcIdentity
 from .diagnosis import diagnose
 from .machine import reset
 from .report import Ports, ResetOutcome, ResetPolicy, ResetReport
+from .targets import KillNow, Spared, Targets, targets
 from .verify import is_clean
 
-__all__ = ["Ports", "ProcIdentity", "ResetOutcome", "ResetPolicy", "ResetReport", "diagnose", "is_clean", "reset"]
+__all__ = ["KillNow", "Ports", "ProcIdentity", "ResetOutcome", "ResetPolicy", "ResetReport", "Spared", "Targets", "diagnose",
+           "is_clean", "reset", "targets"]

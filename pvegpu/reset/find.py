@@ -11,7 +11,8 @@ from ..holders import GpuFacts
 from ..locate import locate
 from .report import ResetOutcome
 from .run import ResetRun
-from .stop import describe, planned_action
+from .stop import describe
+from .targets import planned_action
 
 
 def find(run: ResetRun) -> dict[int, GpuFacts]:
@@ -40,16 +41,13 @@ def find(run: ResetRun) -> dict[int, GpuFacts]:
 
 
 def plan(run: ResetRun, facts: dict[int, GpuFacts]) -> None:
-    """--dry-run: what each holder would get, and why; nothing is signalled."""
+    """--dry-run: what each holder would get, and why; nothing is signalled. The list is ``targets.targets``'s, the
+    one the stop loop signals from."""
     r = run.report
-    targets = run.killable(facts)
-    for _pid, h in sorted(targets.items()):
+    decided = run.targets(facts)
+    for h in decided.signalled:
         r.plan.append(describe(h) | {"action": planned_action(h)})
-    for f in facts.values():
-        for h in f.ct_holders:
-            if h.info.is_ct_init:
-                r.plan.append(describe(h) | {"action": "none: container init; only a restart stops it"})
-        for h in f.other_holders:
-            r.plan.append(describe(h) | {"action": "none: outside CT %d" % run.vmid})
-    run.step("dry-run", "ok", f"would signal {len(targets)} process(es); nothing was signalled")
+    for h, why in decided.spared:
+        r.plan.append(describe(h) | {"action": why.action(run.vmid), "spared": why.value})
+    run.step("dry-run", "ok", f"would signal {len(decided.signalled)} process(es); nothing was signalled")
     r.after, r.outcome, r.exit_code = facts, ResetOutcome.DRY_RUN, E.EXIT_OK

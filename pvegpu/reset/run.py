@@ -8,9 +8,10 @@ from dataclasses import dataclass, replace
 from ..holders import FirstReading, GpuFacts, inspect_gpus
 from ..leftover import baseline, leftover
 from ..locate import Located
-from ..model import MIB, Guest, Holder, Step
+from ..model import MIB, Guest, Step
 from ..ports import Clock
 from .report import Ports, ResetPolicy, ResetReport
+from .targets import Targets, targets
 
 GONE = ("GPU is lost", "GPU not found", "GPU requires reset")  # NVML errors a GPU does not recover from by itself
 
@@ -138,11 +139,6 @@ class ResetRun:
             self.last_facts = facts
         return facts
 
-    def killable(self, facts: dict[int, GpuFacts]) -> dict[int, Holder]:
-        """Holders pvegpu may signal: payload processes of the container (never its init, never pvegpu)."""
-        out: dict[int, Holder] = {}
-        for f in facts.values():
-            for h in f.ct_holders:
-                if not h.info.is_ct_init and h.pid != self.p.host.self_pid and h.info.state not in ("Z", "X"):
-                    out.setdefault(h.pid, h)
-        return out
+    def targets(self, facts: dict[int, GpuFacts]) -> Targets:
+        """Who this reading says gets which signal (``targets.targets``: the one rule; never its init, never pvegpu)."""
+        return targets(facts, self.p.host.self_pid)

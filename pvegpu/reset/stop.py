@@ -11,6 +11,7 @@ import signal
 from ..holders import GpuFacts
 from ..model import Holder, ProcIdentity, SignalResult
 from .run import ResetRun
+from .targets import STOPPED, KillNow, Targets, kill_now_why
 from .verify import Verified, verify
 
 
@@ -29,8 +30,10 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
     tried: set[ProcIdentity] = set()
     killed: set[ProcIdentity] = set()  # got SIGKILL: if still here, it is stuck (D state), not worth another signal
     while True:
-        killable = run.killable(facts)
-        fresh = [h for _, h in sorted(killable.items()) if h.info.ident not in tried]
+        decided = run.targets(facts)  # the one rule (``targets.targets``), as the dry run shows it
+        killable = decided.signalled
+        todo = decided.without(tried)
+        fresh = todo.signalled
         if fresh:
             if rounds:
                 report_respawns(run, fresh, rounds)
@@ -42,10 +45,10 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
                 return facts, Verified.NOT_CLEAN
             rounds += 1
             tried.update(h.info.ident for h in fresh)
-            killed |= signal_round(run, rounds, fresh)
+            killed |= signal_round(run, rounds, todo)
             facts = run.inspect()
             continue
-        if unkilled := [h for _, h in sorted(killable.items()) if h.info.ident not in killed]:
+        if unkilled := [h for h in killable if h.info.ident not in killed]:
             # seen gone after SIGTERM, yet still here (a multi-threaded process mid-exit can flicker): finish it
             send(run, unkilled, signal.SIGKILL)
             killed |= {h.info.ident for h in unkilled}  # once each, whatever the answer: this loop always ends
@@ -59,11 +62,7 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
             return facts, verdict
 
 
-STOPPED = "T"  # stopped by job control (SIGSTOP, Ctrl-Z): signals other than SIGKILL stay pending until SIGCONT
-TRACED = "t"  # stopped by a tracer (a debugger): SIGCONT does not resume it, only the tracer or SIGKILL can
-
-
-def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> set[ProcIdentity]:
+def signal_round(run: ResetRun, n: int, todo: Targets) -> set[ProcIdentity]:
     """SIGTERM to every target, SIGKILL to those still there after ``grace``; survivors are named.
 
     A target SIGTERM cannot reach gets SIGKILL at once: it ignores SIGTERM, it is a nested namespace's init
@@ -72,13 +71,13 @@ def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> set[ProcIdenti
     the pending SIGTERM is acted on (its handler runs, or the default action ends it) within the grace,
     instead of waiting the whole grace for a signal that cannot be delivered. A target in a frozen cgroup (cgroup v2
     ``cgroup.freeze``, on its cgroup or an ancestor, read from the host's cgroupfs) gets SIGKILL at once: SIGTERM
-    stays pending while it is frozen, SIGKILL kills frozen tasks."""
+    stays pending while it is frozen, SIGKILL kills frozen tasks. Who is in which list: ``targets.targets``."""
     pol = run.policy
-    run.step("round", "start", f"round {n}: {len(targets)} holder(s) in CT {run.vmid}", pids=[h.pid for h in targets])
-    frozen = [h for h in targets if h.info.frozen and not (h.info.term_futile or h.info.state == TRACED)]
-    futile = [h for h in targets if h.info.term_futile or h.info.state == TRACED]
-    skip = {h.info.ident for h in futile + frozen}
-    termed = send(run, [h for h in targets if h.info.ident not in skip], signal.SIGTERM)
+    every = todo.signalled
+    run.step("round", "start", f"round {n}: {len(every)} holder(s) in CT {run.vmid}", pids=[h.pid for h in every])
+    frozen = [h for h in todo.kill_now if kill_now_why(h) is KillNow.FROZEN]
+    futile = [h for h in todo.kill_now if kill_now_why(h) is KillNow.TERM_FUTILE]
+    termed = send(run, todo.term, signal.SIGTERM)
     killed: list[Holder] = []
     if frozen:
         run.step("signal", "skipped", f"pid(s) {', '.join(str(h.pid) for h in frozen)} are in a frozen cgroup: SIGTERM would stay "
@@ -101,16 +100,6 @@ def signal_round(run: ResetRun, n: int, targets: list[Holder]) -> set[ProcIdenti
         run.step("survivor", "failed", f"pid {h.pid} ({h.info.comm}) survived SIGKILL, state {state}", pid=h.pid, state=state)
     return {h.info.ident for h in killed}
 
-
-def planned_action(h: Holder) -> str:
-    """What ``signal_round`` will send this holder (for --dry-run)."""
-    if h.info.term_futile or h.info.state == TRACED:
-        return "SIGKILL at once: SIGTERM cannot reach it (ignored, traced, or a nested namespace's init without a handler)"
-    if h.info.frozen:
-        return "SIGKILL at once: its cgroup is frozen (SIGTERM would stay pending)"
-    if h.info.state == STOPPED:
-        return "SIGTERM, then SIGCONT (it is stopped), then SIGKILL after grace"
-    return "SIGTERM, then SIGKILL after grace"
 
 
 def _state(run: ResetRun, h: Holder) -> str | None:

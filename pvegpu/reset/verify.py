@@ -63,7 +63,7 @@ def verify(run: ResetRun, facts: dict[int, GpuFacts], deadline: Deadline) -> tup
                 return facts, Verified.CLEAN
         else:
             clean_since = None
-            if run.killable(facts):
+            if run.targets(facts).signalled:
                 return facts, Verified.HOLDERS
         if deadline.expired():
             waited = clock.monotonic() - t0
