@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from .. import errors as E
 from ..holders import GpuFacts
 from ..leftover import Leftover, LeftoverRule, leftover
 from ..model import MIB, Place
@@ -63,15 +62,6 @@ def foreign_leftover(vmid: int, facts: dict[int, GpuFacts], rule: LeftoverRule) 
                         f"not this container's problem: `pvegpu audit`; if nothing holds it, stop every user of the GPU, then "
                         f"`nvidia-smi -r -i {f.gpu.index}`"))
     return out
-
-
-def exit_for(facts: dict[int, GpuFacts]) -> int:
-    """The exit code for a GPU that is not clean: unknown (5), holders left (6), memory left (7)."""
-    if any(not f.sample.known for f in facts.values()):
-        return E.EXIT_GPU_UNKNOWN
-    if any(f.ct_holders or f.unreadable for f in facts.values()):
-        return E.EXIT_HOLDERS_LEFT
-    return E.EXIT_MEMORY_LEFT
 
 
 def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | int) -> list[tuple[str, str]]:

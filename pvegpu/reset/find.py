@@ -9,7 +9,6 @@ from __future__ import annotations
 from .. import errors as E
 from ..holders import GpuFacts
 from ..locate import locate
-from .report import ResetOutcome
 from .run import ResetRun
 from .stop import describe
 from .targets import planned_action
@@ -50,4 +49,3 @@ def plan(run: ResetRun, facts: dict[int, GpuFacts]) -> None:
     for h, why in decided.spared:
         r.plan.append(describe(h) | {"action": why.action(run.vmid), "spared": why.value})
     run.step("dry-run", "ok", f"would signal {len(decided.signalled)} process(es); nothing was signalled")
-    r.after, r.outcome, r.exit_code = facts, ResetOutcome.DRY_RUN, E.EXIT_OK

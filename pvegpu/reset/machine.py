@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import errors as E
 from ..holders import GpuFacts
 from ..model import MIB, Step
 from ..ports import Interrupted
-from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, exit_for, foreign_leftover, restart_would_not_help
+from .conclude import Conclusion, conclude
+from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, foreign_leftover, restart_would_not_help
 from .find import find, plan
-from .report import Ports, ResetOutcome, ResetPolicy, ResetReport
+from .report import Ports, ResetPolicy, ResetReport
 from .restart import interrupted, note_earlier, restart
+from .results import Ended, Verified
 from .run import ResetRun
 from .stop import stop_and_verify
-from .verify import Verified
 
 
 def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None,
@@ -30,37 +30,53 @@ def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step]
 
     A signal before the stop request raises ``Interrupted`` (nothing was stopped); from the stop request on the
     first one is recorded and the restart finished (exit 128+n), a second one abandons it: both are reported
-    with where the CT is."""
+    with where the CT is. The outcome and exit code come from ``conclude`` alone."""
     run = ResetRun(vmid, ports, policy, on_step, on_progress)
     t0 = ports.clock.monotonic()
+    ended, signal_exit = Ended(None), None
     try:
-        _reset(run)
+        ended = _reset(run)
     except Interrupted as exc:
-        if not run.report.stop_requested:
+        if not run.ct.stop_requested:
             raise
-        interrupted(run, exc.signame, exc.exit_code, abandoned=True)
+        interrupted(run, exc.signame, abandoned=True)
+        signal_exit = exc.exit_code
     finally:
         run.report.elapsed = ports.clock.monotonic() - t0
-    r = run.report
+    ct = run.ct
     got = ports.interrupts.received()
-    if got and r.interrupted is None and r.stop_requested:
-        interrupted(run, got[0], got[1], abandoned=False)
-    if r.stop_requested and r.ct_state == "running" and not r.left_stopped:
+    if got and signal_exit is None and ct.stop_requested:
+        interrupted(run, got[0], abandoned=False)
+        signal_exit = got[1]
+    if ct.stop_requested and ct.ct_state == "running" and not ct.left_stopped:
         ports.lock.running_again()
+    return record(run, ended, conclude(ended.verdict, ended.facts, dry_run=ended.dry_run, pve_error=ct.pve_error,
+                                       left_stopped=ct.left_stopped, signal_exit=signal_exit))
+
+
+def record(run: ResetRun, ended: Ended, c: Conclusion) -> ResetReport:
+    """The report's verdict and the CT's bookkeeping, written once, from the results."""
+    r, ct = run.report, run.ct
+    r.outcome, r.exit_code = c.outcome, c.exit_code
+    r.stop_requested, r.start_requested, r.ct_state = ct.stop_requested, ct.start_requested, ct.ct_state
+    r.left_stopped, r.restarted, r.pve_error = ct.left_stopped, ct.restarted, ct.pve_error
+    if ended.verdict is not None or ended.dry_run:
+        r.after = ended.facts
     return r
 
 
-def _reset(run: ResetRun) -> None:
+def _reset(run: ResetRun) -> Ended:
     facts = find(run)
     note_earlier(run)
     if run.policy.dry_run:
         plan(run, facts)
-        return
-    facts, verdict = stop_and_verify(run, facts)
+        return Ended(None, facts, dry_run=True)
+    stopped = stop_and_verify(run, facts)
+    facts, verdict = stopped.facts, stopped.verdict
     if verdict is Verified.NOT_CLEAN and may_restart(run):
-        facts, after_stop = restart(run, facts)
-        verdict = after_stop or verdict
-    finish(run, facts, verdict)
+        restarted = restart(run, facts)
+        facts, verdict = restarted.facts, restarted.verdict or verdict
+    return finish(run, facts, verdict)
 
 
 def may_restart(run: ResetRun) -> bool:
@@ -92,27 +108,16 @@ def guard_would_refuse(run: ResetRun, facts: dict[int, GpuFacts]) -> str | None:
     return None
 
 
-def finish(run: ResetRun, facts: dict[int, GpuFacts], verdict: Verified) -> None:
-    """The verdict: clean only when verified (held for settle); exit 0 only when clean and the CT is not
-    left stopped; otherwise the whole host is scanned for the diagnosis."""
+def finish(run: ResetRun, facts: dict[int, GpuFacts], verdict: Verified) -> Ended:
+    """Clean only when verified (held for settle); otherwise the whole host is scanned for the diagnosis. The
+    exit code is ``conclude``'s."""
     r, pol = run.report, run.policy
-    r.after = facts
     if verdict is Verified.CLEAN:
         r.diagnosis.extend(foreign_leftover(run.vmid, facts, pol.rule))  # clean of its own memory; name what is others'
-        ok = r.pve_error is None and not r.left_stopped
-        r.outcome = ResetOutcome.CLEAN if ok else ResetOutcome.CLEAN_RESTART_FAILED
-        r.exit_code = E.EXIT_OK if ok else (r.pve_error or E.EXIT_PVE)
-        return
-    whole = r.after = run.inspect(whole_host=True)
+        return Ended(verdict, facts)
+    whole = run.inspect(whole_host=True)
     r.diagnosis.extend(diagnose(run.vmid, whole, pol.rule))
     r.diagnosis.extend(diagnose_respawns(run.vmid, r.respawns))
     if verdict is Verified.UNSETTLED:
-        r.outcome = ResetOutcome.NOT_VERIFIED
         r.diagnosis.append(diagnose_unsettled(pol.settle, pol.timeout))
-        r.exit_code = r.pve_error or E.EXIT_GPU_UNKNOWN
-    else:
-        r.outcome = ResetOutcome.NOT_CLEAN
-        r.exit_code = r.pve_error or exit_for(whole)
-
-
-
+    return Ended(verdict, whole)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .. import errors as E
 from ..holders import GpuFacts
+from .results import RestartResult
 from .run import ResetRun
 from .verify import Verified, verify
 
@@ -18,28 +19,28 @@ SETTLE_POLL = 0.2  # seconds between status reads while a started CT settles
 HA_STUCK = ("error", "fence", "recovery", "freeze", "ignored")  # HA states in which HA will not bring the CT anywhere soon
 
 
-def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int, GpuFacts], Verified | None]:
+def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> RestartResult:
     """Stop, verify while stopped, start. Returns the facts and the verdict taken while the CT was
-    stopped (None: no stop took effect, the earlier verdict stands)."""
-    pve, guest, r = run.p.pve, run.guest, run.report
+    stopped (None: no stop took effect, the earlier verdict stands); where the CT went is in ``run.ct``."""
+    pve, guest, ct = run.p.pve, run.guest, run.ct
     try:
         status = pve.ct_status(guest)
     except E.PvegpuError as exc:
         failed(run, exc)
-        return facts, None
+        return RestartResult(facts)
     if status.status != "running":
         why = ("its status cannot be read" if status.status == "unknown"
                else f"it is {status.status}, and pvegpu does not start a stopped container")
         run.step("restart", "skipped", f"CT {run.vmid} not restarted: {why}")
-        return facts, None
+        return RestartResult(facts)
     if status.lock:
         failed(run, E.PveApiError(f"CT {run.vmid} is locked ({status.lock}); restart refused",
                                   f"wait for the {status.lock} to finish, or `pct unlock {run.vmid}` if it is stale"))
-        return facts, None
+        return RestartResult(facts)
     run.step("restart", "stop", f"stopping CT {run.vmid} through the API (GPU not clean)")
     run.p.interrupts.critical()  # from the stop request on, a signal never leaves the CT stopped without a word
     run.p.lock.stop_requested()  # kept in the lock file until the CT runs again: a killed reset is found by the next one
-    r.stop_requested = True
+    ct.stop_requested = True
     upid: str | None = None
     try:
         upid = pve.ct_stop(guest)
@@ -55,25 +56,24 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int, GpuFac
         state = find_state(run, "stopped", pending)
         note_state(run, state, "stop" if pending else None, ha=status.ha_managed)
         if state != "stopped":
-            return facts, None
-        facts, verdict = verify_stopped(run)  # say whether the GPU is clean; no start after a failed stop
-        return facts, verdict
-    r.ct_state, r.left_stopped = "stopped", True  # until the start is confirmed
-    facts, verdict = verify_stopped(run)
-    if verdict is not Verified.CLEAN:
+            return RestartResult(facts)
+        return verify_stopped(run)  # say whether the GPU is clean; no start after a failed stop
+    ct.ct_state, ct.left_stopped = "stopped", True  # until the start is confirmed
+    stopped = verify_stopped(run)
+    if stopped.verdict is not Verified.CLEAN:
         run.step("restart", "held", f"CT {run.vmid} left stopped: its GPU is still not verified clean after the stop")
-        r.diagnosis.append((f"CT {run.vmid} was left STOPPED: its GPU is not verified clean even with the container stopped",
+        run.report.diagnosis.append((f"CT {run.vmid} was left STOPPED: its GPU is not verified clean even with the container stopped",
                             f"deal with what is listed here, then start it: `pct start {run.vmid}`"))
-        return facts, verdict
+        return stopped
     start(run, ha=status.ha_managed)
-    return facts, verdict
+    return stopped
 
 
 def start(run: ResetRun, *, ha: bool) -> None:
     """Start the stopped CT; a failure reports the state it ends in."""
-    pve, guest, r, pol = run.p.pve, run.guest, run.report, run.policy
+    pve, guest, ct, pol = run.p.pve, run.guest, run.ct, run.policy
     upid: str | None = None
-    r.start_requested = True
+    ct.start_requested = True
     # the CT's own pre-start gate (PVE's start task runs it) must not refuse this start for our own lock; it
     # still judges the GPU. The marker lasts as long as this start may take, and is cleared right after.
     run.p.lock.starting(min(pol.task_timeout * (2 if ha else 1), run.deadline.remaining()) + pol.start_settle)
@@ -88,17 +88,18 @@ def start(run: ResetRun, *, ha: bool) -> None:
         pending = (upid is not None and not isinstance(exc, E.TaskFailed)) or isinstance(exc, E.PveNoAnswer)
         state = find_state(run, "running", pending)
         note_state(run, state, "start" if pending else None, ha=ha)
-        r.restarted = state == "running" and not r.left_stopped
+        ct.restarted = state == "running" and not ct.left_stopped
         return
     finally:
         run.p.lock.started()
-    r.ct_state, r.left_stopped, r.restarted = "running", False, True
+    ct.ct_state, ct.left_stopped, ct.restarted = "running", False, True
     run.step("restart", "ok", f"CT {run.vmid} restarted; GPU verified clean while it was stopped")
 
 
-def verify_stopped(run: ResetRun) -> tuple[dict[int, GpuFacts], Verified]:
+def verify_stopped(run: ResetRun) -> RestartResult:
+    """Verify while the CT is stopped (holders then count as not clean: no signal round follows)."""
     facts, verdict = verify(run, run.inspect(), run.watched(run.deadline.within(run.policy.timeout)))
-    return facts, (Verified.NOT_CLEAN if verdict is Verified.HOLDERS else verdict)
+    return RestartResult(facts, Verified.NOT_CLEAN if verdict is Verified.HOLDERS else verdict)
 
 
 def run_task(run: ResetRun, upid: str, what: str) -> None:
@@ -226,10 +227,10 @@ def find_state(run: ResetRun, want: str, pending: bool) -> str:
 
 def note_state(run: ResetRun, state: str, pending: str | None, *, ha: bool) -> None:
     """Record where a failed stop/start left the CT; anything but a settled 'running' is said out loud."""
-    r, vmid = run.report, run.vmid
-    r.ct_state = state
-    r.left_stopped = state != "running" or pending == "stop"
-    if not r.left_stopped:
+    r, ct, vmid = run.report, run.ct, run.vmid
+    ct.ct_state = state
+    ct.left_stopped = state != "running" or pending == "stop"
+    if not ct.left_stopped:
         return
     if state == "running":
         why = (f"HA's state for ct:{vmid} is '{run.ha_state}', and HA will not act on it" if ha and run.ha_state in HA_STUCK
@@ -250,9 +251,9 @@ def note_state(run: ResetRun, state: str, pending: str | None, *, ha: bool) -> N
 def failed(run: ResetRun, exc: E.PvegpuError, upid: str | None = None) -> None:
     """A restart step failed: the error, its hint and the failed task's log tail go into the report."""
     r = run.report
+    run.ct.pve_error = exc.exit_code
     run.step("restart", "failed", exc.message, hint=exc.hint)
     r.diagnosis.append((exc.message, exc.hint or ""))
-    r.pve_error = exc.exit_code
     if isinstance(exc, E.TaskError) and exc.log_tail:
         r.task_log = list(exc.log_tail)
         r.diagnosis.append(("the task's log ends with: " + " | ".join(exc.log_tail),
@@ -294,14 +295,14 @@ def interruption(kind: str, vmid: int, state: str | None, *, restarted: bool, le
     return left_stopped, f"finished the {restart} before exiting", where
 
 
-def interrupted(run: ResetRun, signame: str, code: int, *, abandoned: bool) -> None:
-    """A signal arrived after the stop request: the report says what pvegpu did and where the CT is; exit 128+n."""
-    r, vmid = run.report, run.vmid
-    r.left_stopped, action, where = interruption("CT", vmid, r.ct_state, restarted=r.restarted, left_stopped=r.left_stopped,
-                                                 start_requested=r.start_requested, abandoned=abandoned)
-    r.interrupted = {"signal": signame, "action": action, "ct_state": r.ct_state or "unknown", "left_stopped": r.left_stopped}
+def interrupted(run: ResetRun, signame: str, *, abandoned: bool) -> None:
+    """A signal arrived after the stop request: the report says what pvegpu did and where the CT is (its exit
+    code, 128+n, is ``conclude``'s)."""
+    r, ct, vmid = run.report, run.ct, run.vmid
+    ct.left_stopped, action, where = interruption("CT", vmid, ct.ct_state, restarted=ct.restarted, left_stopped=ct.left_stopped,
+                                                 start_requested=ct.start_requested, abandoned=abandoned)
+    r.interrupted = {"signal": signame, "action": action, "ct_state": ct.ct_state or "unknown", "left_stopped": ct.left_stopped}
     msg = f"pvegpu reset of CT {vmid} interrupted by {signame} after it asked for the CT's stop: it {action}; {where}"
     run.step("interrupted", signame, msg, signal=signame)
     r.diagnosis.append((msg, f"check `pct status {vmid}`" + (f"; start it with `pct start {vmid}` once `pvegpu check {vmid}` allows it"
-                                                            if r.left_stopped else "")))
-    r.exit_code = code
+                                                            if ct.left_stopped else "")))

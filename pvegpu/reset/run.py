@@ -11,6 +11,7 @@ from ..locate import Located
 from ..model import MIB, Guest, Step
 from ..ports import Clock
 from .report import Ports, ResetPolicy, ResetReport
+from .results import CtTrack
 from .targets import Targets, targets
 
 GONE = ("GPU is lost", "GPU not found", "GPU requires reset")  # NVML errors a GPU does not recover from by itself
@@ -61,6 +62,7 @@ class ResetRun:
         self._gone_said = False
         self.located: Located | None = None
         self.deadline = Deadline(ports.clock, ports.clock.monotonic() + policy.budget)
+        self.ct = CtTrack()  # where the restart phase has taken the CT (the report copies it at the end)
         self.first = FirstReading()  # the first reading's listed pids (whose ghost is whose) and leftover baseline
 
     @property

@@ -10,6 +10,7 @@ import signal
 
 from ..holders import GpuFacts
 from ..model import Holder, ProcIdentity, SignalResult
+from .results import StopResult
 from .run import ResetRun
 from .targets import STOPPED, KillNow, Targets, kill_now_why
 from .verify import Verified, verify
@@ -21,7 +22,7 @@ def describe(h: Holder) -> dict[str, object]:
             "state": h.info.state, "via": sorted(h.via)}
 
 
-def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int, GpuFacts], Verified]:
+def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> StopResult:
     """Signal rounds until no payload holder is left, then verify; holders that appear after a round are
     respawns (reported with their parent) and fought for ``rounds`` rounds in all. Only SIGKILL survivors
     left, rounds used up, or the overall deadline passed: NOT_CLEAN, for the restart phase to judge."""
@@ -39,10 +40,10 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
                 report_respawns(run, fresh, rounds)
             if rounds >= pol.rounds:
                 run.step("respawn", "failed", f"holders still appear after {rounds} round(s)", pids=[h.pid for h in fresh])
-                return facts, Verified.NOT_CLEAN
+                return StopResult(facts, Verified.NOT_CLEAN)
             if run.deadline.expired():
                 run.step("deadline", "failed", f"the reset's overall deadline ({pol.budget:g} s) passed before round {rounds + 1}")
-                return facts, Verified.NOT_CLEAN
+                return StopResult(facts, Verified.NOT_CLEAN)
             rounds += 1
             tried.update(h.info.ident for h in fresh)
             killed |= signal_round(run, rounds, todo)
@@ -56,10 +57,10 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> tuple[dict[int
             facts = run.inspect()
             continue
         if killable:  # only processes that already survived SIGKILL are left: signalling again is pointless
-            return facts, Verified.NOT_CLEAN
+            return StopResult(facts, Verified.NOT_CLEAN)
         facts, verdict = verify(run, facts, run.watched(run.deadline.within(pol.timeout)))
         if verdict is not Verified.HOLDERS:
-            return facts, verdict
+            return StopResult(facts, verdict)
 
 
 def signal_round(run: ResetRun, n: int, todo: Targets) -> set[ProcIdentity]:

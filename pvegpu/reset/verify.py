@@ -6,20 +6,10 @@ the container is listed and ``nvidia-smi -q -d MEMORY`` shows the memory free.
 
 from __future__ import annotations
 
-import enum
-
 from ..holders import GpuFacts
 from ..leftover import LeftoverRule, leftover
+from .results import Verified
 from .run import Deadline, ResetRun
-
-
-class Verified(enum.Enum):
-    """What one verify phase found."""
-
-    CLEAN = "clean"  # clean, and it held for ``settle``
-    UNSETTLED = "unsettled"  # clean when the deadline came, but not yet for ``settle``
-    NOT_CLEAN = "not clean"  # not clean when the deadline came
-    HOLDERS = "holders"  # payload holders (re)appeared: signal them first
 
 
 def own_leftover_gone(facts: GpuFacts, rule: LeftoverRule) -> bool:
