@@ -6,7 +6,7 @@ from typing import Any
 
 from .holders import GpuFacts
 from .model import MIB
-from .reset import ResetOutcome, ResetReport
+from .reset import Diagnosis, ResetOutcome, ResetReport
 
 
 def _mib(n: int | None) -> str:
@@ -31,6 +31,11 @@ def _facts_json(f: GpuFacts) -> dict[str, Any]:
     }
 
 
+def _diagnosis_json(d: Diagnosis) -> dict[str, Any]:
+    """One diagnosis line: problem and action, plus its kind and whether it is information only (added keys)."""
+    return {"problem": d.problem, "action": d.action, "kind": d.kind.value, "info": d.info}
+
+
 def reset_json(r: ResetReport) -> dict[str, Any]:
     return {
         "vmid": r.vmid, "node": r.node, "outcome": r.outcome.value, "exit_code": r.exit_code,
@@ -41,7 +46,7 @@ def reset_json(r: ResetReport) -> dict[str, Any]:
         "after": [_facts_json(f) for _, f in sorted(r.after.items())],
         "signalled": r.signalled, "plan": r.plan,
         "steps": [{"name": s.name, "outcome": s.outcome, **s.detail} for s in r.steps],
-        "diagnosis": [{"problem": p, "action": a} for p, a in r.diagnosis], "notes": r.notes,
+        "diagnosis": [_diagnosis_json(d) for d in r.diagnosis], "notes": r.notes,
     }
 
 
@@ -86,8 +91,11 @@ def reset_human(r: ResetReport) -> str:
                      "window before the deadline; run it again or raise --timeout")
     else:
         lines.append(f"CT {r.vmid}: {outcome} after {r.elapsed:.2f} s")
-    for problem, action in r.diagnosis:
-        lines.append(f"  problem: {problem}\n     what to do: {action}")
+    for d in r.diagnosis:
+        if d.info:  # a neighbour: information, nothing to do here
+            lines.append(f"  note: {d.problem}")
+        else:
+            lines.append(f"  problem: {d.problem}\n     what to do: {d.action}")
     if r.left_stopped:
         lines.append(f"  CT {r.vmid} was left STOPPED; start it with `pct start {r.vmid}` once the GPU is clean.")
     if r.interrupted:

@@ -7,7 +7,7 @@ import pytest
 from pvegpu import errors as E
 from pvegpu.model import MIB
 from pvegpu.render import reset_json, reset_table
-from pvegpu.reset import Ports, ResetPolicy, reset
+from pvegpu.reset import Kind, Ports, ResetPolicy, reset
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
 
@@ -31,6 +31,11 @@ def _target_left(node, nbytes, vmid=129):
     p = host.add(vmid, minors={0})
     probe.context(0, nbytes // MIB, p, leaks=True)
     return p
+
+
+def _kinds(r):
+    """The kinds of a report's diagnosis lines."""
+    return {d.kind for d in r.diagnosis}
 
 
 def run(node, vmid=129, **policy):
@@ -113,7 +118,7 @@ def test_no_restart_leaves_respawner_and_exits_holders_left(node):
     probe.context(0, 1024, p)
     r = run(node, rounds=1, restart=False, timeout=1.0)
     assert r.exit_code == E.EXIT_HOLDERS_LEFT and pve.calls == []
-    assert any("still holds" in d for d, _ in r.diagnosis)
+    assert Kind.HOLDER_LEFT in _kinds(r)
 
 
 def test_d_state_holder_diagnosed_as_stuck(node):
@@ -123,7 +128,7 @@ def test_d_state_holder_diagnosed_as_stuck(node):
     probe.context(0, 1024, p)
     r = run(node, grace=1.0, kill_wait=1.0, restart=False, timeout=1.0)
     assert r.exit_code == E.EXIT_HOLDERS_LEFT
-    assert any("state D" in d for d, _ in r.diagnosis)
+    assert Kind.STUCK_IN_DRIVER in _kinds(r)
     assert host.signals == [(p.pid, "SIGTERM"), (p.pid, "SIGKILL")]  # fought once, not once a round
     assert not any(s.name == "respawn" for s in r.steps)
 
@@ -135,7 +140,7 @@ def test_driver_leak_leaves_container_stopped_exit_7(node):
     r = run(node, timeout=1.0)
     assert pve.calls == ["stop 129"] and r.left_stopped
     assert r.exit_code == E.EXIT_MEMORY_LEFT
-    assert any("driver-level leak" in d and "nvidia-smi -r" in a for d, a in r.diagnosis)
+    assert Kind.DRIVER_LEAK in _kinds(r)
 
 
 def test_locked_container_is_not_restarted(node):
@@ -145,7 +150,7 @@ def test_locked_container_is_not_restarted(node):
     _target_left(node, 1 << 30)
     r = run(node, timeout=0.5)
     assert pve.calls == [] and r.exit_code == E.EXIT_PVE
-    assert any("locked (backup)" in d for d, _ in r.diagnosis)
+    assert any(d.kind is Kind.RESTART_FAILED and "backup" in d.problem for d in r.diagnosis)
 
 
 def test_start_refused_by_hookscript_reported(node):
@@ -156,7 +161,7 @@ def test_start_refused_by_hookscript_reported(node):
     probe.context(0, 1024, p)
     r = run(node, rounds=1)
     assert r.exit_code == E.EXIT_PVE and r.outcome.startswith("clean") and r.left_stopped
-    assert any("hookscript" in d and "pvegpu check 129" in a for d, a in r.diagnosis)
+    assert Kind.RESTART_FAILED in _kinds(r)
 
 
 def test_unreadable_gpu_is_unknown_not_zero(node):
@@ -316,7 +321,7 @@ def test_stop_slower_than_task_timeout_is_reported_as_maybe_stopped(node):
     pve.status[129]["stop_secs"] = 1000
     r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
     assert r.left_stopped and r.ct_state == "running" and r.exit_code == E.EXIT_PVE and not r.restarted
-    assert any("stop task is still running" in d for d, _ in r.diagnosis)
+    assert Kind.MAY_STOP in _kinds(r)
     assert any(s.name == "restart" and s.outcome == "left stopped" for s in r.steps)
 
 
@@ -341,8 +346,7 @@ def test_task_status_read_failing_after_a_successful_stop_reports_stopped(node):
     r = run(node, timeout=1.0)
     assert pve.status[129]["status"] == "stopped"
     assert r.left_stopped and r.ct_state == "stopped" and r.exit_code == E.EXIT_PVE
-    assert any("read task status" in d or "task_status" in d for d, _ in r.diagnosis)
-    assert any("left STOPPED" in d for d, _ in r.diagnosis)
+    assert {Kind.RESTART_FAILED, Kind.LEFT_STOPPED} <= _kinds(r)
 
 
 def test_ha_acting_late_is_reported(node):
@@ -353,7 +357,7 @@ def test_ha_acting_late_is_reported(node):
     pve.status[129].update(ha=True, ha_delay=1000)
     r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
     assert r.left_stopped and r.exit_code == E.EXIT_PVE
-    assert any("HA" in d and "stop it" in d for d, _ in r.diagnosis)
+    assert Kind.MAY_STOP in _kinds(r)
 
 
 def test_status_read_failing_after_the_stop_reports_unknown_state(node):
@@ -372,7 +376,7 @@ def test_status_read_failing_after_the_stop_reports_unknown_state(node):
     pve.ct_stop = ct_stop
     r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
     assert r.left_stopped and r.ct_state == "unknown" and r.exit_code == E.EXIT_PVE
-    assert any("may be STOPPED" in d for d, _ in r.diagnosis)
+    assert Kind.STATE_UNKNOWN in _kinds(r)
 
 
 # -- never exit 0 unless verified clean (issue 8.1) ---------------------------------------------------
@@ -397,7 +401,7 @@ def test_memory_back_inside_the_last_settle_window_is_not_verified(node):
     _leak_until(node, lambda pve: t0 + 0.9)
     r = run(node, restart=False, timeout=1.0, settle=0.25)
     assert r.outcome == "not verified" and r.exit_code == E.EXIT_GPU_UNKNOWN
-    assert any("less than 0.25 s before" in d for d, _ in r.diagnosis)
+    assert Kind.UNSETTLED in _kinds(r)
     assert "NOT verified" in reset_table(r) and reset_json(r)["outcome"] == "not verified"
 
 
@@ -409,7 +413,7 @@ def test_timeout_shorter_than_settle_never_exits_clean(node):
     probe.model.release_latency = 0.0  # this case is about the settle window: memory back at once
     r = run(node, timeout=0.1, settle=0.25)
     assert r.exit_code == E.EXIT_GPU_UNKNOWN and r.outcome == "not verified" and pve.calls == []
-    assert any("not longer than settle" in d for d, _ in r.diagnosis)
+    assert Kind.TIMEOUT_TOO_SHORT in _kinds(r)
 
 
 def test_left_stopped_with_memory_back_in_the_last_settle_window_is_not_exit_0(node):
@@ -420,7 +424,7 @@ def test_left_stopped_with_memory_back_in_the_last_settle_window_is_not_exit_0(n
     r = run(node, timeout=1.0, settle=0.25)
     assert node[3].calls == ["stop 129"] and r.left_stopped
     assert r.exit_code == E.EXIT_GPU_UNKNOWN and r.outcome == "not verified"
-    assert any("left STOPPED" in d for d, _ in r.diagnosis)
+    assert Kind.HELD_STOPPED in _kinds(r)
 
 
 # -- a failed task's log tail is in the report (issue 8.5) ---------------------------------------------
@@ -432,7 +436,7 @@ def test_failed_start_task_log_tail_in_report_and_json(node):
     pve.status[129]["start_error"] = "hookscript error for 129 on pre-start: exit code 10"
     r = run(node, timeout=1.0)
     assert r.task_log[-1] == "TASK ERROR: hookscript error for 129 on pre-start: exit code 10"
-    assert any("log ends with" in d and "TASK ERROR" in d for d, _ in r.diagnosis)
+    assert any(d.kind is Kind.TASK_LOG and "TASK ERROR" in d.problem for d in r.diagnosis)
     j = reset_json(r)
     assert j["task_log"] == r.task_log and j["left_stopped"] is True and j["ct_state"] == "stopped"
 
@@ -485,7 +489,7 @@ def test_endless_respawn_diagnosis_names_the_parent(node):
     probe.context(0, 1024, p)
     r = run(node, rounds=2, restart=False, timeout=1.0)
     assert r.exit_code == E.EXIT_HOLDERS_LEFT
-    assert any(f"started again by pid {sup.pid} (supervisord" in d for d, _ in r.diagnosis)
+    assert any(d.kind is Kind.RESPAWNED and f"pid {sup.pid} (supervisord" in d.problem for d in r.diagnosis)
 
 
 # -- deadlines hold when GPU reads are slow (issue 8.7) -----------------------------------------------
@@ -545,7 +549,7 @@ def test_ha_start_acting_late_reports_stopped_with_start_pending(node):
     pve.ct_start = ct_start
     r = run(node, timeout=1.0, task_timeout=10, state_wait=5)
     assert r.left_stopped and r.ct_state == "stopped" and not r.restarted and r.exit_code == E.EXIT_PVE
-    assert any("left STOPPED (its start was requested" in d for d, _ in r.diagnosis)
+    assert Kind.LEFT_STOPPED in _kinds(r)
 
 
 def test_sigterm_that_cannot_arrive_is_not_waited_for(node):
@@ -589,7 +593,7 @@ def test_stop_task_ok_but_ct_still_running_is_not_called_stopped(node):
     r = run(node, timeout=0.5)
     assert pve.status[129]["status"] == "running"
     assert not r.left_stopped and r.exit_code == 4
-    assert any("ended OK, but CT 129 is running" in d for d, _ in r.diagnosis)
+    assert Kind.RESTART_FAILED in _kinds(r)
 
 
 def test_leak_on_a_shared_gpu_is_named_in_the_diagnosis(node):
@@ -600,7 +604,8 @@ def test_leak_on_a_shared_gpu_is_named_in_the_diagnosis(node):
     _target_left(node, 2048 * MIB)
     r = run(node, timeout=0.3, restart=False)
     assert r.exit_code == E.EXIT_MEMORY_LEFT
-    assert any("2048 MiB allocated that no live process accounts for" in d for d, _ in r.diagnosis), r.diagnosis
+    assert any(d.kind is Kind.DRIVER_LEAK and "2048 MiB" in d.problem for d in r.diagnosis), r.diagnosis
+    assert Kind.NEIGHBOUR in _kinds(r)
 
 
 def test_holder_seen_gone_after_sigterm_but_still_there_gets_sigkill(node):
@@ -628,7 +633,7 @@ def test_existing_leak_never_stops_the_target(node):
     probe.context(0, 4096, p)
     r = run(node, timeout=1.0)
     assert (r.outcome, r.exit_code) == ("clean", E.EXIT_OK) and pve.calls == [] and not r.left_stopped
-    assert any("was not CT 129's" in d for d, _ in r.diagnosis)
+    assert Kind.FOREIGN_LEFTOVER in _kinds(r)
 
 
 def test_neighbours_hidden_context_never_stops_the_target(node):
@@ -642,7 +647,7 @@ def test_neighbours_hidden_context_never_stops_the_target(node):
     r = run(node, timeout=1.0)
     assert (r.outcome, r.exit_code) == ("clean", E.EXIT_OK) and pve.calls == []
     assert r.after[0].unexplained_ghosts == [gone.pid]
-    assert any(f"pid {gone.pid}" in d and "never CT 129's" in d for d, _ in r.diagnosis)
+    assert any(d.kind is Kind.UNEXPLAINED_GHOST and f"pid {gone.pid}" in d.problem for d in r.diagnosis)
 
 
 def test_targets_own_ghost_is_its_leftover_and_a_restart_may_help(node):

@@ -16,6 +16,7 @@ from .machine import reset
 from .report import Ports, ResetOutcome, ResetPolicy, ResetReport
 from .targets import KillNow, Spared, Targets, targets
 from .verify import is_clean
+from .vocab import Diagnosis, Kind
 
-__all__ = ["KillNow", "Ports", "ProcIdentity", "ResetOutcome", "ResetPolicy", "ResetReport", "Spared", "Targets", "diagnose",
+__all__ = ["Diagnosis", "Kind", "KillNow", "Ports", "ProcIdentity", "ResetOutcome", "ResetPolicy", "ResetReport", "Spared", "Targets", "diagnose",
            "is_clean", "reset", "targets"]

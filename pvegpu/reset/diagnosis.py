@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..holders import GpuFacts
 from ..leftover import Leftover, LeftoverRule, leftover
 from ..model import MIB, Place
+from .vocab import Diagnosis, Kind
 
 
 def mib(n: int | None) -> str:
@@ -38,90 +39,90 @@ def restart_would_not_help(facts: dict[int, GpuFacts], rule: LeftoverRule | None
     return "the memory left was not this container's (it was there before, or belongs to others): see the diagnosis"
 
 
-def foreign_leftover(vmid: int, facts: dict[int, GpuFacts], rule: LeftoverRule) -> list[tuple[str, str]]:
+def foreign_leftover(vmid: int, facts: dict[int, GpuFacts], rule: LeftoverRule) -> list[Diagnosis]:
     """Memory left that was never the target's: named as someone else's problem, with what to do."""
-    out: list[tuple[str, str]] = []
+    out: list[Diagnosis] = []
     for f in facts.values():
         if not f.sample.known:
             continue
         g = f"GPU minor {f.gpu.minor}"
         for pid in f.unexplained_ghosts:
-            out.append((f"NVML lists pid {pid} on {g}, which no longer exists and was never CT {vmid}'s; no live process "
+            out.append(Diagnosis(Kind.UNEXPLAINED_GHOST, f"NVML lists pid {pid} on {g}, which no longer exists and was never CT {vmid}'s; no live process "
                         "accounts for its memory (another container's hidden context, or a leak)",
                         "not this container's problem: `pvegpu audit` and `fuser -v /dev/nvidia*` on the host; the start gate refuses "
                         "starts onto this GPU until it is gone"))
         for pid in f.foreign_ghosts:
-            out.append((f"NVML lists pid {pid} on {g}, which was alive outside CT {vmid} when this reset began and no longer "
+            out.append(Diagnosis(Kind.FOREIGN_GHOST, f"NVML lists pid {pid} on {g}, which was alive outside CT {vmid} when this reset began and no longer "
                         f"exists; its memory stays (another container's context kept out of sight, e.g. an fd in flight) and was "
                         f"never CT {vmid}'s",
                         "not this container's problem: `pvegpu audit` names whose it was; restart that container"))
         lo = leftover(f, rule)
         if lo.over and not own_leftover(f, rule).over and not f.unexplained_ghosts:
-            out.append((f"{g} has {mib(lo.net_bytes)} allocated that no live process accounts for; it was there before this "
+            out.append(Diagnosis(Kind.FOREIGN_LEFTOVER, f"{g} has {mib(lo.net_bytes)} allocated that no live process accounts for; it was there before this "
                         f"reset and was not CT {vmid}'s",
                         f"not this container's problem: `pvegpu audit`; if nothing holds it, stop every user of the GPU, then "
                         f"`nvidia-smi -r -i {f.gpu.index}`"))
     return out
 
 
-def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | int) -> list[tuple[str, str]]:
+def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | int) -> list[Diagnosis]:
     """What is left on each GPU, and what the admin can do about it."""
     rule = threshold if isinstance(threshold, LeftoverRule) else LeftoverRule(threshold_bytes=threshold)
-    out: list[tuple[str, str]] = []
+    out: list[Diagnosis] = []
     for f in facts.values():
         g = f"GPU minor {f.gpu.minor}"
         if not f.sample.known:
-            out.append((f"{g} could not be read: {f.sample.error}", "check `nvidia-smi`; `dmesg | grep -i xid` (GPU lost?)"))
+            out.append(Diagnosis(Kind.GPU_UNREADABLE, f"{g} could not be read: {f.sample.error}", "check `nvidia-smi`; `dmesg | grep -i xid` (GPU lost?)"))
             continue
         for h in f.ct_holders:
             if h.info.state == "D":
-                out.append((f"pid {h.pid} ({h.info.comm}) in CT {vmid} is stuck in the driver (state D) on {g}",
+                out.append(Diagnosis(Kind.STUCK_IN_DRIVER, f"pid {h.pid} ({h.info.comm}) in CT {vmid} is stuck in the driver (state D) on {g}",
                             "no signal can stop it and a container stop will likely hang; check `dmesg | grep -i xid`; a host reboot is the reliable fix"))
             elif h.info.is_ct_init:
-                out.append((f"the init of CT {vmid} (pid {h.pid}, {h.info.comm}) holds {g}; pvegpu never signals a container's init",
+                out.append(Diagnosis(Kind.INIT_HOLDS, f"the init of CT {vmid} (pid {h.pid}, {h.info.comm}) holds {g}; pvegpu never signals a container's init",
                             f"restart the container: `pvegpu reset {vmid}` without --no-restart, or `pct reboot {vmid}`"))
             else:
-                out.append((f"pid {h.pid} ({h.info.comm}, CT pid {h.info.ns_pid}) in CT {vmid} still holds {g} (state {h.info.state})",
+                out.append(Diagnosis(Kind.HOLDER_LEFT, f"pid {h.pid} ({h.info.comm}, CT pid {h.info.ns_pid}) in CT {vmid} still holds {g} (state {h.info.state})",
                             f"a service may be restarting it: `pct exec {vmid} -- systemctl list-units --state=running`; or let pvegpu restart the CT"))
         for pid in f.unreadable:
-            out.append((f"could not read the open files of pid {pid} in CT {vmid}", "run pvegpu as root"))
+            out.append(Diagnosis(Kind.FDS_UNREADABLE, f"could not read the open files of pid {pid} in CT {vmid}", "run pvegpu as root"))
         for h in f.other_holders:
             place = h.info.placement
             where = {Place.CONTAINER: f"CT {place.vmid}", Place.MONITOR: f"the monitor of CT {place.vmid}", Place.VM: f"VM {place.vmid}",
                      Place.UNKNOWN: "a place that cannot be read (its /proc/<pid>/cgroup)"}.get(place.place, "the host")
-            out.append((f"{g} is also used by pid {h.pid} ({h.info.comm}) in {where}; not touched", "that is another workload; leave it or deal with it there"))
+            out.append(Diagnosis(Kind.NEIGHBOUR, f"{g} is also used by pid {h.pid} ({h.info.comm}) in {where}; not touched"))
         for pid in f.target_ghosts:
-            out.append((f"NVML still lists pid {pid} of CT {vmid} on {g}, which no longer exists: its context lives on",
+            out.append(Diagnosis(Kind.TARGET_GHOST, f"NVML still lists pid {pid} of CT {vmid} on {g}, which no longer exists: its context lives on",
                         f"a process of CT {vmid} may hold it out of sight (an fd in flight on a unix socket); restart the container "
                         f"(`pvegpu reset {vmid}` without --no-restart, or `pct reboot {vmid}`)"))
         own = own_leftover(f, rule)
         unlisted = [h for h in f.other_holders if "nvml" not in h.via and h.could_own_context and h.pid not in f.ghost_owners]
         if own.over and not f.ct_holders and not f.target_ghosts and not unlisted:
-            out.append((f"{g} still has {mib(own.net_bytes)} allocated that no live process accounts for (CT {vmid} held it): "
+            out.append(Diagnosis(Kind.DRIVER_LEAK, f"{g} still has {mib(own.net_bytes)} allocated that no live process accounts for (CT {vmid} held it): "
                         "a driver-level leak",
                         f"stop every container using it, then `nvidia-smi -pm 0; nvidia-smi -r -i {f.gpu.index}`, or reboot the host"))
         elif f.residual_bytes is None and f.sample.known:
-            out.append((f"{g}: memory of other processes is not reported (MIG?), so leftovers cannot be measured", "check with `nvidia-smi`"))
+            out.append(Diagnosis(Kind.UNMEASURABLE, f"{g}: memory of other processes is not reported (MIG?), so leftovers cannot be measured", "check with `nvidia-smi`"))
     return out + foreign_leftover(vmid, facts, rule)
 
 
-def diagnose_respawns(vmid: int, respawns: list[dict[str, object]]) -> list[tuple[str, str]]:
+def diagnose_respawns(vmid: int, respawns: list[dict[str, object]]) -> list[Diagnosis]:
     """One line per parent that kept restarting holders, with how to stop it."""
-    out: list[tuple[str, str]] = []
+    out: list[Diagnosis] = []
     for by in sorted({str(r["by"]) for r in respawns}):
         pids = ", ".join(str(r["pid"]) for r in respawns if r["by"] == by)
         init = any(r["parent_is_ct_init"] for r in respawns if r["by"] == by)
         action = (f"a service restarts it: `pct exec {vmid} -- systemctl list-units --state=running`, stop or disable that unit"
                   if init else f"stop or reconfigure that supervisor inside CT {vmid} (`pct exec {vmid} -- ps -ef`), or let pvegpu restart the CT")
-        out.append((f"GPU holder(s) {pids} in CT {vmid} were started again by {by} after pvegpu stopped them", action))
+        out.append(Diagnosis(Kind.RESPAWNED, f"GPU holder(s) {pids} in CT {vmid} were started again by {by} after pvegpu stopped them", action))
     return out
 
 
-def diagnose_unsettled(settle: float, timeout: float) -> tuple[str, str]:
+def diagnose_unsettled(settle: float, timeout: float) -> Diagnosis:
     """The memory came back too close to the deadline to be verified."""
     if timeout <= settle:
-        return (f"the memory could not be verified: --timeout {timeout:g} s is not longer than settle {settle:g} s",
+        return Diagnosis(Kind.TIMEOUT_TOO_SHORT, f"the memory could not be verified: --timeout {timeout:g} s is not longer than settle {settle:g} s",
                 "give a --timeout longer than reset.settle")
-    return (f"the memory came back, but less than {settle:g} s before the {timeout:g} s wait ended, so it is not verified "
+    return Diagnosis(Kind.UNSETTLED, f"the memory came back, but less than {settle:g} s before the {timeout:g} s wait ended, so it is not verified "
             "(a supervisor may be restarting the workload)",
             "run `pvegpu reset` again, or raise --timeout")

@@ -12,6 +12,7 @@ from ..leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
 from ..model import MIB, Step
 from ..ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
 from ..settings import ResetSettings
+from .vocab import Diagnosis
 
 _D = ResetSettings()  # the one source of defaults
 
@@ -73,7 +74,7 @@ class ResetReport:
     plan: list[dict[str, Any]] = field(default_factory=list)  # --dry-run
     outcome: ResetOutcome = ResetOutcome.NOT_CLEAN
     exit_code: int = E.EXIT_FAILURE
-    diagnosis: list[tuple[str, str]] = field(default_factory=list)  # (problem, what to do)
+    diagnosis: list[Diagnosis] = field(default_factory=list)  # kind, problem, what to do (unpacks as the pair)
     notes: list[str] = field(default_factory=list)
     restarted: bool = False
     pve_error: int | None = None  # exit code of a failed restart step

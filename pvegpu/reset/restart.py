@@ -13,6 +13,7 @@ from ..holders import GpuFacts
 from .results import RestartResult
 from .run import ResetRun
 from .verify import Verified, verify
+from .vocab import Diagnosis, Kind
 
 STATE_POLL = 0.5  # seconds between status reads while finding out the CT's state
 SETTLE_POLL = 0.2  # seconds between status reads while a started CT settles
@@ -62,7 +63,7 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> RestartResult:
     stopped = verify_stopped(run)
     if stopped.verdict is not Verified.CLEAN:
         run.step("restart", "held", f"CT {run.vmid} left stopped: its GPU is still not verified clean after the stop")
-        run.report.diagnosis.append((f"CT {run.vmid} was left STOPPED: its GPU is not verified clean even with the container stopped",
+        run.report.diagnosis.append(Diagnosis(Kind.HELD_STOPPED, f"CT {run.vmid} was left STOPPED: its GPU is not verified clean even with the container stopped",
                             f"deal with what is listed here, then start it: `pct start {run.vmid}`"))
         return stopped
     start(run, ha=status.ha_managed)
@@ -244,8 +245,9 @@ def note_state(run: ResetRun, state: str, pending: str | None, *, ha: bool) -> N
     else:
         problem, action = (f"CT {vmid}'s state could not be read after pvegpu asked for its stop: it may be STOPPED",
                            f"check `pct status {vmid}`; start it with `pct start {vmid}` if it is stopped")
+    kind = Kind.MAY_STOP if state == "running" else Kind.LEFT_STOPPED if state == "stopped" else Kind.STATE_UNKNOWN
     run.step("restart", "left stopped", problem, state=state)
-    r.diagnosis.append((problem, action))
+    r.diagnosis.append(Diagnosis(kind, problem, action))
 
 
 def failed(run: ResetRun, exc: E.PvegpuError, upid: str | None = None) -> None:
@@ -253,10 +255,10 @@ def failed(run: ResetRun, exc: E.PvegpuError, upid: str | None = None) -> None:
     r = run.report
     run.ct.pve_error = exc.exit_code
     run.step("restart", "failed", exc.message, hint=exc.hint)
-    r.diagnosis.append((exc.message, exc.hint or ""))
+    r.diagnosis.append(Diagnosis(Kind.RESTART_FAILED, exc.message, exc.hint or ""))
     if isinstance(exc, E.TaskError) and exc.log_tail:
         r.task_log = list(exc.log_tail)
-        r.diagnosis.append(("the task's log ends with: " + " | ".join(exc.log_tail),
+        r.diagnosis.append(Diagnosis(Kind.TASK_LOG, "the task's log ends with: " + " | ".join(exc.log_tail),
                             f"the whole log: `pvesh get /nodes/{run.guest.node}/tasks/{upid or '<UPID>'}/log`"))
 
 
@@ -276,7 +278,7 @@ def note_earlier(run: ResetRun) -> None:
         return
     problem = f"{earlier}: CT {run.vmid} is {'STOPPED' if state == 'stopped' else 'in an unknown state'} now"
     run.step("earlier", state, problem, state=state)
-    run.report.diagnosis.append((problem, f"start it with `pct start {run.vmid}` once `pvegpu check {run.vmid}` allows it"))
+    run.report.diagnosis.append(Diagnosis(Kind.EARLIER_STOP, problem, f"start it with `pct start {run.vmid}` once `pvegpu check {run.vmid}` allows it"))
 
 
 def interruption(kind: str, vmid: int, state: str | None, *, restarted: bool, left_stopped: bool, start_requested: bool,
@@ -304,5 +306,5 @@ def interrupted(run: ResetRun, signame: str, *, abandoned: bool) -> None:
     r.interrupted = {"signal": signame, "action": action, "ct_state": ct.ct_state or "unknown", "left_stopped": ct.left_stopped}
     msg = f"pvegpu reset of CT {vmid} interrupted by {signame} after it asked for the CT's stop: it {action}; {where}"
     run.step("interrupted", signame, msg, signal=signame)
-    r.diagnosis.append((msg, f"check `pct status {vmid}`" + (f"; start it with `pct start {vmid}` once `pvegpu check {vmid}` allows it"
+    r.diagnosis.append(Diagnosis(Kind.INTERRUPTED, msg, f"check `pct status {vmid}`" + (f"; start it with `pct start {vmid}` once `pvegpu check {vmid}` allows it"
                                                             if ct.left_stopped else "")))
