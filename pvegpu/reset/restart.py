@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .. import errors as E
 from ..holders import GpuFacts
+from .follow import Reading, follow
 from .results import RestartResult
 from .run import ResetRun
 from .verify import Verified, verify
@@ -116,29 +117,26 @@ def await_state(run: ResetRun, want: str) -> None:
     """HA only requests the state: poll ``status/current`` until it is ``want`` (within ``task_timeout``).
     A failed read is retried within that deadline; HA in a state where it will not act (error, fence, ...)
     ends the wait at once, naming that state."""
-    pol = run.policy
-    deadline = run.deadline.within(pol.task_timeout)
-    t0, last = run.clock.monotonic(), ""
-    while True:
-        try:
-            st = run.p.pve.ct_status(run.guest)
-            last = ""
-        except E.PvegpuError as exc:
-            st, last = None, exc.message
-        if st is not None:
-            run.ha_state = st.ha_state
-            if st.status == want:
-                return
-            if st.ha_state in HA_STUCK:
-                raise E.TaskFailed(f"HA will not bring CT {run.vmid} to {want}: its HA resource ct:{run.vmid} is in state '{st.ha_state}'",
-                                   f"`ha-manager status`; once the cause is fixed: `ha-manager set ct:{run.vmid} --state started`"
-                                   + (" (pvegpu's stop request set it to 'stopped')" if want == "stopped" else ""))
-        if deadline.expired():
-            raise E.TaskTimeout(f"HA did not bring CT {run.vmid} to {want} within {pol.task_timeout:g} s"
-                                + (f" (the last status read failed: {last})" if last else ""),
-                                f"check `ha-manager status` for ct:{run.vmid}")
-        run.progress(f"waiting for HA to bring CT {run.vmid} to {want}", t0, deadline)
-        deadline.pause(STATE_POLL)
+    pol, vmid = run.policy, run.vmid
+
+    def judge(r: Reading) -> bool | None:
+        if r.status is None:
+            return None
+        run.ha_state = r.status.ha_state
+        if r.status.status == want:
+            return True
+        if r.status.ha_state in HA_STUCK:
+            raise E.TaskFailed(f"HA will not bring CT {vmid} to {want}: its HA resource ct:{vmid} is in state '{r.status.ha_state}'",
+                               f"`ha-manager status`; once the cause is fixed: `ha-manager set ct:{vmid} --state started`"
+                               + (" (pvegpu's stop request set it to 'stopped')" if want == "stopped" else ""))
+        return None
+
+    done, last = follow(run, judge, within=pol.task_timeout, poll=STATE_POLL, waiting=f"waiting for HA to bring CT {vmid} to {want}")
+    if done is None:
+        failed_read = last.error if last is not None else ""
+        raise E.TaskTimeout(f"HA did not bring CT {vmid} to {want} within {pol.task_timeout:g} s"
+                            + (f" (the last status read failed: {failed_read})" if failed_read else ""),
+                            f"check `ha-manager status` for ct:{vmid}")
 
 
 def settle_running(run: ResetRun) -> None:
@@ -146,53 +144,46 @@ def settle_running(run: ResetRun) -> None:
     running ``start_settle`` s later (a broken init exits right after vzstart). Failed reads are retried within
     ``state_wait``. Raises TaskFailed (the task is over) when it is stopped or never read running."""
     pol, vmid = run.policy, run.vmid
-    deadline = run.deadline.within(pol.state_wait + pol.start_settle)
     since: float | None = None
-    state, t0 = "unknown", run.clock.monotonic()
-    while True:
-        try:
-            state = run.p.pve.ct_status(run.guest).status
-        except E.PvegpuError:
-            state = "unknown"
-        now = run.clock.monotonic()
-        if state == "stopped":
+
+    def judge(r: Reading) -> bool | None:
+        nonlocal since
+        if r.state == "stopped":
             raise E.TaskFailed(f"the start task of CT {vmid} ended OK, but CT {vmid} is stopped"
-                               + (f" again {now - since:.1f} s later" if since is not None else ""),
+                               + (f" again {r.at - since:.1f} s later" if since is not None else ""),
                                f"its init or a service failed at start: `pct start {vmid} --debug`, the CT's own logs")
-        if state == "running":
-            since = now if since is None else since
-            if now - since >= pol.start_settle:
-                return
-        if deadline.expired():
-            raise E.TaskFailed(f"the start task of CT {vmid} ended OK, but CT {vmid} is {state}",
-                               f"check `pct status {vmid}`")
-        run.progress(f"checking that CT {vmid} stays running", t0, deadline)
-        deadline.pause(SETTLE_POLL)
+        if r.state == "running":
+            since = r.at if since is None else since
+            if r.at - since >= pol.start_settle:
+                return True
+        return None
+
+    done, last = follow(run, judge, within=pol.state_wait + pol.start_settle, poll=SETTLE_POLL,
+                        waiting=f"checking that CT {vmid} stays running")
+    if done is None:
+        raise E.TaskFailed(f"the start task of CT {vmid} ended OK, but CT {vmid} is {last.state if last else 'unknown'}",
+                           f"check `pct status {vmid}`")
 
 
 def confirm_state(run: ResetRun, want: str, what: str) -> None:
     """A task said OK: check that the CT is ``want`` before trusting it (HA or an admin may have acted since);
     a read that fails is retried within ``state_wait``. Raises TaskFailed (the task is over) when it is not."""
-    deadline = run.deadline.within(run.policy.state_wait)
-    state = "unknown"
-    t0 = run.clock.monotonic()
-    while not deadline.expired():
-        run.progress(f"reading CT {run.vmid}'s state after its {what} task (the read failed)", t0, deadline)
-        try:
-            state = run.p.pve.ct_status(run.guest).status
-        except E.PvegpuError:
-            state = "unknown"
+    vmid = run.vmid
+
+    def judge(r: Reading) -> str | None:
+        if r.status is None:
             node = moved(run)
             if node:
-                raise E.TaskFailed(f"the {what} task of CT {run.vmid} ended OK, but CT {run.vmid} is now on node {node} "
+                raise E.TaskFailed(f"the {what} task of CT {vmid} ended OK, but CT {vmid} is now on node {node} "
                                    "(migrated or relocated meanwhile)",
-                                   f"`pct status {run.vmid}` on {node}; pvegpu reset runs on the container's node: run it there") from None
-        if state == want or state != "unknown":
-            break
-        deadline.pause(STATE_POLL)
+                                   f"`pct status {vmid}` on {node}; pvegpu reset runs on the container's node: run it there")
+        return None if r.state == "unknown" else r.state
+
+    state, _ = follow(run, judge, within=run.policy.state_wait, poll=STATE_POLL, skip_if_expired=True,
+                      waiting=f"reading CT {vmid}'s state after its {what} task (the read failed)")
     if state != want:
-        raise E.TaskFailed(f"the {what} task of CT {run.vmid} ended OK, but CT {run.vmid} is {state}",
-                           f"did HA or an admin act on it meanwhile? `pct status {run.vmid}`, `ha-manager status`")
+        raise E.TaskFailed(f"the {what} task of CT {vmid} ended OK, but CT {vmid} is {state or 'unknown'}",
+                           f"did HA or an admin act on it meanwhile? `pct status {vmid}`, `ha-manager status`")
 
 
 def moved(run: ResetRun) -> str | None:
@@ -207,23 +198,21 @@ def moved(run: ResetRun) -> str | None:
 def find_state(run: ResetRun, want: str, pending: bool) -> str:
     """The CT's state now: running, stopped or unknown. Polls ``status/current`` (at most ``state_wait``)
     while reads fail, or, when a stop/start may still take effect, until it has."""
-    deadline = run.deadline.within(run.policy.state_wait)
-    t0 = run.clock.monotonic()
-    while True:
-        try:
-            state = run.p.pve.ct_status(run.guest).status
-            error = ""
-        except E.PvegpuError as exc:
-            state, error = "unknown", exc.message
+    vmid = run.vmid
+
+    def judge(r: Reading) -> tuple[str, str] | None:
+        if r.status is None:
             node = moved(run)
             if node:  # not on this node any more: its state here will not become known
-                error += f"; CT {run.vmid} is now on node {node}"
-                deadline = run.deadline.within(0)
-        if state == want or (state != "unknown" and not pending) or deadline.expired():
-            run.step("state", state, f"CT {run.vmid} is {state}" + (f" ({error})" if error else ""), state=state)
-            return state
-        run.progress(f"finding out whether CT {run.vmid} is {want}", t0, deadline)
-        deadline.pause(STATE_POLL)
+                return "unknown", f"{r.error}; CT {vmid} is now on node {node}"
+        if r.state == want or (r.state != "unknown" and not pending):
+            return r.state, r.error
+        return None
+
+    done, last = follow(run, judge, within=run.policy.state_wait, poll=STATE_POLL, waiting=f"finding out whether CT {vmid} is {want}")
+    state, error = done or ((last.state, last.error) if last else ("unknown", ""))
+    run.step("state", state, f"CT {vmid} is {state}" + (f" ({error})" if error else ""), state=state)
+    return state
 
 
 def note_state(run: ResetRun, state: str, pending: str | None, *, ha: bool) -> None:
