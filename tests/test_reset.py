@@ -463,7 +463,7 @@ def test_respawn_reported_with_its_parent_even_when_clean(node):
     probe.context(0, 1024, p)
     r = run(node)
     assert r.outcome == "clean" and r.exit_code == 0
-    assert [e["parent_pid"] for e in r.respawns] == [sup.pid]
+    assert [e.parent_pid for e in r.respawns] == [sup.pid]
     assert any(s.name == "respawn" and s.outcome == "seen" for s in r.steps)
     assert any(f"pid {sup.pid} (supervisord" in n for n in r.notes)
 
@@ -477,7 +477,7 @@ def test_respawn_inside_the_settle_window_is_reported(node):
     probe.context(0, 1024, p)
     r = run(node, settle=0.25)
     assert r.outcome == "clean"
-    assert [e["parent_comm"] for e in r.respawns] == ["supervisord"]
+    assert [e.parent_comm for e in r.respawns] == ["supervisord"]
     assert len([s for s in r.steps if s.name == "round"]) == 2
 
 

@@ -36,3 +36,9 @@ def test_conclude_is_the_exit_code_table(verdict, facts, kw, outcome, code):
     """Each row of the table: the verdict, a failed restart step, a CT left stopped and a signal give this outcome and code."""
     c = conclude(verdict, facts, **kw)
     assert (c.outcome, c.exit_code) == (outcome, code)
+
+
+def test_outcome_slugs_and_labels():
+    """Each outcome has a slug for programs (the JSON's outcome_kind) and keeps its words as the human label."""
+    assert {o.slug for o in ResetOutcome} == {"clean", "clean-restart-failed", "not-verified", "not-clean", "dry-run"}
+    assert ResetOutcome.CLEAN_RESTART_FAILED.label == "clean, but the restart failed" == ResetOutcome.CLEAN_RESTART_FAILED.value

@@ -13,6 +13,7 @@ from pvegpu.ports import NoInterrupts, NullLockPort
 from pvegpu.render import reset_human, reset_json
 from pvegpu.reset import Diagnosis, Kind, Ports, ResetPolicy, reset
 from pvegpu.reset.diagnosis import diagnose, diagnose_respawns, diagnose_unsettled
+from pvegpu.reset.vocab import Respawn
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
 GPU = GpuInfo(0, 0, "GPU-0", "0000:01:00.0")
@@ -180,7 +181,7 @@ CASES = {
     Kind.FOREIGN_GHOST: (lambda: diagnose(129, _facts(ghosts=[4325], foreign_ghosts=[4325]), RULE), "was alive outside CT 129"),
     Kind.FOREIGN_LEFTOVER: (lambda: diagnose(129, _facts(used=4096 * MIB, baseline_bytes=4096 * MIB), RULE),
                             "it was there before this reset"),
-    Kind.RESPAWNED: (lambda: diagnose_respawns(129, [{"by": "pid 77 (supervisord)", "pid": 4326, "parent_is_ct_init": False}]),
+    Kind.RESPAWNED: (lambda: diagnose_respawns(129, [Respawn(4326, 7, "w", 1, 77, "supervisord", False, "pid 77 (supervisord)")]),
                      "were started again by pid 77 (supervisord)"),
     Kind.TIMEOUT_TOO_SHORT: (lambda: [diagnose_unsettled(1.0, 0.5)], "is not longer than settle"),
     Kind.UNSETTLED: (lambda: [diagnose_unsettled(0.25, 5.0)], "less than 0.25 s before"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..holders import GpuFacts
 from ..leftover import Leftover, LeftoverRule, leftover
 from ..model import MIB, Place
-from .vocab import Diagnosis, Kind
+from .vocab import Diagnosis, Kind, Respawn
 
 
 def mib(n: int | None) -> str:
@@ -106,12 +106,12 @@ def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | in
     return out + foreign_leftover(vmid, facts, rule)
 
 
-def diagnose_respawns(vmid: int, respawns: list[dict[str, object]]) -> list[Diagnosis]:
+def diagnose_respawns(vmid: int, respawns: list[Respawn]) -> list[Diagnosis]:
     """One line per parent that kept restarting holders, with how to stop it."""
     out: list[Diagnosis] = []
-    for by in sorted({str(r["by"]) for r in respawns}):
-        pids = ", ".join(str(r["pid"]) for r in respawns if r["by"] == by)
-        init = any(r["parent_is_ct_init"] for r in respawns if r["by"] == by)
+    for by in sorted({r.by for r in respawns}):
+        pids = ", ".join(str(r.pid) for r in respawns if r.by == by)
+        init = any(r.parent_is_ct_init for r in respawns if r.by == by)
         action = (f"a service restarts it: `pct exec {vmid} -- systemctl list-units --state=running`, stop or disable that unit"
                   if init else f"stop or reconfigure that supervisor inside CT {vmid} (`pct exec {vmid} -- ps -ef`), or let pvegpu restart the CT")
         out.append(Diagnosis(Kind.RESPAWNED, f"GPU holder(s) {pids} in CT {vmid} were started again by {by} after pvegpu stopped them", action))

@@ -12,6 +12,7 @@ from ..locate import locate
 from .run import ResetRun
 from .stop import describe
 from .targets import planned_action
+from .vocab import StepName, StepOutcome
 
 
 def find(run: ResetRun) -> dict[int, GpuFacts]:
@@ -33,7 +34,7 @@ def find(run: ResetRun) -> dict[int, GpuFacts]:
     if not loc.gpus:
         raise E.NotFoundError(f"none of CT {run.vmid}'s GPUs exist on this node",
                               "compare `pct config %d` with `nvidia-smi -q | grep Minor`" % run.vmid)
-    run.step("locate", "ok", f"CT {run.vmid} on {loc.guest.node}: GPU minor(s) {', '.join(map(str, r.gpus))}",
+    run.step(StepName.LOCATE, StepOutcome.OK, f"CT {run.vmid} on {loc.guest.node}: GPU minor(s) {', '.join(map(str, r.gpus))}",
              node=loc.guest.node, minors=r.gpus)
     facts = r.before = run.inspect()
     return facts
@@ -48,4 +49,4 @@ def plan(run: ResetRun, facts: dict[int, GpuFacts]) -> None:
         r.plan.append(describe(h) | {"action": planned_action(h)})
     for h, why in decided.spared:
         r.plan.append(describe(h) | {"action": why.action(run.vmid), "spared": why.value})
-    run.step("dry-run", "ok", f"would signal {len(decided.signalled)} process(es); nothing was signalled")
+    run.step(StepName.DRY_RUN, StepOutcome.OK, f"would signal {len(decided.signalled)} process(es); nothing was signalled")

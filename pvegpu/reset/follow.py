@@ -14,6 +14,7 @@ from typing import TypeVar
 from .. import errors as E
 from ..model import CtStatus
 from .run import ResetRun
+from .vocab import CtState
 
 T = TypeVar("T")
 
@@ -27,9 +28,9 @@ class Reading:
     at: float
 
     @property
-    def state(self) -> str:
-        """running, stopped, ... as PVE says; unknown when the read failed."""
-        return self.status.status if self.status is not None else "unknown"
+    def state(self) -> CtState:
+        """running or stopped as PVE says; unknown when the read failed (or PVE said something else)."""
+        return CtState.parse(self.status.status) if self.status is not None else CtState.UNKNOWN
 
 
 def read(run: ResetRun) -> Reading:

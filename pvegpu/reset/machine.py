@@ -22,6 +22,7 @@ from .restart import interrupted, note_earlier, restart
 from .results import Ended, Verified
 from .run import ResetRun
 from .stop import stop_and_verify
+from .vocab import StepName, StepOutcome
 
 
 def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None,
@@ -82,12 +83,12 @@ def _reset(run: ResetRun) -> Ended:
 def may_restart(run: ResetRun) -> bool:
     """Restart only when asked to, and only for residue of the target itself (whole-host scan first)."""
     if not run.policy.restart:
-        run.step("restart", "skipped", "not clean, and --no-restart was given")
+        run.step(StepName.RESTART, StepOutcome.SKIPPED, "not clean, and --no-restart was given")
         return False
     facts = run.inspect(whole_host=True)  # unlisted holders elsewhere need a full scan
     why_not = restart_would_not_help(facts, run.policy.rule) or guard_would_refuse(run, facts)
     if why_not:
-        run.step("restart", "skipped", f"not restarting CT {run.vmid}: {why_not}")
+        run.step(StepName.RESTART, StepOutcome.SKIPPED, f"not restarting CT {run.vmid}: {why_not}")
         return False
     return True
 

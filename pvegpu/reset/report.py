@@ -12,7 +12,7 @@ from ..leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
 from ..model import MIB, Step
 from ..ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
 from ..settings import ResetSettings
-from .vocab import Diagnosis
+from .vocab import Diagnosis, Respawn
 
 _D = ResetSettings()  # the one source of defaults
 
@@ -49,7 +49,8 @@ class ResetPolicy:
 
 
 class ResetOutcome(enum.StrEnum):
-    """The verdict of a reset, as the CLI, the JSON and the hook show it (plain words in f-strings and JSON)."""
+    """The verdict of a reset, as the CLI, the JSON and the hook show it: its value (and ``label``) are the words
+    the JSON's ``outcome`` has always carried; ``slug`` is the closed name (the JSON's ``outcome_kind``)."""
 
     CLEAN = "clean"  # verified: no holder, memory back, held for ``settle``
     CLEAN_RESTART_FAILED = "clean, but the restart failed"  # verified while stopped; the start (or the stop's bookkeeping) failed
@@ -60,6 +61,16 @@ class ResetOutcome(enum.StrEnum):
     @property
     def verified_clean(self) -> bool:
         return self in (ResetOutcome.CLEAN, ResetOutcome.CLEAN_RESTART_FAILED)
+
+    @property
+    def slug(self) -> str:
+        """The outcome for programs ("clean-restart-failed"); the value stays the words the JSON has always had."""
+        return self.name.lower().replace("_", "-")
+
+    @property
+    def label(self) -> str:
+        """The outcome for humans ("clean, but the restart failed")."""
+        return self.value
 
 
 @dataclass
@@ -81,7 +92,7 @@ class ResetReport:
     left_stopped: bool = False  # the CT is, or may end up, stopped because pvegpu asked for a stop
     ct_state: str | None = None  # the CT's last state read after a stop was requested (running/stopped/unknown)
     task_log: list[str] = field(default_factory=list)  # the last lines of a failed or timed-out PVE task's log
-    respawns: list[dict[str, object]] = field(default_factory=list)  # holders that appeared after a round, with their parent
+    respawns: list[Respawn] = field(default_factory=list)  # holders that appeared after a round, with their parent
     interrupted: dict[str, object] | None = None  # a signal during the reset: its name, what pvegpu did, where the CT is
     stop_requested: bool = False  # this reset asked PVE to stop the CT (the critical section began)
     start_requested: bool = False  # ... and to start it again

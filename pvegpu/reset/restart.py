@@ -14,7 +14,7 @@ from .follow import Reading, follow
 from .results import RestartResult
 from .run import ResetRun
 from .verify import Verified, verify
-from .vocab import Diagnosis, Kind
+from .vocab import CtState, Diagnosis, Kind, StepName, StepOutcome
 
 STATE_POLL = 0.5  # seconds between status reads while finding out the CT's state
 SETTLE_POLL = 0.2  # seconds between status reads while a started CT settles
@@ -33,13 +33,13 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> RestartResult:
     if status.status != "running":
         why = ("its status cannot be read" if status.status == "unknown"
                else f"it is {status.status}, and pvegpu does not start a stopped container")
-        run.step("restart", "skipped", f"CT {run.vmid} not restarted: {why}")
+        run.step(StepName.RESTART, StepOutcome.SKIPPED, f"CT {run.vmid} not restarted: {why}")
         return RestartResult(facts)
     if status.lock:
         failed(run, E.PveApiError(f"CT {run.vmid} is locked ({status.lock}); restart refused",
                                   f"wait for the {status.lock} to finish, or `pct unlock {run.vmid}` if it is stale"))
         return RestartResult(facts)
-    run.step("restart", "stop", f"stopping CT {run.vmid} through the API (GPU not clean)")
+    run.step(StepName.RESTART, StepOutcome.STOP, f"stopping CT {run.vmid} through the API (GPU not clean)")
     run.p.interrupts.critical()  # from the stop request on, a signal never leaves the CT stopped without a word
     run.p.lock.stop_requested()  # kept in the lock file until the CT runs again: a killed reset is found by the next one
     ct.stop_requested = True
@@ -55,15 +55,15 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> RestartResult:
         failed(run, exc, upid)
         # the stop may still take effect: its task is running, or the request went out and no answer came
         pending = (upid is not None and not isinstance(exc, E.TaskFailed)) or isinstance(exc, E.PveNoAnswer)
-        state = find_state(run, "stopped", pending)
+        state = find_state(run, CtState.STOPPED, pending)
         note_state(run, state, "stop" if pending else None, ha=status.ha_managed)
         if state != "stopped":
             return RestartResult(facts)
         return verify_stopped(run)  # say whether the GPU is clean; no start after a failed stop
-    ct.ct_state, ct.left_stopped = "stopped", True  # until the start is confirmed
+    ct.ct_state, ct.left_stopped = CtState.STOPPED, True  # until the start is confirmed
     stopped = verify_stopped(run)
     if stopped.verdict is not Verified.CLEAN:
-        run.step("restart", "held", f"CT {run.vmid} left stopped: its GPU is still not verified clean after the stop")
+        run.step(StepName.RESTART, StepOutcome.HELD, f"CT {run.vmid} left stopped: its GPU is still not verified clean after the stop")
         run.report.diagnosis.append(Diagnosis(Kind.HELD_STOPPED, f"CT {run.vmid} was left STOPPED: its GPU is not verified clean even with the container stopped",
                             f"deal with what is listed here, then start it: `pct start {run.vmid}`"))
         return stopped
@@ -88,14 +88,14 @@ def start(run: ResetRun, *, ha: bool) -> None:
     except E.PvegpuError as exc:
         failed(run, exc, upid)
         pending = (upid is not None and not isinstance(exc, E.TaskFailed)) or isinstance(exc, E.PveNoAnswer)
-        state = find_state(run, "running", pending)
+        state = find_state(run, CtState.RUNNING, pending)
         note_state(run, state, "start" if pending else None, ha=ha)
         ct.restarted = state == "running" and not ct.left_stopped
         return
     finally:
         run.p.lock.started()
-    ct.ct_state, ct.left_stopped, ct.restarted = "running", False, True
-    run.step("restart", "ok", f"CT {run.vmid} restarted; GPU verified clean while it was stopped")
+    ct.ct_state, ct.left_stopped, ct.restarted = CtState.RUNNING, False, True
+    run.step(StepName.RESTART, StepOutcome.OK, f"CT {run.vmid} restarted; GPU verified clean while it was stopped")
 
 
 def verify_stopped(run: ResetRun) -> RestartResult:
@@ -110,7 +110,7 @@ def run_task(run: ResetRun, upid: str, what: str) -> None:
     res = run.p.pve.wait_task(run.guest.node, upid, timeout=timeout, what=f"{what} task of CT {run.vmid}", progress=run.on_progress)
     if res.log_tail:
         run.report.task_log = list(res.log_tail)
-    run.step("task", "ok", f"{what} task {res.exitstatus} ({upid})", upid=upid)
+    run.step(StepName.TASK, StepOutcome.OK, f"{what} task {res.exitstatus} ({upid})", upid=upid)
 
 
 def await_state(run: ResetRun, want: str) -> None:
@@ -195,27 +195,27 @@ def moved(run: ResetRun) -> str | None:
     return where.node if where is not None and where.node and where.node != run.guest.node else None
 
 
-def find_state(run: ResetRun, want: str, pending: bool) -> str:
+def find_state(run: ResetRun, want: CtState, pending: bool) -> CtState:
     """The CT's state now: running, stopped or unknown. Polls ``status/current`` (at most ``state_wait``)
     while reads fail, or, when a stop/start may still take effect, until it has."""
     vmid = run.vmid
 
-    def judge(r: Reading) -> tuple[str, str] | None:
+    def judge(r: Reading) -> tuple[CtState, str] | None:
         if r.status is None:
             node = moved(run)
             if node:  # not on this node any more: its state here will not become known
-                return "unknown", f"{r.error}; CT {vmid} is now on node {node}"
-        if r.state == want or (r.state != "unknown" and not pending):
+                return CtState.UNKNOWN, f"{r.error}; CT {vmid} is now on node {node}"
+        if r.state == want or (r.state is not CtState.UNKNOWN and not pending):
             return r.state, r.error
         return None
 
     done, last = follow(run, judge, within=run.policy.state_wait, poll=STATE_POLL, waiting=f"finding out whether CT {vmid} is {want}")
-    state, error = done or ((last.state, last.error) if last else ("unknown", ""))
-    run.step("state", state, f"CT {vmid} is {state}" + (f" ({error})" if error else ""), state=state)
+    state, error = done or ((last.state, last.error) if last else (CtState.UNKNOWN, ""))
+    run.step(StepName.STATE, state, f"CT {vmid} is {state}" + (f" ({error})" if error else ""), state=state.value)
     return state
 
 
-def note_state(run: ResetRun, state: str, pending: str | None, *, ha: bool) -> None:
+def note_state(run: ResetRun, state: CtState, pending: str | None, *, ha: bool) -> None:
     """Record where a failed stop/start left the CT; anything but a settled 'running' is said out loud."""
     r, ct, vmid = run.report, run.ct, run.vmid
     ct.ct_state = state
@@ -235,7 +235,7 @@ def note_state(run: ResetRun, state: str, pending: str | None, *, ha: bool) -> N
         problem, action = (f"CT {vmid}'s state could not be read after pvegpu asked for its stop: it may be STOPPED",
                            f"check `pct status {vmid}`; start it with `pct start {vmid}` if it is stopped")
     kind = Kind.MAY_STOP if state == "running" else Kind.LEFT_STOPPED if state == "stopped" else Kind.STATE_UNKNOWN
-    run.step("restart", "left stopped", problem, state=state)
+    run.step(StepName.RESTART, StepOutcome.LEFT_STOPPED, problem, state=state.value)
     r.diagnosis.append(Diagnosis(kind, problem, action))
 
 
@@ -243,7 +243,7 @@ def failed(run: ResetRun, exc: E.PvegpuError, upid: str | None = None) -> None:
     """A restart step failed: the error, its hint and the failed task's log tail go into the report."""
     r = run.report
     run.ct.pve_error = exc.exit_code
-    run.step("restart", "failed", exc.message, hint=exc.hint)
+    run.step(StepName.RESTART, StepOutcome.FAILED, exc.message, hint=exc.hint)
     r.diagnosis.append(Diagnosis(Kind.RESTART_FAILED, exc.message, exc.hint or ""))
     if isinstance(exc, E.TaskError) and exc.log_tail:
         r.task_log = list(exc.log_tail)
@@ -266,7 +266,7 @@ def note_earlier(run: ResetRun) -> None:
         run.report.notes.append(f"{earlier}; CT {run.vmid} is running again now")
         return
     problem = f"{earlier}: CT {run.vmid} is {'STOPPED' if state == 'stopped' else 'in an unknown state'} now"
-    run.step("earlier", state, problem, state=state)
+    run.step(StepName.EARLIER, state, problem, state=state)
     run.report.diagnosis.append(Diagnosis(Kind.EARLIER_STOP, problem, f"start it with `pct start {run.vmid}` once `pvegpu check {run.vmid}` allows it"))
 
 
@@ -294,6 +294,6 @@ def interrupted(run: ResetRun, signame: str, *, abandoned: bool) -> None:
                                                  start_requested=ct.start_requested, abandoned=abandoned)
     r.interrupted = {"signal": signame, "action": action, "ct_state": ct.ct_state or "unknown", "left_stopped": ct.left_stopped}
     msg = f"pvegpu reset of CT {vmid} interrupted by {signame} after it asked for the CT's stop: it {action}; {where}"
-    run.step("interrupted", signame, msg, signal=signame)
+    run.step(StepName.INTERRUPTED, signame, msg, signal=signame)
     r.diagnosis.append(Diagnosis(Kind.INTERRUPTED, msg, f"check `pct status {vmid}`" + (f"; start it with `pct start {vmid}` once `pvegpu check {vmid}` allows it"
                                                             if ct.left_stopped else "")))

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from ..holders import GpuFacts
+from .vocab import CtState
 
 
 class Verified(enum.Enum):
@@ -24,7 +25,7 @@ class CtTrack:
 
     stop_requested: bool = False  # this reset asked PVE to stop the CT (the critical section began)
     start_requested: bool = False  # ... and to start it again
-    ct_state: str | None = None  # the CT's last state read after a stop was requested (running/stopped/unknown)
+    ct_state: CtState | None = None  # the CT's last state read after a stop was requested (running/stopped/unknown)
     left_stopped: bool = False  # the CT is, or may end up, stopped because pvegpu asked for a stop
     restarted: bool = False
     pve_error: int | None = None  # exit code of a failed restart step

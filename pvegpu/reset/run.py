@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..holders import FirstReading, GpuFacts, inspect_gpus
 from ..leftover import baseline, leftover
 from ..locate import Located
-from ..model import MIB, Guest, Step
+from ..model import MIB, Guest, SignalResult, Step
 from ..ports import Clock
 from .report import Ports, ResetPolicy, ResetReport
 from .results import CtTrack
 from .targets import Targets, targets
+from .vocab import CtState, StepName, StepOutcome
 
 GONE = ("GPU is lost", "GPU not found", "GPU requires reset")  # NVML errors a GPU does not recover from by itself
 
@@ -74,11 +76,14 @@ class ResetRun:
         assert self.located is not None
         return self.located.guest
 
-    def step(self, name: str, outcome: str, msg: str, **detail: object) -> None:
-        """Record one thing reset did: in the report, on the event log and live on the terminal."""
-        s = Step(name, outcome, {"msg": msg, **detail})
+    def step(self, name: StepName, outcome: StepOutcome | SignalResult | CtState | str, msg: str, **detail: object) -> None:
+        """Record one thing reset did: in the report, on the event log and live on the terminal. ``outcome`` is from
+        the closed vocabularies (a plain str only for the ``interrupted`` step: the signal's name); the report,
+        the JSON and the log carry their plain values."""
+        word = str(outcome.value if isinstance(outcome, enum.Enum) else outcome)
+        s = Step(name.value, word, {"msg": msg, **detail})
         self.report.steps.append(s)
-        self.p.log.info(f"reset.{name}", vmid=self.vmid, outcome=outcome, msg=msg, **detail)
+        self.p.log.info(f"reset.{name.value}", vmid=self.vmid, outcome=word, msg=msg, **detail)
         if self.on_step:
             self.on_step(s)
 
@@ -109,7 +114,7 @@ class ResetRun:
             if f.sample.used_bytes is None and any(s in err for s in GONE):
                 if not self._gone_said:
                     self._gone_said = True
-                    self.step("verify", "unreadable", f"GPU {f.gpu.index} cannot be read ({err}): it will not come back "
+                    self.step(StepName.VERIFY, StepOutcome.UNREADABLE, f"GPU {f.gpu.index} cannot be read ({err}): it will not come back "
                               "while pvegpu waits; not waiting for the rest of the window", minor=f.gpu.minor)
                 return True
         return False

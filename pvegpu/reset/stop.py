@@ -14,6 +14,7 @@ from .results import StopResult
 from .run import ResetRun
 from .targets import STOPPED, KillNow, Targets, kill_now_why
 from .verify import Verified, verify
+from .vocab import Respawn, StepName, StepOutcome
 
 
 def describe(h: Holder) -> dict[str, object]:
@@ -39,10 +40,10 @@ def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> StopResult:
             if rounds:
                 report_respawns(run, fresh, rounds)
             if rounds >= pol.rounds:
-                run.step("respawn", "failed", f"holders still appear after {rounds} round(s)", pids=[h.pid for h in fresh])
+                run.step(StepName.RESPAWN, StepOutcome.FAILED, f"holders still appear after {rounds} round(s)", pids=[h.pid for h in fresh])
                 return StopResult(facts, Verified.NOT_CLEAN)
             if run.deadline.expired():
-                run.step("deadline", "failed", f"the reset's overall deadline ({pol.budget:g} s) passed before round {rounds + 1}")
+                run.step(StepName.DEADLINE, StepOutcome.FAILED, f"the reset's overall deadline ({pol.budget:g} s) passed before round {rounds + 1}")
                 return StopResult(facts, Verified.NOT_CLEAN)
             rounds += 1
             tried.update(h.info.ident for h in fresh)
@@ -75,21 +76,21 @@ def signal_round(run: ResetRun, n: int, todo: Targets) -> set[ProcIdentity]:
     stays pending while it is frozen, SIGKILL kills frozen tasks. Who is in which list: ``targets.targets``."""
     pol = run.policy
     every = todo.signalled
-    run.step("round", "start", f"round {n}: {len(every)} holder(s) in CT {run.vmid}", pids=[h.pid for h in every])
+    run.step(StepName.ROUND, StepOutcome.START, f"round {n}: {len(every)} holder(s) in CT {run.vmid}", pids=[h.pid for h in every])
     frozen = [h for h in todo.kill_now if kill_now_why(h) is KillNow.FROZEN]
     futile = [h for h in todo.kill_now if kill_now_why(h) is KillNow.TERM_FUTILE]
     termed = send(run, todo.term, signal.SIGTERM)
     killed: list[Holder] = []
     if frozen:
-        run.step("signal", "skipped", f"pid(s) {', '.join(str(h.pid) for h in frozen)} are in a frozen cgroup: SIGTERM would stay "
+        run.step(StepName.SIGNAL, StepOutcome.SKIPPED, f"pid(s) {', '.join(str(h.pid) for h in frozen)} are in a frozen cgroup: SIGTERM would stay "
                  "pending, SIGKILL at once (it kills frozen tasks on cgroup v2)", pids=[h.pid for h in frozen])
         killed = send(run, frozen, signal.SIGKILL)
     if futile:
-        run.step("signal", "skipped", f"SIGTERM cannot reach pid(s) {', '.join(str(h.pid) for h in futile)} (ignored, traced by a "
+        run.step(StepName.SIGNAL, StepOutcome.SKIPPED, f"SIGTERM cannot reach pid(s) {', '.join(str(h.pid) for h in futile)} (ignored, traced by a "
                  "debugger, or the init of a nested PID namespace without a handler): SIGKILL at once", pids=[h.pid for h in futile])
         killed += send(run, futile, signal.SIGKILL)
     if stopped := [h for h in termed if _state(run, h) == STOPPED]:
-        run.step("signal", "continue", f"pid(s) {', '.join(str(h.pid) for h in stopped)} stopped (state T): SIGCONT so the "
+        run.step(StepName.SIGNAL, StepOutcome.CONTINUE, f"pid(s) {', '.join(str(h.pid) for h in stopped)} stopped (state T): SIGCONT so the "
                  "pending SIGTERM is acted on", pids=[h.pid for h in stopped])
         send(run, stopped, signal.SIGCONT)
     termed = wait_gone(run, termed, pol.grace)
@@ -98,7 +99,7 @@ def signal_round(run: ResetRun, n: int, todo: Targets) -> set[ProcIdentity]:
     for h in wait_gone(run, killed, pol.kill_wait):
         d = run.p.host.describe(h.pid)
         state = d.state if d else "?"
-        run.step("survivor", "failed", f"pid {h.pid} ({h.info.comm}) survived SIGKILL, state {state}", pid=h.pid, state=state)
+        run.step(StepName.SURVIVOR, StepOutcome.FAILED, f"pid {h.pid} ({h.info.comm}) survived SIGKILL, state {state}", pid=h.pid, state=state)
     return {h.info.ident for h in killed}
 
 
@@ -118,7 +119,7 @@ def send(run: ResetRun, targets: list[Holder], sig: int) -> list[Holder]:
         entry = describe(h) | {"signal": name, "result": res.value, "t": round(run.clock.monotonic(), 3)}
         run.report.signalled.append(entry)
         run.p.log.info("reset.signal", vmid=run.vmid, **entry)
-        run.step("signal", res.value, f"{name} → pid {h.pid} ({h.info.comm}, CT pid {h.info.ns_pid}): {res.value}",
+        run.step(StepName.SIGNAL, res.value, f"{name} → pid {h.pid} ({h.info.comm}, CT pid {h.info.ns_pid}): {res.value}",
                  pid=h.pid, signal=name)
         if res is SignalResult.SENT:
             sent.append(h)
@@ -146,12 +147,9 @@ def report_respawns(run: ResetRun, fresh: list[Holder], after_round: int) -> Non
             by = f"the container's init (pid {parent.pid}, {parent.comm})"
         else:
             by = f"pid {parent.pid} ({parent.comm}, CT pid {parent.ns_pid})"
-        entry: dict[str, object] = {
-            "pid": h.pid, "ns_pid": h.info.ns_pid, "comm": h.info.comm, "after_round": after_round,
-            "parent_pid": h.info.ppid, "parent_comm": parent.comm if parent else None,
-            "parent_is_ct_init": bool(parent and parent.is_ct_init), "by": by,
-        }
+        entry = Respawn(h.pid, h.info.ns_pid, h.info.comm, after_round, h.info.ppid, parent.comm if parent else None,
+                        bool(parent and parent.is_ct_init), by)
         run.report.respawns.append(entry)
         msg = f"pid {h.pid} ({h.info.comm}, CT pid {h.info.ns_pid}) appeared after round {after_round}, started by {by}: a supervisor restarts the workload"
-        run.step("respawn", "seen", msg, pid=h.pid, parent=h.info.ppid)
+        run.step(StepName.RESPAWN, StepOutcome.SEEN, msg, pid=h.pid, parent=h.info.ppid)
         run.report.notes.append(msg)

@@ -10,6 +10,7 @@ from ..holders import GpuFacts
 from ..leftover import LeftoverRule, leftover
 from .results import Verified
 from .run import Deadline, ResetRun
+from .vocab import StepName, StepOutcome
 
 
 def own_leftover_gone(facts: GpuFacts, rule: LeftoverRule) -> bool:
@@ -48,7 +49,7 @@ def verify(run: ResetRun, facts: dict[int, GpuFacts], deadline: Deadline) -> tup
             if clean_since is None:
                 clean_since = read_end
             if max(0.0, read_start - clean_since) >= pol.settle:
-                run.step("verify", "clean", f"NVML agrees: memory back after {clean_since - t0:.3f} s (held for {pol.settle:g} s)",
+                run.step(StepName.VERIFY, StepOutcome.CLEAN, f"NVML agrees: memory back after {clean_since - t0:.3f} s (held for {pol.settle:g} s)",
                          seconds=round(clean_since - t0, 3))
                 return facts, Verified.CLEAN
         else:
@@ -59,10 +60,10 @@ def verify(run: ResetRun, facts: dict[int, GpuFacts], deadline: Deadline) -> tup
             waited = clock.monotonic() - t0
             if clean_since is not None:
                 held = max(0.0, read_start - clean_since)
-                run.step("verify", "unsettled", f"clean for only {held:.3f} s of the {pol.settle:g} s settle when the wait "
+                run.step(StepName.VERIFY, StepOutcome.UNSETTLED, f"clean for only {held:.3f} s of the {pol.settle:g} s settle when the wait "
                          f"ended after {waited:.3f} s: not verified", seconds=round(waited, 3), held=round(held, 3))
                 return facts, Verified.UNSETTLED
-            run.step("verify", "timeout", f"not clean after {waited:.3f} s", seconds=round(waited, 3))
+            run.step(StepName.VERIFY, StepOutcome.TIMEOUT, f"not clean after {waited:.3f} s", seconds=round(waited, 3))
             return facts, Verified.NOT_CLEAN
         deadline.pause(pol.poll)
         read_start = clock.monotonic()

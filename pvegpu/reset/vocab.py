@@ -56,3 +56,74 @@ class Diagnosis:
     @property
     def info(self) -> bool:
         return self.kind.info
+
+
+class CtState(enum.StrEnum):
+    """A container's state as the reset follows it (PVE's ``status/current``; unknown when it cannot be read)."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, status: str) -> CtState:
+        """PVE's word for an LXC container's state; anything else (or nothing) is unknown, never running."""
+        try:
+            return cls(status)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+class StepName(enum.StrEnum):
+    """The steps a container reset reports (``ResetReport.steps``, the event log, the live output)."""
+
+    LOCATE = "locate"
+    DRY_RUN = "dry-run"
+    ROUND = "round"
+    SIGNAL = "signal"
+    SURVIVOR = "survivor"
+    RESPAWN = "respawn"
+    DEADLINE = "deadline"
+    VERIFY = "verify"
+    RESTART = "restart"
+    TASK = "task"
+    STATE = "state"  # its outcome is a CtState
+    EARLIER = "earlier"  # its outcome is a CtState
+    INTERRUPTED = "interrupted"  # its outcome is the signal's name
+
+
+class StepOutcome(enum.StrEnum):
+    """What a step reports (besides a signal's ``SignalResult``, a ``CtState`` and a signal's name)."""
+
+    OK = "ok"
+    START = "start"
+    STOP = "stop"
+    SKIPPED = "skipped"
+    CONTINUE = "continue"
+    FAILED = "failed"
+    SEEN = "seen"
+    CLEAN = "clean"
+    UNSETTLED = "unsettled"
+    TIMEOUT = "timeout"
+    UNREADABLE = "unreadable"
+    HELD = "held"
+    LEFT_STOPPED = "left stopped"
+
+
+@dataclass(frozen=True)
+class Respawn:
+    """A holder that appeared after a signal round, with the parent that started it."""
+
+    pid: int
+    ns_pid: int | None
+    comm: str
+    after_round: int
+    parent_pid: int | None
+    parent_comm: str | None
+    parent_is_ct_init: bool
+    by: str  # who started it, for humans ("the container's init (pid 1234, systemd)")
+
+    def as_json(self) -> dict[str, object]:
+        return {"pid": self.pid, "ns_pid": self.ns_pid, "comm": self.comm, "after_round": self.after_round,
+                "parent_pid": self.parent_pid, "parent_comm": self.parent_comm, "parent_is_ct_init": self.parent_is_ct_init,
+                "by": self.by}
