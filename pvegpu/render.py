@@ -6,7 +6,8 @@ from typing import Any
 
 from .holders import GpuFacts
 from .model import MIB
-from .reset import Diagnosis, ResetOutcome, ResetReport
+from .reset.report import ResetOutcome, ResetReport
+from .reset.vocab import Diagnosis
 
 
 def _mib(n: int | None) -> str:

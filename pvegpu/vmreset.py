@@ -20,7 +20,7 @@ from . import errors as E
 from .model import Guest, Step
 from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
-from .reset.restart import interruption
+from .reset.interruption import interruption
 from .safetext import escape
 from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, GuestHolder, Guestside, GuestTimeout, GuestView, VmApi
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from .model import GpuInfo, GpuSample
     from .ports import EventLog, GpuProbe
-    from .reset import Ports, ResetPolicy
+    from .reset.report import Ports, ResetPolicy
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def leftover_rule(s: Settings) -> LeftoverRule:
 
 def reset_policy(s: Settings, *, dry_run: bool = False) -> ResetPolicy:
     """``[reset]`` as the state machine's policy."""
-    from .reset import ResetPolicy
+    from .reset.report import ResetPolicy
 
     r = s.reset
     return ResetPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, poll=r.poll, settle=r.settle, rounds=r.rounds,
@@ -333,7 +333,7 @@ def node(s: Settings, log: EventLog | None = None) -> Node:
     """Ports for reset and audit: the simulated node, or this node."""
     from .adapters.clock import SystemClock
     from .ports import NullLog
-    from .reset import Ports
+    from .reset.report import Ports
 
     if s.simulate:
         pve, probe, host = _sim_ports(s)

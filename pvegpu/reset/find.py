@@ -10,8 +10,7 @@ from .. import errors as E
 from ..holders import GpuFacts
 from ..locate import locate
 from .run import ResetRun
-from .stop import describe
-from .targets import planned_action
+from .targets import describe, planned_action
 from .vocab import StepName, StepOutcome
 
 

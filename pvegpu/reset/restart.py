@@ -11,6 +11,7 @@ from __future__ import annotations
 from .. import errors as E
 from ..holders import GpuFacts
 from .follow import Reading, follow
+from .interruption import interruption
 from .results import RestartResult
 from .run import ResetRun
 from .verify import Verified, verify
@@ -268,22 +269,6 @@ def note_earlier(run: ResetRun) -> None:
     problem = f"{earlier}: CT {run.vmid} is {'STOPPED' if state == 'stopped' else 'in an unknown state'} now"
     run.step(StepName.EARLIER, state, problem, state=state)
     run.report.diagnosis.append(Diagnosis(Kind.EARLIER_STOP, problem, f"start it with `pct start {run.vmid}` once `pvegpu check {run.vmid}` allows it"))
-
-
-def interruption(kind: str, vmid: int, state: str | None, *, restarted: bool, left_stopped: bool, start_requested: bool,
-                 abandoned: bool, restart: str = "restart") -> tuple[bool, str, str]:
-    """How an interrupted reset ended, for a CT or a VM (``kind``): (left stopped?, what pvegpu did, where the guest
-    is). First signal: the ``restart`` was finished before this; second (``abandoned``): pvegpu stopped where it was."""
-    if abandoned:
-        known = state or "unknown"
-        left = not (restarted and known == "running")
-        where = (f"{kind} {vmid} is running" if not left else
-                 f"{kind} {vmid} may be STOPPED (last known: {known}; its start was {'requested' if start_requested else 'never requested'})")
-        return left, f"abandoned the {restart} at the second signal", where
-    where = (f"{kind} {vmid} is running" if state == "running" and not left_stopped
-             else f"{kind} {vmid} was left STOPPED" if state == "stopped"
-             else f"{kind} {vmid} is {state or 'in an unknown state'}" + (" and may end up stopped" if left_stopped else ""))
-    return left_stopped, f"finished the {restart} before exiting", where
 
 
 def interrupted(run: ResetRun, signame: str, *, abandoned: bool) -> None:

@@ -12,15 +12,9 @@ from ..holders import GpuFacts
 from ..model import Holder, ProcIdentity, SignalResult
 from .results import StopResult
 from .run import ResetRun
-from .targets import STOPPED, KillNow, Targets, kill_now_why
+from .targets import STOPPED, KillNow, Targets, describe, kill_now_why
 from .verify import Verified, verify
 from .vocab import Respawn, StepName, StepOutcome
-
-
-def describe(h: Holder) -> dict[str, object]:
-    """A holder as the report and the event log show it."""
-    return {"pid": h.pid, "ns_pid": h.info.ns_pid, "comm": h.info.comm, "cgroup": h.info.cgroup,
-            "state": h.info.state, "via": sorted(h.via)}
 
 
 def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> StopResult:

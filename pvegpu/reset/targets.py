@@ -105,6 +105,12 @@ def targets(facts: dict[int, GpuFacts], self_pid: int) -> Targets:
     return Targets([h for h in ordered if kill_now_why(h) is None], [h for h in ordered if kill_now_why(h) is not None], spared)
 
 
+def describe(h: Holder) -> dict[str, object]:
+    """A holder as the report and the event log show it."""
+    return {"pid": h.pid, "ns_pid": h.info.ns_pid, "comm": h.info.comm, "cgroup": h.info.cgroup,
+            "state": h.info.state, "via": sorted(h.via)}
+
+
 def planned_action(h: Holder) -> str:
     """What the stop loop will send this target (for --dry-run)."""
     why = kill_now_why(h)
