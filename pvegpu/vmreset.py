@@ -21,6 +21,7 @@ from .model import Guest, Step
 from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
 from .reset.interruption import interruption
+from .reset.poll import until
 from .safetext import escape
 from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, GuestHolder, Guestside, GuestTimeout, GuestView, VmApi
 
@@ -424,12 +425,11 @@ def _state(run: _Run) -> str:
 
 
 def _await_state(run: _Run, want: str, seconds: float) -> str:
+    """The VM's state once it is ``want``, or when ``seconds`` have passed (``reset.poll.until``, as a CT's waits)."""
     end = run.clock.monotonic() + seconds
-    while True:
-        state = _state(run)
-        if state == want or run.clock.monotonic() >= end:
-            return state
-        run.pause(STATE_POLL)
+    _, state = until(lambda: _state(run), lambda s: s if s == want else None,
+                     expired=lambda: run.clock.monotonic() >= end, pause=lambda: run.pause(STATE_POLL))
+    return state
 
 
 def _task(run: _Run, upid: str, what: str) -> None:

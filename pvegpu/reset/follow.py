@@ -1,6 +1,6 @@
 """Following a container's state until a deadline: the one loop every restart wait uses.
 
-``follow`` reads the CT's status (a failed read is a reading too, never a crash), asks ``judge`` whether what it
+``follow`` (through ``poll.until``, the shape every guest-state wait shares) reads the CT's status (a failed read is a reading too, never a crash), asks ``judge`` whether what it
 sees settles the wait, and otherwise says what it waits for and pauses, until ``judge`` decides or the deadline
 passes. The deadline is checked after every read, so a slow read cannot hide it.
 """
@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from .. import errors as E
 from ..model import CtStatus
+from .poll import until
 from .run import ResetRun
 from .vocab import CtState
 
@@ -48,15 +49,7 @@ def follow(run: ResetRun, judge: Callable[[Reading], T | None], *, within: float
     ``skip_if_expired`` and no time was left). ``judge`` may raise to end the wait with an error."""
     deadline = run.deadline.within(within)
     t0 = run.clock.monotonic()
-    last: Reading | None = None
     if skip_if_expired and deadline.expired():
         return None, None
-    while True:
-        last = read(run)
-        decided = judge(last)
-        if decided is not None:
-            return decided, last
-        if deadline.expired():
-            return None, last
-        run.progress(waiting, t0, deadline)
-        deadline.pause(poll)
+    return until(lambda: read(run), judge, expired=deadline.expired, pause=lambda: deadline.pause(poll),
+                 on_wait=lambda: run.progress(waiting, t0, deadline))
