@@ -236,14 +236,15 @@ def audit_cmd(
         raise E.UsageError(f"--ssh-timeout {ssh_timeout:g}: must be more than 0 seconds", "e.g. --ssh-timeout 30")
     s = _settings()
     ports = wiring.audit_ports(s)
-    rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster, threshold_bytes=ports.threshold_bytes)
+    rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster, threshold_bytes=ports.threshold_bytes,
+                     clock=ports.clock)
     if cluster:
         from .cluster import audit_cluster, parse_members
 
         members = parse_members(ports.files.read_pve(".members"))
-        doc = audit_document(audit_cluster(rep, members, wiring.cluster_audits(ssh_timeout, ssh_option)))
+        doc = audit_document(audit_cluster(rep, members, wiring.cluster_audits(ssh_timeout, ssh_option)), clock=ports.clock)
     else:
-        doc = audit_document([rep])
+        doc = audit_document([rep], clock=ports.clock)
     if prometheus:
         wiring.write_textfile(prometheus, doc)
     if json_out:
@@ -263,7 +264,8 @@ def _audit_table(s: Any) -> str:
     from .render import audit_text
 
     p = wiring.audit_ports(s)
-    return audit_text(audit_document([audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes)]))
+    rep = audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes, clock=p.clock)
+    return audit_text(audit_document([rep], clock=p.clock))
 
 
 class _Terminated(Exception):

@@ -5,11 +5,8 @@ from __future__ import annotations
 from . import errors as E
 from .inspect import GpuFacts
 from .leftover import Leftover, LeftoverRule, leftover
-from .model import MIB, Place
-
-
-def mib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / MIB:.0f} MiB"
+from .model import Place
+from .units import mib
 
 
 def own_leftover(f: GpuFacts, rule: LeftoverRule) -> Leftover:

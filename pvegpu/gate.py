@@ -22,6 +22,7 @@ from .locate import find_guest, granted_gpus
 from .lxcconf import parse_config
 from .model import CONTROL, MIB, GpuInfo, GpuSample, Place
 from .settings import GateSettings
+from .units import mib
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class Situation:
 
 
 def _mib(n: int | None) -> str:
-    return "?" if n is None else f"{n / MIB:.0f} MiB"
+    return mib(n, "?")
 
 
 def gpu_label(g: GpuInfo) -> str:

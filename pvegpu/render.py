@@ -7,10 +7,11 @@ from typing import Any
 from .inspect import GpuFacts
 from .model import MIB
 from .reclaim import ResetOutcome, ResetReport
+from .units import mib
 
 
 def _mib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / MIB:,.0f} MiB"
+    return mib(n, grouped=True)
 
 
 def _facts_json(f: GpuFacts) -> dict[str, Any]:

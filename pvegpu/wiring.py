@@ -352,6 +352,7 @@ class AuditPorts:
     host: Any
     files: Any
     threshold_bytes: LeftoverRule  # the leftover rule (``[leftover]``); the name is the one callers pass on
+    clock: Any = None  # WallClock: the run's duration and the document's generated_at
 
 
 def audit_ports(s: Settings) -> AuditPorts:
@@ -361,10 +362,10 @@ def audit_ports(s: Settings) -> AuditPorts:
         from .sim.nodefiles import SimNodeFiles
 
         pve, probe, host = _sim_ports(s)
-        return AuditPorts(lambda: bounded(probe, s), pve, host, SimNodeFiles(s.simulate), threshold)
+        return AuditPorts(lambda: bounded(probe, s), pve, host, SimNodeFiles(s.simulate), threshold, system_clock())
     from .adapters.nodefiles import LocalNodeFiles
 
-    return AuditPorts(lambda: bounded(open_nvml(), s), pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), threshold)
+    return AuditPorts(lambda: bounded(open_nvml(), s), pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), threshold, system_clock())
 
 
 def write_textfile(path: str, doc: Any) -> None:
