@@ -1,5 +1,5 @@
 """The ``pvegpu`` command line (typer). Thin: settings and ports come from ``wiring``, the work from the core,
-the text from ``render``; errors propagate to ``run``, which renders them once (``errors.render``).
+the text from ``render``; errors propagate to ``run``, where they render themselves once (``PvegpuError.show``).
 
 ``check`` and ``hook VMID PHASE`` never reach typer: the front door sends them down the gate's light path
 (``pvegpu.hook``); they are listed here so that ``pvegpu --help`` shows them.
@@ -433,13 +433,9 @@ def run(args: list[str], opts: wiring.GlobalOptions) -> int:
     except click_exc.NoArgsIsHelpError as exc:
         return int(exc.exit_code) if exc.exit_code else 0
     except click_exc.ClickException as exc:
-        sys.stderr.write(E.render(E.UsageError(exc.format_message(), "`pvegpu --help`, or `pvegpu COMMAND --help`")) + "\n")
-        return E.EXIT_USAGE
+        return E.UsageError(exc.format_message(), "`pvegpu --help`, or `pvegpu COMMAND --help`").show(sys.stderr)
     except typer_exc.Abort:
         sys.stderr.write("aborted\n")
         return 130
-    except E.PvegpuError as exc:
-        if json_out:  # the JSON consumer gets JSON; the person watching still gets the message
-            _echo_json(E.to_json(exc))
-        sys.stderr.write(E.render(exc) + "\n")
-        return exc.exit_code
+    except E.PvegpuError as exc:  # the JSON consumer gets JSON; the person watching still gets the message
+        return exc.show(sys.stderr, sys.stdout if json_out else None)
