@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .adapters import safefile
 from .adapters.storagecfg import Storage, read_storage
 from .errors import PvegpuError, UsageError
 from .lxcconf import parse_config
@@ -55,42 +56,14 @@ def guard_text(template: str, pvegpu_bin: str | None = None, fast: bool = True) 
 def write_atomic(path: str, text: str, mode: int = 0o755) -> None:
     """Write ``path`` as root safely: a new file (O_CREAT|O_EXCL|O_NOFOLLOW) in the same directory, mode set with
     fchmod, fsync'd, then renamed over ``path``. A symlink planted at ``path`` is replaced, never followed."""
-    d, name = os.path.split(path)
-    _check_dir(d)
-    for n in range(100):
-        tmp = os.path.join(d, f".{name}.pvegpu-{os.getpid()}-{n}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise PvegpuError(f"cannot create a temporary file in {d}", "remove stale .*.pvegpu-* files there")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _check_dir(os.path.dirname(path))
+    safefile.write_atomic(path, text.encode("utf-8"), mode=mode)
 
 
 def read_nofollow(path: str) -> str | None:
     """The text of a regular file at ``path`` (not through a symlink), or None when there is none."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        return f.read().decode("utf-8", "replace")
+    data = safefile.read_regular(path)
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 _TRUSTED = frozenset({0, os.geteuid()})  # root, or pvegpu's own user (a simulated node run by a user): nobody else
