@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .adapters import safefile
+from .adapters.etcpve import ct_confs, node_names
 from .adapters.storagecfg import Storage, read_storage
 from .errors import PvegpuError, UsageError
 from .lxcconf import parse_config
@@ -147,18 +148,7 @@ class Plan:
         return not self.refused
 
 
-def _ct_confs(pve_root: str, node: str | None = None) -> dict[int, tuple[str, str]]:
-    """vmid -> (node, conf text) for every container (of one node, or the cluster)."""
-    out: dict[int, tuple[str, str]] = {}
-    nodes_dir = os.path.join(pve_root, "nodes")
-    for n in sorted(os.listdir(nodes_dir)) if os.path.isdir(nodes_dir) else []:
-        if node and n != node:
-            continue
-        d = os.path.join(nodes_dir, n, "lxc")
-        for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-            if f.endswith(".conf") and f[:-5].isdigit():
-                out[int(f[:-5])] = (n, open(os.path.join(d, f), encoding="utf-8").read())
-    return out
+_ct_confs = ct_confs  # the one /etc/pve reader (adapters/etcpve.py)
 
 
 def _is_ours(volid: str | None, storage: str | None = None) -> bool:
@@ -174,8 +164,7 @@ def _snippet_path(storage: Storage, volid: str) -> str:
 
 
 def _check_nodes(pve_root: str, local: str, names: set[str], lister: SnippetLister | None, plan: Plan) -> None:
-    nodes_dir = os.path.join(pve_root, "nodes")
-    for n in sorted(os.listdir(nodes_dir)) if os.path.isdir(nodes_dir) else []:
+    for n in node_names(pve_root):
         if n == local:
             continue
         have = lister(n) if lister else None
