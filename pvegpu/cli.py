@@ -162,7 +162,8 @@ def _say(text: str, err: bool = True) -> None:
 
 
 def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
-    guest = wiring.pve_port(s).where(vmid)
+    world = wiring.world(s)  # one node world for the whole run: the same PVE port locates the guest and resets it
+    guest = world.pve.where(vmid)
     if guest is not None and guest.type == "qemu":
         return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out, verbose=verbose)
     from .logs import configure
@@ -175,7 +176,7 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
     on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
     with _Signals(vmid) as signals:
         try:
-            with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, wiring.node(s, log) as ports:
+            with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log) as ports:
                 ports.lock, ports.interrupts = lock, signals
                 report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
                 signals.done = True  # the report is final: a later signal must not turn it into another message
@@ -235,7 +236,7 @@ def audit_cmd(
     if ssh_timeout <= 0:
         raise E.UsageError(f"--ssh-timeout {ssh_timeout:g}: must be more than 0 seconds", "e.g. --ssh-timeout 30")
     s = _settings()
-    ports = wiring.audit_ports(s)
+    ports = wiring.world(s).audit_ports()
     rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster, threshold_bytes=ports.threshold_bytes,
                      clock=ports.clock)
     if cluster:
@@ -263,7 +264,7 @@ def _audit_table(s: Any) -> str:
     from .audit import audit_document, audit_once
     from .render import audit_text
 
-    p = wiring.audit_ports(s)
+    p = wiring.world(s).audit_ports()
     rep = audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes, clock=p.clock)
     return audit_text(audit_document([rep], clock=p.clock))
 

@@ -179,7 +179,7 @@ def _reclaim(vmid: int, s: Settings) -> str:
     from .reclaim import reset
 
     try:
-        with wiring.ct_lock(s, vmid, wait=0), wiring.node(s) as ports:
+        with wiring.ct_lock(s, vmid, wait=0), wiring.world(s).reset_ports() as ports:
             outcome = reset(vmid, ports, wiring.post_stop_policy(s)).outcome
             return str(getattr(outcome, "value", outcome))
     except E.PvegpuError as exc:
