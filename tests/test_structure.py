@@ -48,7 +48,7 @@ def _modules() -> dict[str, set[str]]:
 
 def _layer(name: str) -> str:
     parts = name.split(".")
-    if len(parts) > 1 and parts[1] in ("adapters", "sim"):
+    if len(parts) > 1 and parts[1] in ("adapters", "sim", "testing"):  # testing: the public fakes, above sim
         return parts[1]
     if len(parts) > 1 and parts[1] in EDGE:
         return "edge"
@@ -75,6 +75,12 @@ def test_adapters_import_no_sim_and_no_edge():
 def test_sim_imports_no_edge():
     """sim/ builds on the core and the adapters, never on cli, hook or wiring."""
     bad = {m: _hits(d, {"edge"}) for m, d in _modules().items() if _layer(m) == "sim"}
+    assert not {m: h for m, h in bad.items() if h}
+
+
+def test_nothing_of_the_product_imports_the_fakes():
+    """pvegpu.testing (the public fakes) is for tests only: no core, adapter, sim or edge module imports it."""
+    bad = {m: _hits(d, {"testing"}) for m, d in _modules().items() if _layer(m) != "testing"}
     assert not {m: h for m, h in bad.items() if h}
 
 
