@@ -22,7 +22,6 @@ from .locate import find_guest, granted_gpus
 from .lxcconf import parse_config
 from .model import CONTROL, MIB, GpuInfo, GpuSample, Place
 from .settings import GateSettings
-from .units import mib
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -88,6 +87,8 @@ class Situation:
 
 
 def _mib(n: int | None) -> str:
+    from .units import mib  # imported when a figure is shown: a clean start never pays for it
+
     return mib(n, "?")
 
 
