@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pvegpu import gate  # noqa: E402
 from pvegpu.adapters.clock import SystemClock  # noqa: E402
 from pvegpu.adapters.procfs import DeviceTable, ProcHost  # noqa: E402
+from pvegpu.adapters.procstat import read_stat  # noqa: E402
 from pvegpu.model import MIB, GpuInfo, Guest  # noqa: E402
-from pvegpu.procstat import read_stat  # noqa: E402
 from pvegpu.sim.driver import DriverModel  # noqa: E402
 
 ZERO = os.stat("/dev/zero").st_rdev

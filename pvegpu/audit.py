@@ -9,7 +9,6 @@ host has bound to those PCI devices. Manual equivalent: ``nvidia-smi`` + ``fuser
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -19,23 +18,26 @@ from .audit_model import Flag, FlagKind, GpuRow, HolderRow, NodeAudit, document
 from .errors import PvegpuError
 from .holders import GpuFacts, inspect_gpus
 from .leftover import LeftoverRule, leftover
-from .model import MIB, GpuHealth, GpuInfo, Holder, Place
-from .ports import GpuProbe, Host, NodeFiles, PveApi
+from .model import GpuHealth, GpuInfo, Holder, Place
+from .ports import Clock, GpuProbe, Host, NodeFiles, PveApi, WallClock
 from .qemuconf import same_device
+from .units import mib_figure
 
 DEFAULT_THRESHOLD = LeftoverRule()  # the one leftover rule's defaults (``[leftover]``)
 
 
 def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: NodeFiles | None = None,
-              cluster: bool = False, threshold_bytes: LeftoverRule | int = DEFAULT_THRESHOLD, probe_error: str | None = None) -> NodeAudit:
+              cluster: bool = False, threshold_bytes: LeftoverRule | int = DEFAULT_THRESHOLD, probe_error: str | None = None,
+              clock: Clock | None = None) -> NodeAudit:
     """The audit of this node; one unreadable GPU or config never hides the others.
 
     ``probe`` None with ``probe_error``: NVML could not start (driver not loaded yet): an error, the configs still checked.
     ``cluster``: list other nodes' guests too (their runtime comes from their own audit, see ``audit_cluster``).
     ``threshold_bytes``: the leftover rule (a plain number: the threshold with the default per-context allowance).
+    ``clock``: times the run (``duration_seconds``; 0 without one).
     """
     rule = threshold_bytes if isinstance(threshold_bytes, LeftoverRule) else replace(LeftoverRule(), threshold_bytes=threshold_bytes)
-    started = time.monotonic()
+    started = clock.monotonic() if clock is not None else 0.0
     node = pve.local_node() or ""
     rep = NodeAudit(node)
     scan = scan_guests(pve, host, files, node, cluster=cluster)
@@ -46,7 +48,7 @@ def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: 
         rep.flags.append(Flag(FlagKind.UNREADABLE, "all GPUs", rep.error))
     else:
         _runtime(rep, probe, host, scan, rule)
-    rep.duration_seconds = round(time.monotonic() - started, 4)
+    rep.duration_seconds = round(clock.monotonic() - started, 4) if clock is not None else 0.0
     return rep
 
 
@@ -67,10 +69,14 @@ def audit_once(open_probe: Callable[[], GpuProbe], **ports: Any) -> NodeAudit:
             close()
 
 
-def audit_document(reports: Iterable[NodeAudit | Mapping[str, Any]], generated_at: float | None = None) -> dict[str, Any]:
-    """The versioned JSON document (``pvegpu audit --json``) for local audits and other nodes' JSON."""
+def audit_document(reports: Iterable[NodeAudit | Mapping[str, Any]], generated_at: float | None = None,
+                   clock: WallClock | None = None) -> dict[str, Any]:
+    """The versioned JSON document (``pvegpu audit --json``) for local audits and other nodes' JSON; ``generated_at``
+    is given, or read from ``clock`` (0 with neither)."""
     nodes = [dict(r) if isinstance(r, Mapping) else r.to_json() for r in reports]
-    return document(nodes, time.time() if generated_at is None else generated_at)
+    if generated_at is None:
+        generated_at = clock.time() if clock is not None else 0.0
+    return document(nodes, generated_at)
 
 
 def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, threshold: LeftoverRule) -> None:
@@ -148,8 +154,8 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: Le
             "no plausible heir (an orphaned fork child in a container) keeps it: unexplained"
         flag(FlagKind.DEAD_PID, f"NVML lists pid {pid} on /dev/nvidia{gpu.minor}; it no longer exists; {whose}")
     if lo.over and row.unattributed_bytes is not None:
-        flag(FlagKind.UNATTRIBUTED, f"{round(row.unattributed_bytes / MIB)} MiB used that no live process accounts for "
-                                    f"(after {round(lo.allowance_bytes / MIB)} MiB allowed for {lo.contexts_outside} context(s))")
+        flag(FlagKind.UNATTRIBUTED, f"{mib_figure(row.unattributed_bytes)} MiB used that no live process accounts for "
+                                    f"(after {mib_figure(lo.allowance_bytes)} MiB allowed for {lo.contexts_outside} context(s))")
     elif row.unattributed_bytes is None:
         flag(FlagKind.USAGE_UNKNOWN, "a process's memory is not reported: leftovers cannot be measured")
     guests = sorted({h.guest_id for h in row.holders if h.place == "lxc" and h.guest_id})

@@ -16,7 +16,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import MIB, GpuHealth
+from .model import GpuHealth
+from .units import whole_mib as _mib
 
 SCHEMA = "pvegpu-audit"
 SCHEMA_VERSION = 1
@@ -248,5 +249,3 @@ def document(nodes: list[dict[str, Any]], generated_at: float) -> dict[str, Any]
             "attention": any(n.get("attention") or not n.get("ok", False) for n in nodes), "nodes": nodes}
 
 
-def _mib(value: int | None) -> int | None:
-    return None if value is None else round(value / MIB)

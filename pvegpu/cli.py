@@ -1,5 +1,5 @@
 """The ``pvegpu`` command line (typer). Thin: settings and ports come from ``wiring``, the work from the core,
-the text from ``render``; errors propagate to ``run``, which renders them once (``errors.render``).
+the text from ``render``; errors propagate to ``run``, where they render themselves once (``PvegpuError.show``).
 
 ``check`` and ``hook VMID PHASE`` never reach typer: the front door sends them down the gate's light path
 (``pvegpu.hook``); they are listed here so that ``pvegpu --help`` shows them.
@@ -162,7 +162,8 @@ def _say(text: str, err: bool = True) -> None:
 
 
 def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
-    guest = wiring.pve_port(s).where(vmid)
+    world = wiring.world(s)  # one node world for the whole run: the same PVE port locates the guest and resets it
+    guest = world.pve.where(vmid)
     if guest is not None and guest.type == "qemu":
         return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out, verbose=verbose)
     from .logs import configure
@@ -175,7 +176,7 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
     on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
     with _Signals(vmid) as signals:
         try:
-            with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, wiring.node(s, log) as ports:
+            with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log) as ports:
                 ports.lock, ports.interrupts = lock, signals
                 report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
                 signals.done = True  # the report is final: a later signal must not turn it into another message
@@ -235,15 +236,16 @@ def audit_cmd(
     if ssh_timeout <= 0:
         raise E.UsageError(f"--ssh-timeout {ssh_timeout:g}: must be more than 0 seconds", "e.g. --ssh-timeout 30")
     s = _settings()
-    ports = wiring.audit_ports(s)
-    rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster, threshold_bytes=ports.threshold_bytes)
+    ports = wiring.world(s).audit_ports()
+    rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster, threshold_bytes=ports.threshold_bytes,
+                     clock=ports.clock)
     if cluster:
         from .cluster import audit_cluster, parse_members
 
         members = parse_members(ports.files.read_pve(".members"))
-        doc = audit_document(audit_cluster(rep, members, wiring.cluster_audits(ssh_timeout, ssh_option)))
+        doc = audit_document(audit_cluster(rep, members, wiring.cluster_audits(ssh_timeout, ssh_option)), clock=ports.clock)
     else:
-        doc = audit_document([rep])
+        doc = audit_document([rep], clock=ports.clock)
     if prometheus:
         wiring.write_textfile(prometheus, doc)
     if json_out:
@@ -262,8 +264,9 @@ def _audit_table(s: Any) -> str:
     from .audit import audit_document, audit_once
     from .render import audit_text
 
-    p = wiring.audit_ports(s)
-    return audit_text(audit_document([audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes)]))
+    p = wiring.world(s).audit_ports()
+    rep = audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes, clock=p.clock)
+    return audit_text(audit_document([rep], clock=p.clock))
 
 
 class _Terminated(Exception):
@@ -431,13 +434,9 @@ def run(args: list[str], opts: wiring.GlobalOptions) -> int:
     except click_exc.NoArgsIsHelpError as exc:
         return int(exc.exit_code) if exc.exit_code else 0
     except click_exc.ClickException as exc:
-        sys.stderr.write(E.render(E.UsageError(exc.format_message(), "`pvegpu --help`, or `pvegpu COMMAND --help`")) + "\n")
-        return E.EXIT_USAGE
+        return E.UsageError(exc.format_message(), "`pvegpu --help`, or `pvegpu COMMAND --help`").show(sys.stderr)
     except typer_exc.Abort:
         sys.stderr.write("aborted\n")
         return 130
-    except E.PvegpuError as exc:
-        if json_out:  # the JSON consumer gets JSON; the person watching still gets the message
-            _echo_json(E.to_json(exc))
-        sys.stderr.write(E.render(exc) + "\n")
-        return exc.exit_code
+    except E.PvegpuError as exc:  # the JSON consumer gets JSON; the person watching still gets the message
+        return exc.show(sys.stderr, sys.stdout if json_out else None)

@@ -1,14 +1,16 @@
 """One error hierarchy; each error carries its exit code and a hint for the admin.
 
-The CLI and the hook render these as ``Error: ...`` / ``Hint: ...`` and exit with ``exit_code``.
-Library code never calls ``sys.exit``.
+Errors render themselves (click's model): ``exc.render()`` gives the ``Error: ...`` / ``Hint: ...`` lines,
+``exc.to_json()`` the ``--json`` object, ``exc.inline()`` one line for a PVE task log, and ``exc.show(err, out)``
+prints them as every command does; the CLI, the front door and the hook all go through these, and exit with
+``exit_code``. Library code never calls ``sys.exit``.
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
-    from typing import ClassVar
+    from typing import ClassVar, TextIO
 
 # Exit codes (documented in README.md, "Exit codes").
 EXIT_OK = 0
@@ -33,6 +35,39 @@ class PvegpuError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+
+    def render(self, prefix: str = "") -> str:
+        """The one rendering for people: ``Error: ...`` and ``Hint: ...`` lines (``prefix`` first on each, e.g.
+        ``pvegpu: `` in a PVE task log)."""
+        lines = [f"{prefix}Error: {self.message}"]
+        if self.hint:
+            lines.append(f"{prefix}Hint: {self.hint}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, object]:
+        """The same error for ``--json`` consumers (and across the gate's pipe: ``from_json`` reads it back)."""
+        return {"error": self.message, "hint": self.hint, "exit_code": self.exit_code}
+
+    @staticmethod
+    def from_json(doc: dict[str, object]) -> PvegpuError:
+        """An error that crossed a process boundary as ``to_json()``, with its exit code (``Relayed``)."""
+        hint = doc.get("hint")
+        code = doc.get("exit_code")
+        return Relayed(str(doc.get("error")), None if hint is None else str(hint), code if isinstance(code, int) else EXIT_FAILURE)
+
+    def inline(self, hint_label: str = "hint") -> str:
+        """One line: the message, then ``(hint_label: hint)`` when there is a hint (a task log's refusal line)."""
+        return self.message + (f" ({hint_label}: {self.hint})" if self.hint else "")
+
+    def show(self, err: TextIO, out: TextIO | None = None, prefix: str = "") -> int:
+        """Say it as every command does: the JSON object on ``out`` when given (a ``--json`` run), the rendering on
+        ``err`` (the person watching still gets the message); returns the exit code."""
+        if out is not None:
+            import json
+
+            print(json.dumps(self.to_json(), indent=2), file=out)
+        print(self.render(prefix), file=err)
+        return self.exit_code
 
 
 class Relayed(PvegpuError):
@@ -123,14 +158,10 @@ class GpuQueryError(PvegpuError):
 
 
 def render(exc: PvegpuError, prefix: str = "") -> str:
-    """The one rendering of an error for people: ``Error: ...`` and ``Hint: ...`` lines (``prefix`` first,
-    e.g. ``pvegpu: `` in a PVE task log)."""
-    lines = [f"{prefix}Error: {exc.message}"]
-    if exc.hint:
-        lines.append(f"{prefix}Hint: {exc.hint}")
-    return "\n".join(lines)
+    """``exc.render(prefix)`` (kept for callers of the function)."""
+    return exc.render(prefix)
 
 
 def to_json(exc: PvegpuError) -> dict[str, object]:
-    """The same error for ``--json`` consumers."""
-    return {"error": exc.message, "hint": exc.hint, "exit_code": exc.exit_code}
+    """``exc.to_json()`` (kept for callers of the function)."""
+    return exc.to_json()

@@ -3,7 +3,7 @@
 Every command honours ``--config FILE`` (and the hidden ``--simulate DIR``), ``--version`` and ``-h``/``--help``,
 before or after the subcommand. They are taken off the line here, by one rule, for every command; ``check``
 and ``hook VMID PHASE`` then run on the import-light path (``pvegpu.hook``), everything else through typer
-(``pvegpu.cli``). Errors are rendered by ``errors.render``; nothing reaches the user as a traceback unless
+(``pvegpu.cli``). Errors render themselves (``PvegpuError.show``); nothing reaches the user as a traceback unless
 ``PVEGPU_DEBUG=1``.
 """
 
@@ -63,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         found, rest = split_globals(argv)
     except E.PvegpuError as exc:
-        print(E.render(exc), file=sys.stderr)
-        return exc.exit_code
+        return exc.show(sys.stderr)
     if found.get("version"):
         print(f"pvegpu {__version__}")
         return E.EXIT_OK
@@ -83,14 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except E.PvegpuError as exc:
-        print(E.render(exc), file=sys.stderr)
-        return exc.exit_code
+        return exc.show(sys.stderr)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
         if os.environ.get("PVEGPU_DEBUG") == "1":
             raise
-        print(E.render(E.PvegpuError(f"internal error: {type(exc).__name__}: {exc}",
-                                     "please report it with the command line; PVEGPU_DEBUG=1 shows the traceback")), file=sys.stderr)
-        return E.EXIT_FAILURE
+        return E.PvegpuError(f"internal error: {type(exc).__name__}: {exc}",
+                             "please report it with the command line; PVEGPU_DEBUG=1 shows the traceback").show(sys.stderr)
 
 
 def _str(v: str | bool | None) -> str | None:

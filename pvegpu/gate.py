@@ -87,7 +87,9 @@ class Situation:
 
 
 def _mib(n: int | None) -> str:
-    return "?" if n is None else f"{n / MIB:.0f} MiB"
+    from .units import mib  # imported when a figure is shown: a clean start never pays for it
+
+    return mib(n, "?")
 
 
 def gpu_label(g: GpuInfo) -> str:

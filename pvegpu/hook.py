@@ -58,15 +58,14 @@ def _verdict(vmid: int, s: Settings) -> dict[str, Any]:
 
 def bounded_verdict(vmid: int, s: Settings) -> dict[str, Any]:
     """The check under ``gate.deadline`` in a forked child: a verdict, or a PvegpuError for what went wrong."""
-    from .adapters.child import run_bounded
+    from .adapters.child import call_in_child
 
-    done, ans = run_bounded(lambda: _verdict(vmid, s), s.gate.deadline)
+    done, ans = call_in_child(lambda: _verdict(vmid, s), s.gate.deadline)
     if not done or ans is None:
         raise E.GpuQueryError(f"the GPU check did not finish within {s.gate.deadline:g} s",
                               "NVML hung? see `nvidia-smi`, `dmesg | grep -i xid`; raise gate.deadline if the node is just slow")
     if "error" in ans:
-        message, hint, code = ans["error"]
-        raise E.Relayed(message, hint, int(code))
+        raise E.PvegpuError.from_json(ans["error"])
     if "crash" in ans:
         raise E.PvegpuError(f"internal error: {ans['crash']}", "please report it; the start is refused meanwhile (fail closed)")
     return dict(ans["ok"])
@@ -85,11 +84,8 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         vmid = check_vmid(words[0])
         s = wiring.settings(opts)
         v = bounded_verdict(vmid, s)
-    except E.PvegpuError as exc:
-        if json_out:  # the JSON consumer gets JSON; the person watching still gets the message
-            print(json.dumps(E.to_json(exc), indent=2), file=out)
-        print(E.render(exc), file=err)
-        return exc.exit_code
+    except E.PvegpuError as exc:  # the JSON consumer gets JSON; the person watching still gets the message
+        return exc.show(err, out if json_out else None)
     from .adapters.override import pending
 
     if not v["allow"] and pending(s.gate.override_dir, vmid, s.gate.override_ttl):  # what the hook will do differs: say so
@@ -112,17 +108,16 @@ def hook_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: 
             raise E.UsageError(f"unknown hook phase '{args[1]}'", f"PVE calls hookscripts with one of: {', '.join(PHASES)}")
         vmid = check_vmid(args[0])
     except E.PvegpuError as exc:
-        print(E.render(exc, prefix="pvegpu: "), file=err)
-        return exc.exit_code
+        return exc.show(err, prefix="pvegpu: ")
     if args[1] not in ("pre-start", "post-stop"):
         return E.EXIT_OK
     try:
         s = wiring.settings(opts)
     except E.PvegpuError as exc:  # broken settings: pre-start fails closed with the gate's code, post-stop never fails a stop
         if args[1] == "pre-start":
-            print(f"pvegpu: refusing to start CT {vmid}: {exc.message}" + (f" (fix: {exc.hint})" if exc.hint else ""), file=err)
+            print(f"pvegpu: refusing to start CT {vmid}: {exc.inline('fix')}", file=err)
             return E.EXIT_REFUSED
-        print(f"pvegpu: post-stop check of CT {vmid} not done: {exc.message}" + (f" (fix: {exc.hint})" if exc.hint else ""), file=err)
+        print(f"pvegpu: post-stop check of CT {vmid} not done: {exc.inline('fix')}", file=err)
         return E.EXIT_OK
     out.flush()
     err.flush()
@@ -148,7 +143,7 @@ def _pre_start(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
         kind = "VM" if v.get("kind") == "qemu" else "CT"
     except E.PvegpuError as exc:
         kind = "CT"
-        allow, text = False, f"pvegpu: refusing to start CT {vmid}: {exc.message}" + (f" (hint: {exc.hint})" if exc.hint else "")
+        allow, text = False, f"pvegpu: refusing to start CT {vmid}: {exc.inline('hint')}"
     if override:
         why = "" if allow else text.removeprefix(f"pvegpu: refusing to start {kind} {vmid}: ")
         print(f"pvegpu: {kind} {vmid} allowed to start ONCE by an override ({override})" + (f"; it would have refused: {why}" if why else ""), file=out)
@@ -184,7 +179,7 @@ def _reclaim(vmid: int, s: Settings) -> str:
     from .reset import reset
 
     try:
-        with wiring.ct_lock(s, vmid, wait=0), wiring.node(s) as ports:
+        with wiring.ct_lock(s, vmid, wait=0), wiring.world(s).reset_ports() as ports:
             outcome = reset(vmid, ports, wiring.post_stop_policy(s)).outcome
             return str(getattr(outcome, "value", outcome))
     except E.PvegpuError as exc:

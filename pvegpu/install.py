@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .adapters import safefile
+from .adapters.etcpve import ct_confs, node_names
 from .adapters.storagecfg import Storage, read_storage
 from .errors import PvegpuError, UsageError
 from .lxcconf import parse_config
@@ -55,42 +57,14 @@ def guard_text(template: str, pvegpu_bin: str | None = None, fast: bool = True) 
 def write_atomic(path: str, text: str, mode: int = 0o755) -> None:
     """Write ``path`` as root safely: a new file (O_CREAT|O_EXCL|O_NOFOLLOW) in the same directory, mode set with
     fchmod, fsync'd, then renamed over ``path``. A symlink planted at ``path`` is replaced, never followed."""
-    d, name = os.path.split(path)
-    _check_dir(d)
-    for n in range(100):
-        tmp = os.path.join(d, f".{name}.pvegpu-{os.getpid()}-{n}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise PvegpuError(f"cannot create a temporary file in {d}", "remove stale .*.pvegpu-* files there")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _check_dir(os.path.dirname(path))
+    safefile.write_atomic(path, text.encode("utf-8"), mode=mode)
 
 
 def read_nofollow(path: str) -> str | None:
     """The text of a regular file at ``path`` (not through a symlink), or None when there is none."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        return f.read().decode("utf-8", "replace")
+    data = safefile.read_regular(path)
+    return None if data is None else data.decode("utf-8", "replace")
 
 
 _TRUSTED = frozenset({0, os.geteuid()})  # root, or pvegpu's own user (a simulated node run by a user): nobody else
@@ -174,18 +148,7 @@ class Plan:
         return not self.refused
 
 
-def _ct_confs(pve_root: str, node: str | None = None) -> dict[int, tuple[str, str]]:
-    """vmid -> (node, conf text) for every container (of one node, or the cluster)."""
-    out: dict[int, tuple[str, str]] = {}
-    nodes_dir = os.path.join(pve_root, "nodes")
-    for n in sorted(os.listdir(nodes_dir)) if os.path.isdir(nodes_dir) else []:
-        if node and n != node:
-            continue
-        d = os.path.join(nodes_dir, n, "lxc")
-        for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-            if f.endswith(".conf") and f[:-5].isdigit():
-                out[int(f[:-5])] = (n, open(os.path.join(d, f), encoding="utf-8").read())
-    return out
+_ct_confs = ct_confs  # the one /etc/pve reader (adapters/etcpve.py)
 
 
 def _is_ours(volid: str | None, storage: str | None = None) -> bool:
@@ -201,8 +164,7 @@ def _snippet_path(storage: Storage, volid: str) -> str:
 
 
 def _check_nodes(pve_root: str, local: str, names: set[str], lister: SnippetLister | None, plan: Plan) -> None:
-    nodes_dir = os.path.join(pve_root, "nodes")
-    for n in sorted(os.listdir(nodes_dir)) if os.path.isdir(nodes_dir) else []:
+    for n in node_names(pve_root):
         if n == local:
             continue
         have = lister(n) if lister else None

@@ -95,6 +95,12 @@ class Clock(Protocol):
     def sleep(self, seconds: float) -> None: ...
 
 
+class WallClock(Clock, Protocol):
+    """A Clock that also tells the wall time (``time.time()``): the audit's ``generated_at``."""
+
+    def time(self) -> float: ...
+
+
 class GpuProbe(Protocol):
     """Host-side NVML."""
 

@@ -8,10 +8,11 @@ from .holders import GpuFacts
 from .model import MIB
 from .reset.report import ResetOutcome, ResetReport
 from .reset.vocab import Diagnosis
+from .units import mib
 
 
 def _mib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / MIB:,.0f} MiB"
+    return mib(n, grouped=True)
 
 
 def _facts_json(f: GpuFacts) -> dict[str, Any]:

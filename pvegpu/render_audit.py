@@ -6,17 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from .safetext import shown
+from .units import mib_figure as _mib
 
-MIB = 1024 * 1024
-
-
-def _safe(text: Any) -> str:
-    """Tenant or remote text (comm, cmdline, errors) with control characters escaped: it never draws on the admin's terminal."""
-    return shown(text)
-
-
-def _mib(v: Any) -> str:
-    return "?" if v is None else f"{round(v / MIB)}"
+_safe = shown  # tenant or remote text (comm, cmdline, errors): it never draws on the admin's terminal
 
 
 def _health(h: Mapping[str, Any]) -> str:

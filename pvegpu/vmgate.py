@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from .errors import GpuQueryError, NotFoundError
 from .holders import GpuFacts, inspect_gpus
 from .leftover import leftover
-from .model import MIB, GpuInfo, Holder, Place
+from .model import GpuInfo, Holder, Place
 from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping, same_device
+from .units import mib
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ def check_device(chk: VmCheck, dev: VmDevice, gpu: GpuInfo | None, facts: GpuFac
         return "refused"
     lo = leftover(facts, policy.rule)  # the one leftover rule (no holder is left here: it is all residue)
     if lo.over or not lo.known:
-        held = "an unknown amount" if lo.net_bytes is None else f"{lo.net_bytes / MIB:.0f} MiB"
+        held = mib(lo.net_bytes, "an unknown amount")
         chk.refuse(f"{g} holds {held} with no process holding it (leftover or driver leak)",
                    f"with every user stopped: `nvidia-smi -r -i {gpu.index}`")
         return "refused"

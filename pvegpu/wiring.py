@@ -1,9 +1,11 @@
 """The composition root: the one place that reads the settings, builds the ports and derives the policies.
 
-Three sets of ports: the real node (``/etc/pve`` + the API, nvidia-ml-py, ``/proc``), the start gate's
-light path (``/etc/pve``, the ctypes NVML reader, ``/proc``; never the API), and the simulated node
-(``pvegpu demo``, tests). ``cli`` and ``hook`` call only this module; nothing below it imports it.
-The gate path imports this module too, so adapters are imported inside the functions that need them.
+One node world per command run: ``world(s)`` chooses once between the simulated node (``pvegpu demo``, tests)
+and this node (``/etc/pve`` + the API, NVML, ``/proc``) and hands out typed ports (``NodeWorld``): reset's
+``Ports``, the audit's ``AuditPorts``. The start gate's light path (``gate_ports``: ``/etc/pve``, the ctypes
+NVML reader, ``/proc``; never the API) stays apart so it imports as little as it can. ``cli`` and ``hook`` call
+only this module; nothing below it imports it. The gate path imports this module too, so adapters are imported
+inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -19,11 +21,17 @@ from .settings import Settings, load
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Callable, Iterable, Mapping
 
+    from .adapters.agent import ProxmoxerVm
+    from .adapters.bounded import BoundedProbe
+    from .adapters.locks import ct_lock as CtLock
+    from .adapters.pve import ProxmoxerPve
+    from .adapters.ssh import SshAudits
     from .model import GpuInfo, GpuSample
-    from .ports import EventLog, GpuProbe
+    from .ports import EventLog, GpuProbe, Host, NodeFiles, PveApi, WallClock
     from .reset.report import Ports, ResetPolicy
+    from .vmreset import VmPolicy
 
 
 @dataclass(frozen=True)
@@ -34,7 +42,7 @@ class GlobalOptions:
     simulate: str | None = None
 
 
-def settings(opts: GlobalOptions, overrides: dict[str, Any] | None = None) -> Settings:
+def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None) -> Settings:
     """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides.
 
     A simulated node keeps its run-time state (reset locks, allow-once tokens, any ``*_dir`` of the settings)
@@ -59,16 +67,16 @@ def simulated_state(s: Settings) -> Settings:
     from dataclasses import fields, is_dataclass, replace
 
     assert s.simulate
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     for f in fields(s):
         section = getattr(s, f.name)
         if not is_dataclass(section) or isinstance(section, type):
             continue
-        moved = {g.name: os.path.join(s.simulate, SIM_STATE.get(g.name, g.name.removesuffix("_dir")))
+        moved: dict[str, object] = {g.name: os.path.join(s.simulate, SIM_STATE.get(g.name, g.name.removesuffix("_dir")))
                  for g in fields(section) if g.name.endswith("_dir") and getattr(section, g.name) == g.default}
         if moved:
             changes[f.name] = replace(section, **moved)
-    return replace(s, **changes)
+    return replace(s, **changes)  # type: ignore[arg-type]  # each value is the section of its own name, replaced
 
 
 def no_pve(pve_root: str) -> E.PvegpuError:
@@ -123,7 +131,7 @@ class UnreadableGpus:
     def gpus(self) -> list[GpuInfo]:
         raise self.error
 
-    def sample(self, minors: Any) -> dict[int, GpuSample]:
+    def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
         from .model import GpuSample
 
         return {m: GpuSample(m, None, None, self.error.message) for m in minors}
@@ -150,7 +158,7 @@ def gate_ports(s: Settings) -> GatePorts:
     return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(), ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3)), running)
 
 
-def gate_files(s: Settings) -> Any:
+def gate_files(s: Settings) -> NodeFiles:
     """The node's files the VM gate reads: VM configs and ``mapping/pci.cfg`` in ``/etc/pve``, PCI drivers in sysfs."""
     if s.simulate:
         from .sim.nodefiles import SimNodeFiles
@@ -170,7 +178,7 @@ def _lite_nvml() -> GpuProbe:
         return UnreadableGpus(exc)
 
 
-def _sim_ports(s: Settings) -> tuple[Any, Any, Any]:
+def _sim_ports(s: Settings) -> tuple[PveApi, GpuProbe, Host]:
     from .sim.scenario import SimNode
 
     return SimNode(s.simulate).ports()
@@ -192,7 +200,7 @@ def resolve_backend(s: Settings) -> str | None:
     return None
 
 
-def api_client(s: Settings, node: str = "") -> Any:
+def api_client(s: Settings, node: str = "") -> ProxmoxerPve | None:
     """A ProxmoxerPve for the configured backend, or None; connects on the first call that needs it."""
     backend = resolve_backend(s)
     if backend is None:
@@ -203,7 +211,7 @@ def api_client(s: Settings, node: str = "") -> Any:
     return ProxmoxerPve(connect(s.api, backend, task_timeout=s.reset.task_timeout), node=node)
 
 
-def pve_port(s: Settings) -> Any:
+def pve_port(s: Settings) -> PveApi:
     """The PveApi: ``/etc/pve`` reads on the node, the API for power actions (and for reads off the node)."""
     if s.simulate:
         return _sim_ports(s)[0]
@@ -217,7 +225,7 @@ def pve_port(s: Settings) -> Any:
     return NodePve(local, (lambda: api_client(s, node)) if has_api else None)
 
 
-def vm_api(s: Settings) -> Any:
+def vm_api(s: Settings) -> ProxmoxerVm:
     """The VM reset's API (config, status, power, guest agent exec): https with a token, or pvesh on the node."""
     from .adapters.etcpve import EtcPve
 
@@ -231,13 +239,13 @@ def vm_api(s: Settings) -> Any:
     return ProxmoxerVm(api)
 
 
-def system_clock() -> Any:
+def system_clock() -> WallClock:
     from .adapters.clock import SystemClock
 
     return SystemClock()
 
 
-def vm_policy(s: Settings, *, dry_run: bool = False) -> Any:
+def vm_policy(s: Settings, *, dry_run: bool = False) -> VmPolicy:
     """``[reset]`` as the VM reset's policy (each guest command bounded by the poll-independent exec deadline)."""
     from .vmreset import VmPolicy
 
@@ -252,21 +260,21 @@ def read_deadline(s: Settings) -> float:
     return max(0.2, min(2.0, s.reset.timeout / 2))
 
 
-def bounded(probe: Any, s: Settings) -> Any:
+def bounded(probe: GpuProbe, s: Settings) -> BoundedProbe:
     """``probe`` with every reading under ``read_deadline``: a read that hangs is unknown, never a hang."""
     from .adapters.bounded import BoundedProbe
 
     return BoundedProbe(probe, read_deadline(s))
 
 
-def open_nvml() -> Any:
+def open_nvml() -> GpuProbe:
     """nvidia-ml-py (``pvegpu audit``: health, bus ids); raises GpuQueryError when NVML cannot start."""
     from .adapters.nvml import NvmlProbe
 
     return NvmlProbe()
 
 
-def open_nvml_lite() -> Any:
+def open_nvml_lite() -> GpuProbe:
     """The ctypes NVML reader (``pvegpu reset``, the gate): the same structs and rules as nvidia-ml-py
     (a GPU test checks they agree), without its ~50 ms import; raises GpuQueryError when NVML cannot start."""
     from .adapters.nvml_lite import NvmlLite
@@ -277,7 +285,7 @@ def open_nvml_lite() -> Any:
 PROC_SCAN_TOTAL = 15.0  # seconds one process scan of reset/audit may take (audit's unit allows 50 s in all)
 
 
-def proc_host() -> Any:
+def proc_host() -> Host:
     """``/proc``, cgroupfs and pidfd signals of this node."""
     from .adapters.procfs import ProcHost, ScanBudget
 
@@ -289,10 +297,10 @@ class LazyNvml:
     bounded, and closed by ``close()``: a resident NVML client would block ``nvidia-smi -r`` and show up as a holder."""
 
     def __init__(self, s: Settings) -> None:
-        self._probe: Any = None
+        self._probe: BoundedProbe | None = None
         self._s = s
 
-    def _open(self) -> Any:
+    def _open(self) -> BoundedProbe:
         if self._probe is None:
             self._probe = bounded(open_nvml_lite(), self._s)
         return self._probe
@@ -300,7 +308,7 @@ class LazyNvml:
     def gpus(self) -> list[GpuInfo]:
         return list(self._open().gpus())
 
-    def sample(self, minors: Any) -> dict[int, GpuSample]:
+    def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
         return dict(self._open().sample(minors))
 
     @property
@@ -316,10 +324,10 @@ class LazyNvml:
 
 @dataclass
 class Node:
-    """Open ports of one command run: ``with wiring.node(s) as ports:`` releases NVML at the end."""
+    """Open ports of one command run: ``with world.reset_ports(log) as ports:`` releases NVML at the end."""
 
     ports: Ports
-    closers: tuple[Any, ...] = ()
+    closers: tuple[Callable[[], None], ...] = ()
 
     def __enter__(self) -> Ports:
         return self.ports
@@ -329,59 +337,86 @@ class Node:
             close()
 
 
-def node(s: Settings, log: EventLog | None = None) -> Node:
-    """Ports for reset and audit: the simulated node, or this node."""
-    from .adapters.clock import SystemClock
-    from .ports import NullLog
-    from .reset.report import Ports
-
-    if s.simulate:
-        pve, probe, host = _sim_ports(s)
-        return Node(Ports(pve, bounded(probe, s), host, SystemClock(), log or NullLog()))
-    pve = pve_port(s)
-    nvml = LazyNvml(s)
-    return Node(Ports(pve, nvml, proc_host(), SystemClock(), log or NullLog()), (nvml.close,))
-
-
 @dataclass
 class AuditPorts:
     """What ``pvegpu audit`` reads through: NVML opened for one run only, PVE, ``/proc``, node files."""
 
-    open_probe: Any  # () -> GpuProbe, closed after the run
-    pve: Any
-    host: Any
-    files: Any
+    open_probe: Callable[[], GpuProbe]  # closed after the run
+    pve: PveApi
+    host: Host
+    files: NodeFiles
     threshold_bytes: LeftoverRule  # the leftover rule (``[leftover]``); the name is the one callers pass on
+    clock: WallClock  # the run's duration and the document's generated_at
 
 
-def audit_ports(s: Settings) -> AuditPorts:
-    """Ports for ``pvegpu audit``: the simulated node, or this node (the API only if configured and needed)."""
-    threshold = leftover_rule(s)
+class NodeWorld:
+    """One node, simulated or this one, chosen once (``world(s)``): the ports every command of the run shares.
+
+    ``reset_probe``: GPU readings for reset (bounded; on a node the ctypes reader, opened at the first reading);
+    ``audit_probe``: GPU readings and health for audit (bounded; on a node nvidia-ml-py). A plain class, not a
+    dataclass: the gate's path imports this module and pays for each class it builds."""
+
+    __slots__ = ("settings", "simulated", "pve", "host", "files", "clock", "reset_probe", "audit_probe")
+
+    def __init__(self, settings: Settings, simulated: bool, pve: PveApi, host: Host, files: NodeFiles, clock: WallClock,
+                 reset_probe: Callable[[], GpuProbe], audit_probe: Callable[[], GpuProbe]) -> None:
+        self.settings, self.simulated, self.pve, self.host, self.files, self.clock = settings, simulated, pve, host, files, clock
+        self.reset_probe, self.audit_probe = reset_probe, audit_probe
+
+    def reset_ports(self, log: EventLog | None = None) -> Node:
+        """Ports for ``pvegpu reset`` (and the post-stop reclaim); NVML is closed when the ``with`` ends."""
+        from .ports import NullLog
+        from .reset.report import Ports
+
+        probe = self.reset_probe()
+        close = getattr(probe, "close", None)
+        closers: tuple[Callable[[], None], ...] = (close,) if close is not None and not self.simulated else ()
+        return Node(Ports(self.pve, probe, self.host, self.clock, log or NullLog()), closers)
+
+    def audit_ports(self) -> AuditPorts:
+        """Ports for ``pvegpu audit``: NVML opened for the run only."""
+        return AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock)
+
+
+def world(s: Settings) -> NodeWorld:
+    """The node this run works on: the simulated node under ``s.simulate``, else this node (the only branch)."""
     if s.simulate:
         from .sim.nodefiles import SimNodeFiles
 
         pve, probe, host = _sim_ports(s)
-        return AuditPorts(lambda: bounded(probe, s), pve, host, SimNodeFiles(s.simulate), threshold)
+        sim_probe = bounded(probe, s)
+        return NodeWorld(s, True, pve, host, SimNodeFiles(s.simulate), system_clock(), lambda: sim_probe, lambda: bounded(probe, s))
     from .adapters.nodefiles import LocalNodeFiles
 
-    return AuditPorts(lambda: bounded(open_nvml(), s), pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), threshold)
+    return NodeWorld(s, False, pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), system_clock(),
+                     lambda: LazyNvml(s), lambda: bounded(open_nvml(), s))
 
 
-def write_textfile(path: str, doc: Any) -> None:
+def node(s: Settings, log: EventLog | None = None) -> Node:
+    """Ports for reset: ``world(s).reset_ports(log)``."""
+    return world(s).reset_ports(log)
+
+
+def audit_ports(s: Settings) -> AuditPorts:
+    """Ports for ``pvegpu audit``: ``world(s).audit_ports()``."""
+    return world(s).audit_ports()
+
+
+def write_textfile(path: str, doc: Mapping[str, object]) -> None:
     """``audit --prometheus``: the textfile, written safely into a directory the exporter's user may own."""
     from .adapters.textfile import write_textfile as write
 
     write(path, doc)
 
 
-def cluster_audits(timeout: float, options: list[str]) -> Any:
+def cluster_audits(timeout: float, options: list[str]) -> SshAudits:
     """The other nodes' audits, over the root SSH trust PVE sets up between cluster nodes."""
     from .adapters.ssh import SshAudits
 
     return SshAudits(timeout=timeout, options=options)
 
 
-def ct_lock(s: Settings, vmid: int, wait: float, on_wait: Any = None) -> Any:
+def ct_lock(s: Settings, vmid: int, wait: float, on_wait: Callable[[str], None] | None = None) -> CtLock:
     """The per-container reset lock (``/run/pvegpu/locks/<vmid>.lock``), as a context manager; ``on_wait(text)``
     hears about a wait for another reset's lock once a second."""
     from .adapters.locks import ct_lock as lock
@@ -403,7 +438,7 @@ def journal_line(line: str) -> None:
     log_line(line)
 
 
-def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str, Any]:
+def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str, Callable[[str], set[str] | None] | None]:
     """(this node's name, a per-node snippet lister or None) for ``hook install | uninstall | status``."""
     from .adapters.etcpve import EtcPve
 

@@ -129,3 +129,28 @@ def test_render_is_message_hint_and_prefix():
     assert E.render(exc) == "Error: no guest 7\nHint: pct list"
     assert E.render(exc, prefix="pvegpu: ") == "pvegpu: Error: no guest 7\npvegpu: Hint: pct list"
     assert E.to_json(exc) == {"error": "no guest 7", "hint": "pct list", "exit_code": 3}
+
+
+def test_errors_render_themselves():
+    """A PvegpuError renders itself (lines, JSON, one task-log line) and crosses the gate's pipe as its JSON, exit code kept."""
+    import io
+
+    exc = E.NotFoundError("no guest 7", "pct list")
+    assert exc.render("pvegpu: ") == E.render(exc, prefix="pvegpu: ") and exc.to_json() == E.to_json(exc)
+    assert exc.inline("fix") == "no guest 7 (fix: pct list)" and E.UsageError("bad").inline() == "bad"
+    back = E.PvegpuError.from_json(exc.to_json())
+    assert (back.message, back.hint, back.exit_code) == ("no guest 7", "pct list", E.EXIT_NOT_FOUND)
+    assert E.PvegpuError.from_json({"error": "x", "exit_code": "7"}).exit_code == E.EXIT_FAILURE  # a forged code is not trusted
+    out, err = io.StringIO(), io.StringIO()
+    assert exc.show(err, out) == E.EXIT_NOT_FOUND
+    assert json.loads(out.getvalue())["exit_code"] == E.EXIT_NOT_FOUND and err.getvalue() == exc.render() + "\n"
+
+
+def test_hook_error_sites_use_the_error_rendering():
+    """hook.py formats no error with its hint by hand: the Error/Hint lines and the task-log line come from the error's methods."""
+    import inspect
+
+    from pvegpu import hook
+
+    src = inspect.getsource(hook)
+    assert "exc.hint" not in src and "E.render(" not in src and "E.to_json(" not in src

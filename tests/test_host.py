@@ -178,7 +178,7 @@ def test_shared_readers_are_stdlib_leaves():
     """procstat and safetext (shared by adapters, sim and renderers) import nothing of pvegpu and no typing at run time."""
     import ast
 
-    for mod in ("procstat", "safetext"):
+    for mod in ("adapters/procstat", "safetext"):
         path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pvegpu", f"{mod}.py")
         tree = ast.parse(open(path).read())
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]

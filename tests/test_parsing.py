@@ -149,7 +149,7 @@ def test_cgroup_placement_by_leading_components_only():
 
 def test_stat_reader_handles_hostile_comm():
     """comm with spaces, ')' and a newline does not shift the fields of /proc/<pid>/stat."""
-    from pvegpu.procstat import parse_stat
+    from pvegpu.adapters.procstat import parse_stat
 
     tail = b"S 7 8 9 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 3 0 12345 1 2 3"
     st = parse_stat(b"42 (a) S 1 (b\n c) " + tail)
@@ -178,7 +178,7 @@ def test_parsers_never_raise(text):
 @given(st.binary())
 def test_stat_parser_never_raises_and_escape_is_always_printable(data):
     """Arbitrary bytes never crash the stat reader, and escaping them always gives printable text."""
-    from pvegpu.procstat import parse_stat
+    from pvegpu.adapters.procstat import parse_stat
     from pvegpu.safetext import escape
 
     parse_stat(data)

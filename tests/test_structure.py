@@ -48,7 +48,7 @@ def _modules() -> dict[str, set[str]]:
 
 def _layer(name: str) -> str:
     parts = name.split(".")
-    if len(parts) > 1 and parts[1] in ("adapters", "sim"):
+    if len(parts) > 1 and parts[1] in ("adapters", "sim", "testing"):  # testing: the public fakes, above sim
         return parts[1]
     if len(parts) > 1 and parts[1] in EDGE:
         return "edge"
@@ -78,13 +78,19 @@ def test_sim_imports_no_edge():
     assert not {m: h for m, h in bad.items() if h}
 
 
+def test_nothing_of_the_product_imports_the_fakes():
+    """pvegpu.testing (the public fakes) is for tests only: no core, adapter, sim or edge module imports it."""
+    bad = {m: _hits(d, {"testing"}) for m, d in _modules().items() if _layer(m) != "testing"}
+    assert not {m: h for m, h in bad.items() if h}
+
+
 def test_only_wiring_reads_settings_among_edges():
     """cli and hook get their settings and ports from wiring; neither calls settings.load nor builds an adapter."""
     mods = _modules()
     for name in ("pvegpu.cli", "pvegpu.hook"):
         assert "pvegpu.settings.load" not in mods[name], name
         assert not [d for d in mods[name] if d.startswith("pvegpu.adapters.") and d.count(".") > 2 and not d.endswith(
-            ("child.run_bounded", "override.allow_once", "override.take", "override.pending"))], name
+            ("child.call_in_child", "override.allow_once", "override.take", "override.pending"))], name
 
 
 @pytest.mark.parametrize("argv", [["check", "129"], ["hook", "129", "pre-start"], ["check", "129", "--json"]])
@@ -101,3 +107,63 @@ def test_gate_path_imports_no_heavy_library(tmp_path, argv):
     assert rc in (0, 10), r.stderr
     assert not [m for m in loaded if m.split(".")[0] in HEAVY], [m for m in loaded if m.split(".")[0] in HEAVY]
     assert "typing" not in loaded
+
+
+# os.path helpers that only compute on strings (no file system access) may be used by the core
+PURE_OS_PATH = {"join", "basename", "dirname", "split", "splitext", "normpath", "relpath", "commonpath", "isabs", "sep"}
+IMPURE_TEMPORARY = {
+    "pvegpu.settings": "file/env reading moves to an adapter (lean slice)",
+}
+
+
+def _impure_calls(path: str) -> list[str]:
+    """What a module does to the outside: ``open(...)``, ``os.*`` (but pure ``os.path`` helpers), ``subprocess``, ``time.*``."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    bad: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+            bad.append(f"{node.lineno}: open()")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("os", "time", "subprocess"):
+            bad.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name)
+              and node.value.value.id == "os" and node.value.attr == "path" and node.attr not in PURE_OS_PATH):
+            bad.append(f"{node.lineno}: os.path.{node.attr}")
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            bad += [f"{node.lineno}: import {n}" for n in names if n.split(".")[0] in ("subprocess", "time", "socket", "shutil")]
+            if isinstance(node, ast.ImportFrom) and node.module in ("os", "os.path", "time"):
+                bad += [f"{node.lineno}: from {node.module} import {a.name}" for a in node.names
+                        if node.module != "os.path" or a.name not in PURE_OS_PATH]
+    # `os.path.join` is seen as the attribute `os.path` too: that one alone is allowed
+    return [b for b in bad if not b.endswith(": os.path")]
+
+
+def _core_files() -> dict[str, str]:
+    """dotted name -> file of every core module: ``pvegpu/*.py`` but the edges, and every core package below it
+    (any folder but adapters/ and sim/, e.g. ``pvegpu/reset/``)."""
+    out: dict[str, str] = {}
+    for dirpath, _dirs, files in os.walk(PKG):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(dirpath, f), pvelike.REPO)[:-3].replace(os.sep, ".")
+                name = rel.removesuffix(".__init__")
+                if _layer(name) == "core":
+                    out[name] = os.path.join(dirpath, f)
+    return out
+
+
+def test_core_is_pure():
+    """No core module (nor any module of a core package) opens files, calls ``os.*`` (pure ``os.path`` helpers
+    aside), ``subprocess`` or ``time.*``: the outside is reached through the ports' adapters only."""
+    found = {m: hits for m, p in _core_files().items() if m not in IMPURE_TEMPORARY and (hits := _impure_calls(p))}
+    assert not found
+
+
+def test_purity_check_sees_what_it_forbids(tmp_path):
+    """The purity check itself catches each forbidden kind (so an empty finding means something)."""
+    src = tmp_path / "m.py"
+    src.write_text("import os, time, subprocess\nopen('x')\nos.getpid()\ntime.monotonic()\nsubprocess.run([])\n"
+                   "os.path.exists('x')\nos.path.join('a', 'b')\n")
+    hits = {h.split(": ", 1)[1] for h in _impure_calls(str(src))}
+    assert hits == {"import time", "import subprocess", "open()", "os.getpid", "time.monotonic", "subprocess.run", "os.path.exists"}
+    assert set(IMPURE_TEMPORARY) <= set(_core_files())

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def run_bounded(fn: Callable[[], Any], deadline: float) -> tuple[bool, dict[str, Any] | None]:
-    """(finished, answer). The answer is ``{"ok": result}`` (JSON-able), ``{"error": [message, hint, exit_code]}``
+def call_in_child(fn: Callable[[], Any], deadline: float) -> tuple[bool, dict[str, Any] | None]:
+    """(finished, answer). The answer is ``{"ok": result}`` (JSON-able), ``{"error": PvegpuError.to_json()}``
     for a PvegpuError, or ``{"crash": "Type: text"}``. The child's stdio goes to /dev/null."""
     r, w = os.pipe()
     pid = os.fork()
@@ -34,7 +34,7 @@ def run_bounded(fn: Callable[[], Any], deadline: float) -> tuple[bool, dict[str,
             try:
                 out: dict[str, Any] = {"ok": fn()}
             except PvegpuError as exc:
-                out = {"error": [exc.message, exc.hint, exc.exit_code]}
+                out = {"error": exc.to_json()}
             except BaseException as exc:  # noqa: BLE001 - reported by the parent
                 out = {"crash": f"{type(exc).__name__}: {exc}"}
             os.write(w, json.dumps(out).encode())

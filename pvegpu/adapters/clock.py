@@ -9,5 +9,8 @@ class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
 
+    def time(self) -> float:
+        return time.time()
+
     def sleep(self, seconds: float) -> None:
         time.sleep(max(0.0, seconds))

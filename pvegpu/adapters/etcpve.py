@@ -1,7 +1,10 @@
 """Read a PVE node's own view from ``/etc/pve`` (pmxcfs) without the API: fast, no credentials.
 
-Used by the start gate (which must never call the API while PVE holds the config lock) and by
-reset/audit on the node. Manual equivalent: ``cat /etc/pve/.vmlist``, ``cat /etc/pve/lxc/<vmid>.conf``.
+The one reader of ``/etc/pve``: ``EtcPve`` (the PveApi reads), ``read_pve`` / ``read_pve_or_none`` (any file
+below the root: ``storage.cfg``, ``.members``, ``mapping/pci.cfg``), ``node_names`` and ``ct_confs`` (every
+container's config, for ``hook install | status``). Used by the start gate (which must never call the API while
+PVE holds the config lock) and by reset/audit/install on the node. Manual equivalent: ``cat /etc/pve/.vmlist``,
+``cat /etc/pve/lxc/<vmid>.conf``, ``ls /etc/pve/nodes/*/lxc/``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,39 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ..model import TaskResult
+
+
+def read_pve(root: str, relpath: str) -> str:
+    """The UTF-8 text of ``root/relpath``; raises OSError (absent, unreadable) or UnicodeDecodeError."""
+    with open(os.path.join(root, relpath), encoding="utf-8") as f:
+        return f.read()
+
+
+def read_pve_or_none(root: str, relpath: str) -> str | None:
+    """``read_pve``, or None when the file is absent, unreadable or not UTF-8."""
+    try:
+        return read_pve(root, relpath)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def node_names(root: str) -> list[str]:
+    """The cluster's node directories under ``root/nodes`` (sorted; [] when there is none)."""
+    nodes_dir = os.path.join(root, "nodes")
+    return sorted(os.listdir(nodes_dir)) if os.path.isdir(nodes_dir) else []
+
+
+def ct_confs(root: str, node: str | None = None) -> dict[int, tuple[str, str]]:
+    """vmid -> (node, conf text) for every container (of one node, or the cluster)."""
+    out: dict[int, tuple[str, str]] = {}
+    for n in node_names(root):
+        if node and n != node:
+            continue
+        d = os.path.join(root, "nodes", n, "lxc")
+        for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+            if f.endswith(".conf") and f[:-5].isdigit():
+                out[int(f[:-5])] = (n, read_pve(root, os.path.join("nodes", n, "lxc", f)))
+    return out
 
 
 class EtcPve:
@@ -43,9 +79,8 @@ class EtcPve:
 
     def _vmlist(self) -> dict[str, Any]:
         try:
-            with open(os.path.join(self.root, ".vmlist"), encoding="utf-8") as f:
-                ids = json.load(f).get("ids", {})
-                return ids if isinstance(ids, dict) else {}
+            ids = json.loads(read_pve(self.root, ".vmlist")).get("ids", {})
+            return ids if isinstance(ids, dict) else {}
         except (OSError, ValueError) as exc:
             raise PveApiError(f"cannot read {self.root}/.vmlist: {exc}", "is pve-cluster (pmxcfs) running? `systemctl status pve-cluster`") from exc
 
@@ -59,14 +94,17 @@ class EtcPve:
         return sorted((Guest(int(k), str(v.get("node", "")), str(v.get("type", ""))) for k, v in self._vmlist().items()),
                       key=lambda g: g.vmid)
 
-    def conf_path(self, guest: Guest) -> str:
+    @staticmethod
+    def conf_relpath(guest: Guest) -> str:
         kind = "lxc" if guest.type == "lxc" else "qemu-server"
-        return os.path.join(self.root, "nodes", guest.node, kind, f"{guest.vmid}.conf")
+        return os.path.join("nodes", guest.node, kind, f"{guest.vmid}.conf")
+
+    def conf_path(self, guest: Guest) -> str:
+        return os.path.join(self.root, self.conf_relpath(guest))
 
     def ct_config(self, guest: Guest) -> str:
         try:
-            with open(self.conf_path(guest), encoding="utf-8") as f:
-                return f.read()
+            return read_pve(self.root, self.conf_relpath(guest))
         except FileNotFoundError:
             raise NotFoundError(f"no config for CT {guest.vmid} at {self.conf_path(guest)}", "`pct list` shows the containers of this node") from None
         except OSError as exc:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import os
 import socket
 
+from ..safetext import escape
+
 DEV_LOG = "/dev/log"
 USER_WARNING = 8 * 1 + 4  # facility user, severity warning
 
 
 def log_line(line: str, path: str | None = None) -> bool:
     """Send ``line`` (control characters escaped, at most 1 KiB) with ident ``pvegpu``; True when it was sent."""
-    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in line)[:1024]
+    text = escape(line)[:1024]
     data = f"<{USER_WARNING}>pvegpu[{os.getpid()}]: {text}".encode("utf-8", "replace")
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from ..errors import UsageError
+from .etcpve import read_pve_or_none
 from .storagecfg import read_storage
 
 CGROUP_TOPS = ("", "unified", "pids", "memory", "cpu", "systemd")  # v2 root, hybrid's unified, v1 hierarchies
@@ -62,11 +63,7 @@ class LocalNodeFiles:
         return frozenset() if mounted else None  # a cgroupfs without lxc/: no container runs
 
     def read_pve(self, relpath: str) -> str | None:
-        try:
-            with open(os.path.join(self.pve_root, relpath), encoding="utf-8") as f:
-                return f.read()
-        except (OSError, UnicodeDecodeError):
-            return None
+        return read_pve_or_none(self.pve_root, relpath)
 
     def _dev(self, bus_id: str) -> str:
         return os.path.join(self.sysfs, "bus", "pci", "devices", bus_id)

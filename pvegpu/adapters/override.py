@@ -19,6 +19,7 @@ import time
 
 from ..errors import UsageError
 from .locks import open_dir
+from .safefile import open_nofollow, write_atomic
 
 MAGIC = "pvegpu-allow-once"
 WHAT, SETTING = "allow-once token directory", "gate.override_dir"
@@ -38,21 +39,11 @@ def allow_once(override_dir: str, vmid: int) -> str:
     """Write CT ``vmid``'s token atomically (a partial token is never seen); returns its path.
     Raises UsageError when the directory fails the checks, OSError when it cannot be written."""
     dfd = open_dir(override_dir, create=True, what=WHAT, setting=SETTING)
-    name, tmp = str(vmid), f".{vmid}.{os.getpid()}.tmp"
+    name = str(vmid)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-        try:
-            boot_id, up = _boot()
-            data = f"{MAGIC} {time.time():.0f} uid={os.getuid()} boot={boot_id} up={up:.3f}\n".encode()
-            if os.write(fd, data) != len(data):
-                raise OSError("short write")
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp, dir_fd=dfd)
-            raise
-        os.close(fd)
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        boot_id, up = _boot()
+        data = f"{MAGIC} {time.time():.0f} uid={os.getuid()} boot={boot_id} up={up:.3f}\n".encode()
+        write_atomic(name, data, mode=0o600, dir_fd=dfd)
     finally:
         os.close(dfd)
     return os.path.join(override_dir, name)
@@ -61,7 +52,7 @@ def allow_once(override_dir: str, vmid: int) -> str:
 def _judge(dfd: int, vmid: int, ttl: float) -> tuple[float | None, str]:
     """(the token's age in seconds if it is complete and no older than ``ttl``, else None; why not)."""
     try:
-        fd = os.open(str(vmid), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        fd = open_nofollow(str(vmid), dfd)
     except FileNotFoundError:
         return None, ""
     except OSError as exc:

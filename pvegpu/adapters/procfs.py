@@ -16,9 +16,9 @@ import signal as _signal
 
 from ..cgroup import UNKNOWN, parse_cgroup
 from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
-from ..procstat import Stat, read_stat
 from ..safetext import escape
 from .devscan import BUDGET, UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors, stat_nosync
+from .procstat import Stat, read_stat
 
 STUCK = "stuck"  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
 

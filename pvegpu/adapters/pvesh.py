@@ -82,7 +82,7 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def run_bounded(cmd: list[str], timeout: float, *, exit_grace: float = EXIT_GRACE, env: Mapping[str, str] | None = None) -> Finished:
+def run_process_group(cmd: list[str], timeout: float, *, exit_grace: float = EXIT_GRACE, env: Mapping[str, str] | None = None) -> Finished:
     """Run ``cmd`` in a new process group; within ``timeout`` s (plus at most REAP_WAIT to reap it) the whole
     group, its children included, is killed and the pipes are closed, whatever the children do with them.
 
@@ -203,7 +203,7 @@ class PveshSession:
         task = verb == "create" and bool(TASK_PATHS.search(path.rstrip("/")))
         timeout = self.task_timeout if task else self.read_timeout
         try:
-            done = run_bounded(cmd, timeout)
+            done = run_process_group(cmd, timeout)
         except FileNotFoundError:
             raise PveshError(f"`{self.program}` not found: the local backend runs pvesh as root on a PVE node",
                              "run pvegpu on the PVE node itself, or use the HTTPS API from elsewhere "

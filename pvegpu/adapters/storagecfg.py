@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from .etcpve import read_pve
 
 # A storage's content types when storage.cfg has no `content` line: the plugin's default
 # (pve-storage: PVE::Storage::<Type>Plugin::plugindata, second element of `content`).
@@ -30,8 +30,7 @@ class Storage:
 def read_storage(pve_root: str, name: str) -> Storage:
     """A file-based storage from ``/etc/pve/storage.cfg`` (``local`` defaults to /var/lib/vz)."""
     try:
-        with open(os.path.join(pve_root, "storage.cfg"), encoding="utf-8") as f:
-            text = f.read()
+        text = read_pve(pve_root, "storage.cfg")
     except OSError:
         text = ""
     found: dict[str, Storage] = {}

@@ -17,10 +17,10 @@ Manual equivalent: ``stat -c '%U %a' DIR``, then ``mv -T tmp DIR/pvegpu.prom``.
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 
 from ..errors import UsageError
+from .safefile import read_regular, write_atomic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -87,41 +87,13 @@ def open_dir(path: str, owners: Collection[int]) -> int:
 
 def read_previous(dirfd: int, name: str) -> str:
     """The previous textfile's text, or "" when it is absent or not a regular file of sane size (never blocks, never follows)."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=dirfd)
-    except OSError:
-        return ""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PREVIOUS:
-            return ""
-        data = os.read(fd, MAX_PREVIOUS + 1)
-        return "" if len(data) > MAX_PREVIOUS else data.decode("utf-8", "replace")
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
+    data = read_regular(name, dirfd, MAX_PREVIOUS)
+    return "" if data is None else data.decode("utf-8", "replace")
 
 
 def write_at(dirfd: int, name: str, data: bytes) -> None:
     """``data`` as ``name`` in the directory: a new temp file (``O_EXCL|O_NOFOLLOW``), then renamed over the old name."""
-    tmp = f".{name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dirfd)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, 0o644)
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dirfd)
-        except OSError:
-            pass
-        raise
+    write_atomic(name, data, mode=0o644, dir_fd=dirfd, fsync=False)
 
 
 def write_textfile(path: str, doc: Mapping[str, Any], owners: Collection[int] | None = None) -> None:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from ..holders import GpuFacts
 from ..leftover import Leftover, LeftoverRule, leftover
-from ..model import MIB, Place
+from ..model import Place
+from ..units import mib
 from .vocab import Diagnosis, Kind, Respawn
-
-
-def mib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / MIB:.0f} MiB"
 
 
 def own_leftover(f: GpuFacts, rule: LeftoverRule) -> Leftover:

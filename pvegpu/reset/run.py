@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from ..deadline import Deadline
 from ..holders import FirstReading, GpuFacts, inspect_gpus
 from ..leftover import baseline, leftover
 from ..locate import Located
@@ -17,34 +18,6 @@ from .targets import Targets, targets
 from .vocab import CtState, StepName, StepOutcome
 
 GONE = ("GPU is lost", "GPU not found", "GPU requires reset")  # NVML errors a GPU does not recover from by itself
-
-
-@dataclass(frozen=True)
-class Deadline:
-    """A point in ``clock`` time. Loops check it after each read, so a slow read cannot hide it."""
-
-    clock: Clock
-    at: float
-    label: Callable[[], str] | None = None  # what is awaited, for progress (a watched deadline: ``ResetRun.watched``)
-    on_wait: Callable[[str, float, Deadline], None] | None = None
-    since: float = 0.0
-    hopeless: Callable[[], bool] | None = None  # a watched deadline ends early when waiting cannot help (a GPU lost)
-
-    def remaining(self) -> float:
-        return max(0.0, self.at - self.clock.monotonic())
-
-    def expired(self) -> bool:
-        return self.clock.monotonic() >= self.at or (self.hopeless is not None and self.hopeless())
-
-    def within(self, seconds: float) -> Deadline:
-        """A deadline ``seconds`` from now, never later than this one."""
-        return Deadline(self.clock, min(self.at, self.clock.monotonic() + max(0.0, seconds)))
-
-    def pause(self, seconds: float) -> None:
-        """Sleep ``seconds``, or until the deadline if that comes first (a watched deadline says what it waits for)."""
-        if self.label is not None and self.on_wait is not None:
-            self.on_wait(self.label(), self.since, self)
-        self.clock.sleep(min(seconds, self.remaining()))
 
 
 class ResetRun:

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 from ..adapters.devscan import ProcessScan
 from ..adapters.procfs import DeviceTable, ProcHost
+from ..adapters.procstat import Stat, read_stat
 from ..model import Place, Placement
-from ..procstat import Stat, read_stat
 from .state import SimState
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from ..adapters.procstat import read_stat
 from ..errors import GpuQueryError
 from ..model import MIB, GpuHealth, GpuInfo, GpuSample
-from ..procstat import read_stat
 from .driver import Context, DriverModel
 from .state import SimState
 

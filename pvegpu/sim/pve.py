@@ -19,11 +19,11 @@ from typing import Any
 
 from ..adapters.clock import SystemClock
 from ..adapters.etcpve import EtcPve
+from ..adapters.procstat import read_stat
 from ..adapters.tasks import wait_task
 from ..errors import PveApiError
 from ..lxcconf import parse_config
 from ..model import CtStatus, Guest, TaskResult
-from ..procstat import read_stat
 from .state import SimState, read_json, write_json
 from .workload import start_ticks
 

@@ -16,8 +16,8 @@ import os
 import signal
 import time
 
+from ..adapters.procstat import read_stat
 from ..model import MIB
-from ..procstat import read_stat
 from .state import SimState
 
 

@@ -2,7 +2,7 @@
 
 Manual equivalent: ``cat /proc/<pid>/stat`` (proc(5)). The comm field is tenant text: it may hold
 spaces, ``)``, newlines and any other byte, so the fields are taken after the *last* ``)``.
-Not part of the pure core (the core never reads ``/proc``); a leaf with no pvegpu imports.
+An adapter (the core never reads ``/proc``); a leaf with no pvegpu imports.
 """
 
 from __future__ import annotations
