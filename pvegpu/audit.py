@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from .audit_guests import GuestScan, scan_guests
@@ -22,6 +21,7 @@ from .leftover import LeftoverRule, leftover
 from .model import MIB, GpuHealth, GpuInfo, Holder, Place
 from .ports import GpuProbe, Host, NodeFiles, PveApi
 from .qemuconf import same_device
+from .record import replace
 
 DEFAULT_THRESHOLD = LeftoverRule()  # the one leftover rule's defaults (``[leftover]``)
 

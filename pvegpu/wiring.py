@@ -9,13 +9,13 @@ The gate path imports this module too, so adapters are imported inside the funct
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from . import errors as E
 from .gate import GatePolicy, GatePorts
 from .leftover import LeftoverRule
 from .model import MIB
-from .settings import Settings, load
+from .record import record
+from .settings import Settings
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .reclaim import Ports, ResetPolicy
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GlobalOptions:
     """The options every command honours, wherever they stand on the line (see ``frontdoor``)."""
 
@@ -47,6 +47,8 @@ def settings(opts: GlobalOptions, overrides: dict[str, Any] | None = None) -> Se
                                "`pvegpu demo` builds and removes one; a lasting one: python3 -c 'from pvegpu.sim import scenario as s; "
                                "s.build(s.DEMO, \"DIR\")' (README: Simulated node)")
         extra["simulate"] = opts.simulate
+    from .adapters.settingsfile import load
+
     s = load(opts.config, overrides=extra)
     return simulated_state(s) if s.simulate else s
 
@@ -56,13 +58,13 @@ SIM_STATE = {"lock_dir": "lock", "override_dir": "allow-once"}  # where under th
 
 def simulated_state(s: Settings) -> Settings:
     """``s`` with every state directory still at its real default moved under the simulated node's directory."""
-    from dataclasses import fields, is_dataclass, replace
+    from .record import fields, is_record, replace
 
     assert s.simulate
     changes: dict[str, Any] = {}
     for f in fields(s):
         section = getattr(s, f.name)
-        if not is_dataclass(section) or isinstance(section, type):
+        if not is_record(section) or isinstance(section, type):
             continue
         moved = {g.name: os.path.join(s.simulate, SIM_STATE.get(g.name, g.name.removesuffix("_dir")))
                  for g in fields(section) if g.name.endswith("_dir") and getattr(section, g.name) == g.default}
@@ -99,7 +101,7 @@ def reset_policy(s: Settings, *, dry_run: bool = False) -> ResetPolicy:
 
 def post_stop_policy(s: Settings) -> ResetPolicy:
     """The post-stop reclaim: the reset policy, never restarting, with short waits (PVE waits for the hook)."""
-    from dataclasses import replace
+    from dataclasses import replace  # ResetPolicy is the reset package's own dataclass
 
     p = reset_policy(s)
     return replace(p, restart=False, grace=min(p.grace, 2.0), timeout=max(min(p.timeout, 2.0), p.settle + p.poll))
@@ -314,7 +316,7 @@ class LazyNvml:
             self._probe = None
 
 
-@dataclass
+@record
 class Node:
     """Open ports of one command run: ``with wiring.node(s) as ports:`` releases NVML at the end."""
 
@@ -343,7 +345,7 @@ def node(s: Settings, log: EventLog | None = None) -> Node:
     return Node(Ports(pve, nvml, proc_host(), SystemClock(), log or NullLog()), (nvml.close,))
 
 
-@dataclass
+@record
 class AuditPorts:
     """What ``pvegpu audit`` reads through: NVML opened for one run only, PVE, ``/proc``, node files."""
 
