@@ -22,6 +22,13 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 GUARD = "import sys; sys.path[:0] = sys.argv.pop(1).split(':'); from pvegpu.__main__ import main; main()"
+# the guard as PVE runs it, with the default settings file (and its snapshot directory) moved into the bench's tree:
+# the hook reads the default file, the only one with a snapshot (a checkout without one parses the TOML each time)
+GUARD_DEFAULT = ("import sys; t, conf, snap = sys.argv[1:4]; del sys.argv[1:4]; sys.path[:0] = [t]; "
+                 "import pvegpu.settings as S; S.DEFAULT_PATH = conf\n"
+                 "try:\n import pvegpu.adapters.settingsfile as F; F.DEFAULT_PATH = conf; F.SNAPSHOT_DIR = snap\n"
+                 "except ImportError:\n pass\n"
+                 "from pvegpu.__main__ import main; main()")
 TOOLS = {
     "python3 -I -S -c pass": [PY, "-I", "-S", "-c", "pass"],
     "python3 -c pass": [PY, "-c", "pass"],
@@ -56,17 +63,20 @@ def pvegpu_cases(tree: str, conf: str, sim: str) -> dict[str, list[str]]:
     """Whole pvegpu processes from checkout ``tree``: as the guard runs it (-I -S), and as the console script."""
     light = [PY, "-I", "-S", "-c", GUARD, tree]
     mod = [PY, "-m", "pvegpu"]
+    snap = os.path.join(os.path.dirname(conf), "snapshot")
     return {
-        "gate: guard pre-start (-I -S), no GPU": [*light, "--config", conf, "hook", "129", "pre-start"],
+        "gate: guard pre-start, default file (snapshot)": [PY, "-I", "-S", "-c", GUARD_DEFAULT, tree, conf, snap, "hook", "129", "pre-start"],
+        "gate: guard pre-start, --config FILE (TOML)": [*light, "--config", conf, "hook", "129", "pre-start"],
         "check 129 (python -m pvegpu), no GPU": [*mod, "--config", conf, "check", "129"],
-        "reset 129 --json, not a PVE node": [*mod, "--config", os.path.join(os.path.dirname(conf), "none.toml"), "reset", "129", "--json"],
+        "reset 129 --json, not a PVE node": [*mod, "reset", "129", "--json"],
         "reset 129 --dry-run --json (simulated)": [*mod, "--simulate", sim, "reset", "129", "--dry-run", "--json"],
     }
 
 
 def run_ms(argv: list[str], env: dict[str, str]) -> float:
+    """One whole process, in the checkout its PYTHONPATH names (``python -m`` puts the working directory first)."""
     t = time.perf_counter()
-    subprocess.run(argv, capture_output=True, env=env, check=False)
+    subprocess.run(argv, capture_output=True, env=env, check=False, cwd=env.get("PYTHONPATH") or None)
     return (time.perf_counter() - t) * 1000
 
 
@@ -98,6 +108,7 @@ def main() -> None:
     from pvegpu.sim import scenario as sc
 
     conf = pve_tree(root)
+    time.sleep(2.1)  # older than the snapshot's racy margin, so the first gate run writes it
     sim = os.path.join(root, "sim")
     node = sc.build(sc.DEMO, sim)
     try:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import subprocess
 import sys
+import time
 
 import pytest
 
 from pvegpu import record as R
 from pvegpu import resetcmd
+from pvegpu.errors import ConfigError
 from pvegpu.model import GpuSample, Holder, NvmlProcess, Place, Placement, ProcIdentity, ProcInfo, Step
 from pvegpu.settings import ResetSettings, Settings
 from tests.pvelike import REPO
@@ -189,3 +192,128 @@ def test_reset_errors_with_json_are_json_on_the_light_path(stopped_ct):
     """An unknown guest: exit 3, a JSON error object on stdout and the rendered error on stderr, as through typer."""
     r = _pvegpu("--simulate", stopped_ct.root, "reset", "555", "--json")
     assert r.returncode == 3 and json.loads(r.stdout)["exit_code"] == 3 and r.stderr.startswith("Error:")
+
+
+# -- the settings snapshot -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def conf(tmp_path, monkeypatch):
+    """A settings file and a root-only snapshot directory, both in a temp dir (never /run/pvegpu); a file just
+    written may be snapshot at once (the 2 s "racy" margin is tested on its own)."""
+    from pvegpu.adapters import settingsfile
+
+    monkeypatch.setattr(settingsfile, "RACY_NS", 0)
+    f = tmp_path / "pvegpu.toml"
+    f.write_text("[reset]\ngrace = 4\n[gate]\nexclusive = [129, 130]\n")
+    f.chmod(0o644)
+    snap = tmp_path / "snap"
+    return f, str(snap)
+
+
+def _load(f, snap):
+    from pvegpu.adapters.settingsfile import load
+
+    return load(str(f), env={}, snapshot_dir=snap)
+
+
+
+@pytest.mark.root
+def test_a_root_run_writes_the_snapshot_and_the_next_reads_it_without_tomllib(conf):
+    """The first load parses and writes the snapshot; a fresh process then gets the same settings without tomllib."""
+    f, snap = conf
+    first = _load(f, snap)
+    assert os.stat(os.path.join(snap, "settings.json")).st_uid == 0
+    code = (f"import sys; sys.path.insert(0, {REPO!r}); from pvegpu.adapters.settingsfile import load; "
+            f"s = load({str(f)!r}, env={{}}, snapshot_dir={snap!r}); print(s.reset.grace, s.gate.exclusive, 'tomllib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["4.0", "(129,", "130)", "False"], out.stderr
+    assert first.reset.grace == 4.0 and first.gate.exclusive == (129, 130)
+
+
+@pytest.mark.root
+def test_a_changed_file_is_parsed_again(conf):
+    """A rewrite (same size even), a chmod or a rename over the file makes the snapshot stale: the TOML is read."""
+    f, snap = conf
+    _load(f, snap)
+    time.sleep(0.1)  # past the file system's timestamp tick (a few ms): that case is the racy margin's
+    f.write_text("[reset]\ngrace = 5\n[gate]\nexclusive = [129, 130]\n")  # same size, new mtime/ctime
+    assert _load(f, snap).reset.grace == 5.0
+    new = f.with_name("new.toml")
+    new.write_text("[reset]\ngrace = 6\n")
+    new.chmod(0o644)
+    os.replace(new, f)
+    assert _load(f, snap).reset.grace == 6.0
+    f.chmod(0o664)  # the ownership checks run on every load, snapshot or not
+    with pytest.raises(ConfigError):
+        _load(f, snap)
+
+
+@pytest.mark.root
+def test_a_snapshot_a_non_root_user_could_write_is_ignored(conf):
+    """A snapshot owned by another uid, writable by others, or in a directory others may write is never used."""
+    f, snap = conf
+    _load(f, snap)
+    path = os.path.join(snap, "settings.json")
+    doc = json.loads(open(path).read())
+    doc["data"]["reset"]["grace"] = 1  # a forged snapshot of the very same file
+    for fix in ("chown", "chmod", "dir"):
+        with open(path, "w") as fh:
+            fh.write(json.dumps(doc))
+        os.chmod(path, 0o600)
+        os.chmod(snap, 0o700)
+        os.chown(path, 0, 0)
+        if fix == "chown":
+            os.chown(path, 65534, 65534)
+        elif fix == "chmod":
+            os.chmod(path, 0o666)
+        else:
+            os.chmod(snap, 0o777)
+        assert _load(f, snap).reset.grace == 4.0, fix
+    os.chmod(snap, 0o700)
+    os.chown(path, 0, 0)
+    os.chmod(path, 0o600)
+    assert _load(f, snap).reset.grace == 1.0  # the same forged text, root's only: taken (it is a cache of root's)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("junk", ["", "{", "[]", '{"version": 1}', '{"version": 2, "path": "x", "file": [], "data": {}}'])
+def test_an_unreadable_or_foreign_snapshot_falls_back_to_the_toml(conf, junk):
+    """Garbage, another version or another file's snapshot: the TOML is parsed, and the snapshot rewritten."""
+    f, snap = conf
+    os.makedirs(snap, mode=0o700)
+    path = os.path.join(snap, "settings.json")
+    with open(path, "w") as fh:
+        fh.write(junk)
+    assert _load(f, snap).reset.grace == 4.0
+    assert json.loads(open(path).read())["data"]["reset"]["grace"] == 4
+
+
+def test_a_bad_file_gets_no_snapshot_and_the_same_errors(conf):
+    """A file that is not TOML (or holds a TOML date) is reported each time, never cached away."""
+    f, snap = conf
+    f.write_text("[reset\n")
+    for _ in range(2):
+        with pytest.raises(ConfigError):
+            _load(f, snap)
+    f.write_text("when = 1979-05-27\n")
+    with pytest.raises(ConfigError):
+        _load(f, snap)
+    assert not os.path.exists(os.path.join(snap, "settings.json"))
+
+
+def test_only_the_default_file_has_a_snapshot():
+    """``--config FILE`` and ``PVEGPU_CONFIG`` never read or write /run/pvegpu (the hook reads the default file)."""
+    from pvegpu.adapters import settingsfile as sf
+
+    assert sf.snapshot_dir_for("/etc/pvegpu/pvegpu.toml") == "/run/pvegpu" and sf.snapshot_dir_for("/tmp/x.toml") is None
+
+
+@pytest.mark.root
+def test_a_file_changed_just_now_gets_no_snapshot(tmp_path):
+    """Inside the racy margin nothing is written: a second write in the same timestamp tick cannot hide."""
+    f = tmp_path / "pvegpu.toml"
+    f.write_text("[reset]\ngrace = 4\n")
+    f.chmod(0o644)
+    assert _load(f, str(tmp_path / "snap")).reset.grace == 4.0
+    assert not os.path.exists(tmp_path / "snap" / "settings.json")

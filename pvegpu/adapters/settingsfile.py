@@ -9,7 +9,8 @@ write it can turn the gate off (``gate.on_unknown = "allow"``).
 **Snapshot** (the default file only, ``/etc/pvegpu/pvegpu.toml``): its parsed TOML as JSON in
 ``/run/pvegpu/settings.json``, written by a pvegpu run as root (``hook install``, the gate itself, any command)
 after it parsed the file, and used instead of parsing only while the file is the same one: device, inode, size,
-mtime and ctime (any write, rename, chmod or chown changes the ctime). The ownership checks of the file are made
+mtime and ctime (any write, rename, chmod or chown changes the ctime; a file changed in the last 2 s gets no
+snapshot, so two writes inside one timestamp tick cannot hide behind it). The ownership checks of the file are made
 on every run; the snapshot is trusted only if it and its directory are root's and writable by nobody else, and
 anything wrong with it (absent, stale, unreadable, not JSON) means the TOML is parsed, as without it. Manual
 equivalent: ``python3 -c 'import tomllib, json; print(json.dumps(tomllib.load(open(F, "rb"))))'``.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 from ..errors import ConfigError
 from ..settings import DEFAULT_PATH, Settings, build
@@ -32,6 +34,8 @@ MAX_FILE = 1024 * 1024  # a settings file is a few hundred bytes; anything this 
 SNAPSHOT_DIR = "/run/pvegpu"
 SNAPSHOT_NAME = "settings.json"
 SNAPSHOT_VERSION = 1
+RACY_NS = 2_000_000_000  # no snapshot of a file changed this recently: a second write in the same timestamp tick,
+# of the same size, would leave mtime and ctime as they were (git's "racy" entries); the next run writes it
 
 
 class _UnsafeFile(Exception):
@@ -102,7 +106,7 @@ def write_snapshot(snapshot_dir: str, path: str, ident: list[int], data: dict[st
     a cache, and the next run parses the TOML again."""
     import json
 
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or time.time_ns() - max(ident[3], ident[4]) < RACY_NS:
         return False
     try:
         text = json.dumps({"version": SNAPSHOT_VERSION, "path": path, "file": ident, "data": data}, allow_nan=False)
