@@ -23,10 +23,10 @@ tmp = tempfile.mkdtemp()
 root = pvelike.etc_pve(os.path.join(tmp, "pve"), "bench", {129: "dev0: /dev/nvidia0,gid=44\n"})
 mark("setup")
 from pvegpu import gate, hook, wiring  # noqa: E402,F401
+from pvegpu.adapters.settingsfile import load  # noqa: E402
 from pvegpu.holders import inspect_gpus  # noqa: E402
 from pvegpu.locate import find_guest, granted_gpus  # noqa: E402
 from pvegpu.lxcconf import parse_config  # noqa: E402
-from pvegpu.settings import load  # noqa: E402
 
 mark("import pvegpu.hook")
 s = load(env={"PVEGPU_PVE_ROOT": root})

@@ -10,7 +10,6 @@ host has bound to those PCI devices. Manual equivalent: ``nvidia-smi`` + ``fuser
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from .audit_guests import GuestScan, scan_guests
@@ -21,6 +20,7 @@ from .leftover import LeftoverRule, leftover
 from .model import GpuHealth, GpuInfo, Holder, Place
 from .ports import Clock, GpuProbe, Host, NodeFiles, PveApi, WallClock
 from .qemuconf import same_device
+from .record import replace
 from .units import mib_figure
 
 DEFAULT_THRESHOLD = LeftoverRule()  # the one leftover rule's defaults (``[leftover]``)

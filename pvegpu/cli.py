@@ -7,6 +7,7 @@ the text from ``render``; errors propagate to ``run``, where they render themsel
 
 from __future__ import annotations
 
+import inspect
 import json
 import signal
 import sys
@@ -18,8 +19,9 @@ from typer._click import exceptions as click_exc
 from typer.core import TyperCommand, TyperGroup
 
 from . import errors as E
-from . import wiring
+from . import resetcmd, wiring
 from .locate import check_vmid
+from .resetcmd import _say, _Signals, do_reset, do_vm_reset  # noqa: F401 - moved to resetcmd (no typer on the reset path)
 from .settings import ApiSettings, GateSettings, ResetSettings
 
 _R, _G, _A = ResetSettings(), GateSettings(), ApiSettings()
@@ -78,135 +80,25 @@ def _main(
 # -- reset --------------------------------------------------------------------------------------------------
 
 
-def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool = False) -> int:
-    """A VM: its holders are found and stopped inside the guest, through the guest agent (pvegpu/vmreset.py)."""
-    from .logs import configure
-    from .ports import Interrupted
-    from .vmreset import reset_vm, vm_human
-
-    log = configure(verbose=verbose, json_lines=json_out and verbose)
-    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
-    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
-    with _Signals(vmid, "VM") as signals:  # the container path's handling: see do_reset
-        try:
-            with wiring.ct_lock(s, vmid, s.reset.lock_wait):
-                report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log,
-                                  interrupts=signals, on_progress=on_wait)
-                signals.done = True
-        except Interrupted as exc:  # before any power action (after it, reset_vm() reports the signal itself)
-            line = (f"pvegpu reset of VM {vmid} interrupted by {exc.signame} before any power action: VM {vmid} was not stopped "
-                    "(guest processes may have been signalled)")
-            wiring.journal_line(line)
-            raise E.SignalledError(line, f"run `pvegpu reset {vmid}` again to finish", exc.exit_code) from None
-    if report.interrupted or report.left_stopped:
-        wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
-                            or f"pvegpu reset of VM {vmid}: VM {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(report.to_json(), indent=2) if json_out else "\n" + vm_human(report), err=False)
-    return int(report.exit_code)
+def reset_cmd(**values: Any) -> None:
+    raise typer.Exit(resetcmd.run(values, _OPTS))
 
 
-class _Signals:
-    """SIGINT, SIGTERM and SIGHUP during ``pvegpu reset`` (the ``Interrupts`` port). Before the stop request a
-    signal ends the run at once (nothing was stopped). From it on, the first signal is recorded and said, and
-    the restart is finished (then exit 128+n); a second one abandons it (the report still says where the CT is)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self, vmid: int, kind: str = "CT") -> None:
-        self.vmid, self.kind = vmid, kind
-        self.in_critical = self.done = False
-        self.got: tuple[str, int] | None = None
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _Signals:
-        for sig in self.SIGNALS:
-            self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def critical(self) -> None:
-        self.in_critical = True
-
-    def received(self) -> tuple[str, int] | None:
-        return self.got
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        from .ports import Interrupted
-
-        name, code = signal.Signals(signum).name, 128 + signum
-        if self.done:  # the report is being printed: let it finish
-            self.got = self.got or (name, code)
-            return
-        if not self.in_critical:
-            raise Interrupted(name, code)
-        if self.got is None:
-            self.got = (name, code)
-            _say(f"pvegpu: {name}: {self.kind} {self.vmid}'s {'stop' if self.kind == 'CT' else 'shutdown'} was requested, "
-                 "so pvegpu finishes the restart first "
-                 f"(then exits {code}); a second Ctrl-C or SIGTERM abandons it")
-            return
-        if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
-            return
-        raise Interrupted(name, code, abandoned=True)
+def _reset_params() -> list[inspect.Parameter]:
+    """The typer parameters of ``pvegpu reset``, from ``resetcmd.OPTIONS`` (the table the light parser reads)."""
+    name, metavar, text = resetcmd.ARGUMENT
+    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Argument(..., metavar=metavar, help=text))]
+    for o in resetcmd.OPTIONS:
+        flag = o.kind == "flag"
+        opt = typer.Option(False if flag else None, *o.decls, help=o.help, metavar=o.metavar or None)
+        params.append(inspect.Parameter(o.dest, inspect.Parameter.KEYWORD_ONLY, annotation=bool if flag else float | None, default=opt))
+    return params
 
 
-def _say(text: str, err: bool = True) -> None:
-    """Print, ignoring a terminal that is gone (SIGHUP: the session dropped); the journal line is the record."""
-    try:
-        typer.echo(text, err=err)
-    except OSError:
-        pass
-
-
-def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
-    world = wiring.world(s)  # one node world for the whole run: the same PVE port locates the guest and resets it
-    guest = world.pve.where(vmid)
-    if guest is not None and guest.type == "qemu":
-        return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out, verbose=verbose)
-    from .logs import configure
-    from .ports import Interrupted
-    from .render import reset_human, reset_json
-    from .reset import reset
-
-    log = configure(verbose=verbose, json_lines=json_out and verbose)
-    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
-    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
-    with _Signals(vmid) as signals:
-        try:
-            with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log) as ports:
-                ports.lock, ports.interrupts = lock, signals
-                report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
-                signals.done = True  # the report is final: a later signal must not turn it into another message
-        except Interrupted as exc:  # before any stop was requested (after it, reset() reports the signal itself)
-            line = f"pvegpu reset of CT {vmid} interrupted by {exc.signame} before any stop was requested: CT {vmid} was not stopped"
-            wiring.journal_line(line)
-            raise E.SignalledError(line, f"run `pvegpu reset {vmid}` again to finish; `pvegpu check {vmid}` says whether it may start",
-                                     exc.exit_code) from None
-    if report.interrupted or report.left_stopped:
-        wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
-                            or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(reset_json(report), indent=2) if json_out else "\n" + reset_human(report), err=False)
-    return int(report.exit_code)
-
-
-@app.command("reset", cls=_Command)
-def reset_cmd(
-    vmid: str = typer.Argument(..., metavar="VMID", help="container id, e.g. 129, or a VM's (reset inside the guest)"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="show what would be signalled and why; signal nothing"),
-    no_restart: bool = typer.Option(False, "--no-restart", help="never restart the container through the API"),
-    timeout: float | None = typer.Option(None, "--timeout", metavar="SECONDS", help=f"wait for the memory to come back (reset.timeout, default {_R.timeout:g})"),
-    grace: float | None = typer.Option(None, "--grace", metavar="SECONDS", help=f"between SIGTERM and SIGKILL (reset.grace, default {_R.grace:g})"),
-    settle: float | None = typer.Option(None, "--settle", metavar="SECONDS", help=f"clean must hold this long (reset.settle, default {_R.settle:g})"),
-    json_out: bool = typer.Option(False, "--json", help="print the report as JSON (with -v, every event as a JSON line on stderr)"),
-    verbose: bool = typer.Option(False, "-v", "--verbose", help="log every event (structlog)"),
-) -> None:
-    """Stop every process of the container that holds its GPUs, verify with NVML that the memory is back,
-    and restart the container through the API if it is not. A VM: the same inside the guest, through its guest agent."""
-    s = _settings({"reset.timeout": timeout, "reset.grace": grace, "reset.settle": settle, "reset.restart": False if no_restart else None})
-    raise typer.Exit(do_reset(s, check_vmid(vmid), dry_run=dry_run, json_out=json_out, verbose=verbose))
+reset_cmd.__signature__ = inspect.Signature(_reset_params())  # type: ignore[attr-defined]
+reset_cmd.__annotations__ = {p.name: p.annotation for p in reset_cmd.__signature__.parameters.values()}  # type: ignore[attr-defined]
+reset_cmd.__doc__ = resetcmd.HELP
+app.command("reset", cls=_Command)(reset_cmd)
 
 
 @app.command("check", cls=_Command, add_help_option=False, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

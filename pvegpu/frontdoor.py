@@ -2,7 +2,8 @@
 
 Every command honours ``--config FILE`` (and the hidden ``--simulate DIR``), ``--version`` and ``-h``/``--help``,
 before or after the subcommand. They are taken off the line here, by one rule, for every command; ``check``
-and ``hook VMID PHASE`` then run on the import-light path (``pvegpu.hook``), everything else through typer
+and ``hook VMID PHASE`` then run on the import-light path (``pvegpu.hook``), ``reset`` on its own light parser
+(``pvegpu.resetcmd``; typer for ``--help`` and for a line it is not sure of), everything else through typer
 (``pvegpu.cli``). Errors render themselves (``PvegpuError.show``); nothing reaches the user as a traceback unless
 ``PVEGPU_DEBUG=1``.
 """
@@ -75,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
             from . import hook
 
             return hook.main(rest, opts)
+        if rest and rest[0] == "reset":  # no typer/pydantic/rich: ~110 ms of a reset's start-up (pvegpu/resetcmd.py)
+            from . import resetcmd
+
+            code = resetcmd.main(rest[1:], opts)
+            if code is not None:
+                return code
         from . import cli
 
         return cli.run(rest, opts)

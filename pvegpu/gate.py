@@ -13,7 +13,6 @@ Manual equivalent: ``nvidia-smi --query-gpu=index,memory.used`` + ``--query-comp
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 
 from .errors import GpuQueryError, PvegpuError
 from .holders import GpuFacts, inspect_gpus
@@ -21,6 +20,7 @@ from .leftover import LeftoverRule, leftover
 from .locate import find_guest, granted_gpus
 from .lxcconf import parse_config
 from .model import CONTROL, MIB, GpuInfo, GpuSample, Place
+from .record import field, record
 from .settings import GateSettings
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
@@ -43,7 +43,7 @@ class GateState(enum.StrEnum):
 _G = GateSettings()  # the one source of defaults
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GatePolicy:
     """The gate's settings (``[gate]``), derived once by the composition root (``wiring.gate_policy``)."""
 
@@ -61,7 +61,7 @@ class GatePolicy:
         return self.on_unknown == "allow"
 
 
-@dataclass
+@record
 class GateDecision:
     allow: bool
     reasons: list[str] = field(default_factory=list)  # why refused (or remarks when allowed)
@@ -75,7 +75,7 @@ class GateDecision:
             self.fix.append(fix)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Situation:
     """What the decision needs besides the per-GPU facts (all read by ``evaluate``)."""
 
@@ -195,7 +195,7 @@ def paragraph(vmid: int, d: GateDecision) -> str:
 # -- gathering the facts ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GatePorts:
     """The light ports the gate reads through: ``/etc/pve``, NVML (ctypes) and ``/proc``; never the API."""
 
@@ -205,7 +205,7 @@ class GatePorts:
     reset_running: Any = None  # callable vmid -> bool: does a pvegpu reset hold the container's lock?
 
 
-@dataclass
+@record
 class CheckResult:
     vmid: int
     decision: GateDecision

@@ -15,9 +15,8 @@ bigger flat threshold would hide a real leak on an idle GPU. Settings: ``leftove
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .model import MIB
+from .record import record
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -27,13 +26,13 @@ DEFAULT_THRESHOLD_MIB = 64
 DEFAULT_PER_CONTEXT_MIB = 6.0  # measured gap per CUDA context: 5.8-5.9 MiB (reference/nvidia-gpu.md)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LeftoverRule:
     threshold_bytes: int = DEFAULT_THRESHOLD_MIB * MIB
     per_context_bytes: int = int(DEFAULT_PER_CONTEXT_MIB * MIB)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Leftover:
     """One GPU's leftover under the rule; every byte figure is None when it cannot be known (never zero)."""
 

@@ -6,18 +6,17 @@ Manual equivalent: ``pvesh get /cluster/resources --type vm`` to find the node, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .errors import NotFoundError, UsageError
 from .lxcconf import CtConfig, parse_config
 from .model import GpuInfo, Guest
+from .record import record
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
     from .ports import GpuProbe, PveReader
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Located:
     guest: Guest
     config: CtConfig

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 from .model import CtGpus
+from .record import record
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ _DEV = re.compile(r"^dev(\d+)$")
 _ALLOW = re.compile(r"^c\s+(\d+|\*):(\d+|\*)\s+\S+$")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CtConfig:
     """The parts of a container config pvegpu uses."""
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+
+from .record import field, record
 
 MIB = 1024 * 1024
 CONTROL = -1  # pseudo-minor: nvidiactl, nvidia-modeset, nvidia-uvm(-tools), nvidia-caps (no particular GPU)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Guest:
     """Where a guest lives: ``pvesh get /cluster/resources --type vm`` (one row)."""
 
@@ -19,7 +20,7 @@ class Guest:
     name: str = ""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CtStatus:
     """``pvesh get /nodes/<node>/lxc/<vmid>/status/current`` reduced to what reset needs."""
 
@@ -29,7 +30,7 @@ class CtStatus:
     ha_state: str | None = None  # HA's state of the resource when managed (started, stopped, error, fence, ...)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuInfo:
     """One physical GPU as NVML names it (``nvidia-smi -L``); ``minor`` is N of /dev/nvidiaN."""
 
@@ -41,7 +42,7 @@ class GpuInfo:
     total_bytes: int | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuHealth:
     """Health and memory split of one GPU (``nvidia-smi -q -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` + MIG mode).
 
@@ -56,7 +57,7 @@ class GpuHealth:
     driver_version: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NvmlProcess:
     """A PID NVML lists on a GPU (host PID); ``used_bytes`` None = not available (MIG)."""
 
@@ -65,7 +66,7 @@ class NvmlProcess:
     kind: str = "C"  # C compute, G graphics, M MPS
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuSample:
     """One reading of one GPU: memory v2 ``used`` and the process lists.
 
@@ -93,7 +94,7 @@ class Place(enum.Enum):
     UNKNOWN = "unknown"  # /proc/<pid>/cgroup unreadable or self-contradicting: never "host", never "clean"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Placement:
     place: Place
     vmid: int | None = None
@@ -108,7 +109,7 @@ class SignalResult(enum.StrEnum):
     REFUSED = "refused"  # the container's init or pvegpu itself: never signalled
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TaskResult:
     """A finished PVE task (``pvesh get /nodes/<node>/tasks/<upid>/status``): exitstatus OK or WARNINGS: n."""
 
@@ -117,7 +118,7 @@ class TaskResult:
     log_tail: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ProcIdentity:
     """A process that cannot be confused with a later one: pid + start time (stat field 22)."""
 
@@ -125,7 +126,7 @@ class ProcIdentity:
     start_ticks: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ProcInfo:
     """What ``ps -o pid,stat,comm,cgroup`` and ``/proc/<pid>/status`` (NSpid) say about a process."""
 
@@ -149,7 +150,7 @@ class ProcInfo:
         return self.ident.pid
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Holding:
     """Which GPUs a process holds open (``fuser -v /dev/nvidia*``): minors, and how it was seen."""
 
@@ -158,7 +159,7 @@ class Holding:
     via: frozenset[str]  # "fd", "maps", "nvml"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Holder:
     """A live process that holds a GPU, with its identity and placement."""
 
@@ -177,7 +178,7 @@ class Holder:
         return "nvml" in self.via or "maps" in self.via
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CtGpus:
     """The GPUs a container's configuration grants: minors, or all of them."""
 
@@ -187,7 +188,7 @@ class CtGpus:
     notes: tuple[str, ...] = ()  # pending/snapshot/lock remarks, reported not used
 
 
-@dataclass
+@record
 class Step:
     """One thing reset did, in order: what, outcome, details (pids, bytes)."""
 

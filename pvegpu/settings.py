@@ -1,24 +1,25 @@
 """Settings: ``/etc/pvegpu/pvegpu.toml``, then ``PVEGPU_<SECTION>_<KEY>`` variables, then CLI flags.
 
-Every problem is collected and reported in one ConfigError.
+The schema and the rules only (pure): ``build`` turns the file's data, the environment and the overrides into
+``Settings``; reading the file and the environment is ``pvegpu/adapters/settingsfile.py``'s. Every problem is
+collected and reported in one ConfigError.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field, fields, replace
-
 from .errors import ConfigError
 from .leftover import DEFAULT_PER_CONTEXT_MIB, DEFAULT_THRESHOLD_MIB
+from .record import field, fields, record, replace
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 DEFAULT_PATH = "/etc/pvegpu/pvegpu.toml"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ApiSettings:
     backend: str = "auto"  # auto | local | https
     host: str = ""
@@ -31,7 +32,7 @@ class ApiSettings:
     timeout: float = 30.0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ResetSettings:
     grace: float = 10.0
     kill_wait: float = 5.0
@@ -45,7 +46,7 @@ class ResetSettings:
     lock_wait: float = 10.0  # seconds a second reset of the same container waits for the first
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GateSettings:
     on_unknown: str = "refuse"  # refuse | allow: what the start gate does when a GPU cannot be read
     exclusive: tuple[int, ...] = ()  # vmids that must not share their GPUs at start
@@ -57,7 +58,7 @@ class GateSettings:
     override_ttl: float = 900.0  # seconds a token stays valid
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LeftoverSettings:
     """The one leftover rule (``pvegpu/leftover.py``) for reset's verify, the gate, audit and the diagnosis."""
 
@@ -65,7 +66,7 @@ class LeftoverSettings:
     per_context_mib: float = DEFAULT_PER_CONTEXT_MIB  # allowance per live CUDA context outside the target
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Settings:
     node: str = ""  # this node's PVE name; default: from /etc/pve/local or the hostname
     pve_root: str = "/etc/pve"
@@ -194,38 +195,6 @@ def _validate(s: Settings, problems: list[str]) -> None:
         problems.append(f"gate.exclusive: {bad_ids} are not guest ids (100..999999999)")
 
 
-MAX_FILE = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is not one
-
-
-class _UnsafeFile(Exception):
-    """The settings file may be written by someone other than root: it decides whether the gate runs at all."""
-
-
-def _read_settings_file(path: str) -> bytes:
-    """The file's bytes, if it is a regular file of sane size: a FIFO, a device or an endless file would hang
-    the start gate before its deadline starts counting (PVE runs hookscripts with no timeout). Like the token
-    file, it must be owned by root (or the user running pvegpu) and not writable by group or others: whoever can
-    write it can turn the gate off (``gate.on_unknown = "allow"``)."""
-    import stat
-
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"not a regular file (mode {stat.S_IFMT(st.st_mode):o})")
-        if st.st_uid not in (0, os.geteuid()):
-            raise _UnsafeFile(f"{path} is owned by uid {st.st_uid}, not root: whoever owns it can turn the start gate off")
-        if st.st_mode & 0o022:
-            raise _UnsafeFile(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
-                              "whoever can write it can turn the start gate off")
-        data = os.read(fd, MAX_FILE + 1)
-        if len(data) > MAX_FILE:
-            raise OSError(f"larger than {MAX_FILE // 1024} KiB: not a settings file")
-        return data
-    finally:
-        os.close(fd)
-
-
 def _old_threshold(data: dict[str, Any], problems: list[str]) -> str:
     """``reset.threshold_mib`` and ``gate.threshold_mib`` keep working as names of ``leftover.threshold_mib``;
     given with different values (they used to be two rules), that is an error naming the one key."""
@@ -250,29 +219,11 @@ def _old_threshold(data: dict[str, Any], problems: list[str]) -> str:
     return " and ".join(k for k in given if not k.startswith("leftover."))
 
 
-def load(path: str | None = None, env: dict[str, str] | None = None, overrides: dict[str, Any] | None = None) -> Settings:
-    """Settings from file (missing default file is fine), environment and overrides ("reset.grace": 3)."""
-    env = dict(os.environ) if env is None else env
-    path = path or env.get("PVEGPU_CONFIG") or DEFAULT_PATH
-    problems: list[str] = []
-    data: dict[str, Any] = {}
-    try:
-        raw = _read_settings_file(path)
-        import tomllib  # only when there is a file: the start gate pays for what it uses
-
-        try:
-            data = tomllib.loads(raw.decode("utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            problems.append(f"{path}: {exc}")
-        except UnicodeDecodeError as exc:
-            problems.append(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})")
-    except _UnsafeFile as exc:
-        raise ConfigError(f"refusing the settings file {exc}", f"chown root:root {path} && chmod 644 {path}") from None
-    except FileNotFoundError:
-        if path != DEFAULT_PATH:
-            problems.append(f"{path}: no such file")
-    except OSError as exc:
-        problems.append(f"{path}: {exc}")
+def build(data: dict[str, Any], env: Mapping[str, str], overrides: dict[str, Any] | None, path: str,
+          problems: list[str]) -> Settings:
+    """Settings from the file's ``data`` (already parsed; ``problems`` holds what reading it found), then the
+    ``PVEGPU_*`` variables of ``env``, then ``overrides`` ("reset.grace": 3); every problem in one ConfigError."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}  # the caller keeps its own
     for key, value in env.items():
         if not key.startswith("PVEGPU_") or key == "PVEGPU_CONFIG":
             continue

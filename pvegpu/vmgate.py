@@ -16,13 +16,12 @@ equivalent: ``qm config VMID | grep hostpci``, ``lspci -k -s 41:00.0``, ``fuser 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from .errors import GpuQueryError, NotFoundError
 from .holders import GpuFacts, inspect_gpus
 from .leftover import leftover
 from .model import GpuInfo, Holder, Place
 from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping, same_device
+from .record import field, record
 from .units import mib
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
@@ -38,7 +37,7 @@ VFIO = "vfio-pci"
 NVIDIA = "nvidia"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class VmDevice:
     """One PCI device a VM's ``hostpciN`` takes at start, with the driver bound to it now."""
 
@@ -70,7 +69,7 @@ def vm_devices(conf_text: str, mapping_text: str | None, node: str, files: NodeF
     return out, notes
 
 
-@dataclass
+@record
 class VmCheck:
     """The VM gate's verdict: the same shape as a container's (allow, reasons, fix), per device."""
 

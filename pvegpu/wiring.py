@@ -11,13 +11,13 @@ inside the functions that need them.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from . import errors as E
 from .gate import GatePolicy, GatePorts
 from .leftover import LeftoverRule
 from .model import MIB
-from .settings import Settings, load
+from .record import record
+from .settings import Settings
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .vmreset import VmPolicy
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GlobalOptions:
     """The options every command honours, wherever they stand on the line (see ``frontdoor``)."""
 
@@ -55,6 +55,8 @@ def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None)
                                "`pvegpu demo` builds and removes one; a lasting one: python3 -c 'from pvegpu.sim import scenario as s; "
                                "s.build(s.DEMO, \"DIR\")' (README: Simulated node)")
         extra["simulate"] = opts.simulate
+    from .adapters.settingsfile import load
+
     s = load(opts.config, overrides=extra)
     return simulated_state(s) if s.simulate else s
 
@@ -64,13 +66,13 @@ SIM_STATE = {"lock_dir": "lock", "override_dir": "allow-once"}  # where under th
 
 def simulated_state(s: Settings) -> Settings:
     """``s`` with every state directory still at its real default moved under the simulated node's directory."""
-    from dataclasses import fields, is_dataclass, replace
+    from .record import fields, is_record, replace
 
     assert s.simulate
     changes: dict[str, object] = {}
     for f in fields(s):
         section = getattr(s, f.name)
-        if not is_dataclass(section) or isinstance(section, type):
+        if not is_record(section) or isinstance(section, type):
             continue
         moved: dict[str, object] = {g.name: os.path.join(s.simulate, SIM_STATE.get(g.name, g.name.removesuffix("_dir")))
                  for g in fields(section) if g.name.endswith("_dir") and getattr(section, g.name) == g.default}
@@ -107,7 +109,7 @@ def reset_policy(s: Settings, *, dry_run: bool = False) -> ResetPolicy:
 
 def post_stop_policy(s: Settings) -> ResetPolicy:
     """The post-stop reclaim: the reset policy, never restarting, with short waits (PVE waits for the hook)."""
-    from dataclasses import replace
+    from dataclasses import replace  # ResetPolicy is the reset package's own dataclass
 
     p = reset_policy(s)
     return replace(p, restart=False, grace=min(p.grace, 2.0), timeout=max(min(p.timeout, 2.0), p.settle + p.poll))
@@ -322,7 +324,7 @@ class LazyNvml:
             self._probe = None
 
 
-@dataclass
+@record
 class Node:
     """Open ports of one command run: ``with world.reset_ports(log) as ports:`` releases NVML at the end."""
 
@@ -337,7 +339,7 @@ class Node:
             close()
 
 
-@dataclass
+@record
 class AuditPorts:
     """What ``pvegpu audit`` reads through: NVML opened for one run only, PVE, ``/proc``, node files."""
 

@@ -9,9 +9,10 @@ import tempfile
 
 import pytest
 
+from pvegpu.adapters.settingsfile import load
 from pvegpu.errors import ConfigError, UsageError
 from pvegpu.locate import check_vmid
-from pvegpu.settings import ApiSettings, load
+from pvegpu.settings import ApiSettings
 from pvegpu.sim import scenario as sc
 from tests import pvelike
 from tests.pvelike import REPO
@@ -178,7 +179,7 @@ def test_settings_file_that_is_a_fifo_or_endless_is_refused_at_once(tmp_path):
 
 def test_unrelated_pvegpu_variables_are_not_settings():
     """PVEGPU_DEBUG or a script's own PVEGPU_* variable is ignored; a typo in a section's key is still an error."""
-    from pvegpu.settings import load
+    from pvegpu.adapters.settingsfile import load
 
     assert load(None, env={"PVEGPU_RESULTS": "x", "PVEGPU_DEBUG": "1"}).reset.grace > 0
     with pytest.raises(ConfigError, match="reset.grac: unknown setting"):

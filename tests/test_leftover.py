@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from pvegpu.adapters.settingsfile import load
 from pvegpu.errors import ConfigError
 from pvegpu.holders import GpuFacts
 from pvegpu.leftover import LeftoverRule, leftover
 from pvegpu.model import MIB, GpuInfo, GpuSample
-from pvegpu.settings import load
 from pvegpu.wiring import gate_policy, leftover_rule, reset_policy
 
 GPU = GpuInfo(0, 0, "GPU-0", "0000:41:00.0")

@@ -190,8 +190,8 @@ def test_settings_collect_every_problem(tmp_path):
     """A broken settings file, an unknown key and a bad value are all reported in one ConfigError (exit 2)."""
     import pytest
 
+    from pvegpu.adapters.settingsfile import load
     from pvegpu.errors import ConfigError
-    from pvegpu.settings import load
 
     bad = tmp_path / "bad.toml"
     bad.write_text("[reset\n")

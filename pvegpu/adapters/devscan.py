@@ -31,10 +31,10 @@ import re
 import stat
 import sys
 import time
-from dataclasses import dataclass
 
 from ..lxcconf import NVIDIA_MAJOR
 from ..model import CONTROL, Holding
+from ..record import record
 
 TYPE_CHECKING = False  # typing is not imported at run time (start gate path)
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class DeviceTable:
         return self.gpu_minor(rdev) if stat.S_ISCHR(mode) else None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ScanBudget:
     """What one process may cost the scan. Real CUDA jobs stay far below; a hostile tenant does not."""
 

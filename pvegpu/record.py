@@ -1,0 +1,220 @@
+"""``@record``: plain value classes without the ``dataclasses`` machinery at import (the start gate pays for it).
+
+The subset of ``@dataclass`` pvegpu uses, generating the same methods: ``__init__`` (defaults, ``field(default_factory=...)``),
+``__repr__`` (``Name(a=1, b='x')``), ``__eq__`` (same class, fields in order), ``__hash__`` (frozen: of the fields; mutable:
+unhashable), ``frozen=True`` (assignment raises ``FrozenInstanceError``, an ``AttributeError``), ``__match_args__``.
+``dataclasses`` and ``inspect`` (~15 ms together) are never imported here: the methods are compiled from source text
+once per class. ``fields``, ``replace`` and ``asdict`` are the record equivalents of the ``dataclasses`` functions; a
+``dataclasses`` function given a record still works (``__dataclass_fields__`` is built the first time it is asked for).
+
+Converting a module is one line: ``from pvegpu.record import record`` for ``from dataclasses import dataclass``
+(and ``field`` from here too), then ``@record`` for ``@dataclass``. mypy types constructors through
+``typing.dataclass_transform`` (under ``TYPE_CHECKING`` only: ``typing`` is not imported at run time).
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeVar, dataclass_transform, overload
+
+    _T = TypeVar("_T")
+    _C = TypeVar("_C", bound=type)
+
+__all__ = ["Field", "FrozenInstanceError", "asdict", "field", "fields", "is_record", "record", "replace"]
+
+_FIELDS = "__record_fields__"
+_MISSING: Any = object()
+
+
+class FrozenInstanceError(AttributeError):
+    """Assignment to a field of a frozen record (as ``dataclasses.FrozenInstanceError``)."""
+
+
+class Field:
+    """One field of a record: its name, its annotation (as written), and its default or default factory."""
+
+    __slots__ = ("default", "default_factory", "name", "type")
+
+    def __init__(self, default: Any = _MISSING, default_factory: Any = _MISSING) -> None:
+        self.name = ""
+        self.type: Any = None
+        self.default = default
+        self.default_factory = default_factory
+
+    def __repr__(self) -> str:
+        return f"Field(name={self.name!r}, type={self.type!r})"
+
+
+if TYPE_CHECKING:
+    @overload
+    def field(*, default: _T) -> _T: ...
+    @overload
+    def field(*, default_factory: Callable[[], _T]) -> _T: ...
+    def field(*, default: Any = ..., default_factory: Any = ...) -> Any: ...
+else:
+    def field(*, default=_MISSING, default_factory=_MISSING):
+        """A field's default (``field(default_factory=list)`` for a fresh mutable one per instance)."""
+        if default is not _MISSING and default_factory is not _MISSING:
+            raise ValueError("cannot give both default and default_factory")
+        return Field(default, default_factory)
+
+
+def _own_fields(cls: type) -> list[Field]:
+    out: list[Field] = []
+    for name, ann in cls.__dict__.get("__annotations__", {}).items():
+        text = ann if isinstance(ann, str) else getattr(ann, "__name__", repr(ann))
+        if text.startswith(("ClassVar", "typing.ClassVar")):
+            continue
+        value = cls.__dict__.get(name, _MISSING)
+        f = value if isinstance(value, Field) else Field(value)
+        f.name, f.type = name, ann
+        if isinstance(value, Field):  # the class attribute is the default (as a dataclass leaves it), or nothing
+            if f.default is _MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, f.default)
+        out.append(f)
+    return out
+
+
+def _compile(src: str, env: dict[str, Any], name: str) -> Any:
+    ns: dict[str, Any] = {}
+    exec(src, env, ns)  # noqa: S102 - source built here from field names (identifiers), never from input
+    return ns[name]
+
+
+def _set_qualname(cls: type, fn: Any) -> Any:
+    fn.__qualname__ = f"{cls.__qualname__}.{fn.__name__}"
+    return fn
+
+
+def _frozen_setattr(self: Any, name: str, value: Any) -> None:
+    raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def _frozen_delattr(self: Any, name: str) -> None:
+    raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+class _LazyDataclassFields:
+    """``__dataclass_fields__`` for the ``dataclasses`` functions (tests, benches), built on first use only."""
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        import dataclasses
+
+        made = {}
+        for f in fields(owner):
+            d = dataclasses.field(default=f.default) if f.default_factory is _MISSING else dataclasses.field(default_factory=f.default_factory)
+            d.name, d.type = f.name, f.type
+            d._field_type = dataclasses._FIELD  # type: ignore[attr-defined]
+            made[f.name] = d
+        return made
+
+
+def _process(cls: Any, frozen: bool) -> Any:
+    all_fields: dict[str, Field] = {}
+    for base in reversed(cls.__mro__[1:]):
+        for f in base.__dict__.get(_FIELDS, ()):
+            all_fields[f.name] = f
+    for f in _own_fields(cls):
+        all_fields[f.name] = f
+    flds = tuple(all_fields.values())
+    seen_default = False
+    for f in flds:
+        has = f.default is not _MISSING or f.default_factory is not _MISSING
+        if seen_default and not has:
+            raise TypeError(f"non-default argument {f.name!r} follows default argument")
+        seen_default = seen_default or has
+    env: dict[str, Any] = {"__builtins__": __builtins__, "_MISSING": _MISSING, "_osa": object.__setattr__}
+    args, body = [], []
+    for i, f in enumerate(flds):
+        if f.default_factory is not _MISSING:
+            env[f"_f{i}"] = f.default_factory
+            args.append(f"{f.name}=_MISSING")
+            value = f"_f{i}() if {f.name} is _MISSING else {f.name}"
+        else:
+            if f.default is not _MISSING:
+                env[f"_d{i}"] = f.default
+                args.append(f"{f.name}=_d{i}")
+            else:
+                args.append(f.name)
+            value = f.name
+        body.append(f"_osa(self, {f.name!r}, {value})" if frozen else f"self.{f.name} = {value}")
+    names = [f.name for f in flds]
+    src = f"def __init__(self, {', '.join(args)}):\n    " + ("\n    ".join(body) or "pass") + "\n"
+    if "__init__" not in cls.__dict__:
+        cls.__init__ = _set_qualname(cls, _compile(src, env, "__init__"))
+    tup = "(" + "".join(f"self.{n}, " for n in names) + ")"
+    other = "(" + "".join(f"other.{n}, " for n in names) + ")"
+    if "__repr__" not in cls.__dict__:
+        parts = ", ".join(f"{n}={{self.{n}!r}}" for n in names)
+        rsrc = f"def __repr__(self):\n    return f'{{self.__class__.__qualname__}}({parts})'\n"
+        cls.__repr__ = _set_qualname(cls, _compile(rsrc, env, "__repr__"))
+    if "__eq__" not in cls.__dict__:
+        esrc = (f"def __eq__(self, other):\n    if other.__class__ is self.__class__:\n        return {tup} == {other}\n"
+                "    return NotImplemented\n")
+        cls.__eq__ = _set_qualname(cls, _compile(esrc, env, "__eq__"))
+    if "__hash__" not in cls.__dict__ or cls.__dict__["__hash__"] is None:
+        if frozen:
+            cls.__hash__ = _set_qualname(cls, _compile(f"def __hash__(self):\n    return hash({tup})\n", env, "__hash__"))
+        else:
+            cls.__hash__ = None  # mutable and compared by value: unhashable, as a dataclass
+    if frozen:
+        cls.__setattr__ = _frozen_setattr
+        cls.__delattr__ = _frozen_delattr
+    setattr(cls, "__match_args__", tuple(names))  # noqa: B010 - mypy refuses the attribute form
+    setattr(cls, _FIELDS, flds)
+    cls.__dataclass_fields__ = _LazyDataclassFields()
+    cls.__dataclass_params__ = None  # dataclasses.is_dataclass looks only for __dataclass_fields__
+    return cls
+
+
+if TYPE_CHECKING:
+    @overload
+    def record(cls: _C, /) -> _C: ...
+    @overload
+    def record(*, frozen: bool = False) -> Callable[[_C], _C]: ...
+    @dataclass_transform(field_specifiers=(field, Field))
+    def record(cls: Any = None, /, *, frozen: bool = False) -> Any: ...
+else:
+    def record(cls=None, /, *, frozen=False):
+        """``@record`` or ``@record(frozen=True)``: the class with generated ``__init__``/``__repr__``/``__eq__``/``__hash__``."""
+        if cls is None:
+            return lambda c: _process(c, frozen)
+        return _process(cls, frozen)
+
+
+def is_record(obj: Any) -> bool:
+    """A record class or instance."""
+    return hasattr(obj if isinstance(obj, type) else type(obj), _FIELDS)
+
+
+def fields(obj: Any) -> tuple[Field, ...]:
+    """The fields of a record class or instance, in order."""
+    try:
+        return tuple(getattr(obj if isinstance(obj, type) else type(obj), _FIELDS))
+    except AttributeError:
+        raise TypeError("must be called with a record type or instance") from None
+
+
+def replace(obj: _T, /, **changes: Any) -> _T:
+    """A new record like ``obj`` with ``changes`` (every other field passed on as it is)."""
+    for f in fields(obj):
+        if f.name not in changes:
+            changes[f.name] = getattr(obj, f.name)
+    return obj.__class__(**changes)  # type: ignore[no-any-return]
+
+
+def asdict(obj: Any) -> Any:
+    """A record (recursively: records, lists, tuples, dicts) as plain dicts, as ``dataclasses.asdict``."""
+    if is_record(obj) and not isinstance(obj, type):
+        return {f.name: asdict(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*[asdict(v) for v in obj])
+    if isinstance(obj, list | tuple):
+        return type(obj)(asdict(v) for v in obj)
+    if isinstance(obj, dict):
+        return type(obj)((asdict(k), asdict(v)) for k, v in obj.items())
+    return obj

@@ -1,0 +1,237 @@
+"""``pvegpu reset``: its one option table, the light parser the front door uses, and the reset entry point.
+
+``pvegpu reset`` does not pay for typer (which imports pydantic and rich: ~110 ms): the front door parses its
+arguments here, from ``OPTIONS``, the one table that also builds the typer command (``cli.reset_cmd``), so
+``pvegpu reset --help`` and this parser cannot disagree. Anything this parser is not sure of (``--help``, an
+unknown option, a missing or bad value, ``--``) goes to typer, which says what is wrong exactly as before.
+Both ways end in ``run``.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+from . import errors as E
+from . import wiring
+from .locate import check_vmid
+from .record import record
+from .settings import ResetSettings
+
+TYPE_CHECKING = False  # typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Any
+
+_R = ResetSettings()
+
+
+@record(frozen=True)
+class Opt:
+    """One option of ``pvegpu reset``: a flag, or one taking seconds; ``setting`` is the settings key it overrides."""
+
+    dest: str  # the parameter's name (typer) and the key of ``parse``'s answer
+    decls: tuple[str, ...]  # as typed: "--dry-run", or ("-v", "--verbose")
+    help: str
+    kind: str = "flag"  # flag | seconds
+    setting: str = ""  # "reset.timeout"; a flag with a setting sets it False (--no-restart: reset.restart = false)
+    metavar: str = ""
+
+
+ARGUMENT = ("vmid", "VMID", "container id, e.g. 129, or a VM's (reset inside the guest)")
+OPTIONS = (
+    Opt("dry_run", ("--dry-run",), "show what would be signalled and why; signal nothing"),
+    Opt("no_restart", ("--no-restart",), "never restart the container through the API", setting="reset.restart"),
+    Opt("timeout", ("--timeout",), f"wait for the memory to come back (reset.timeout, default {_R.timeout:g})", "seconds",
+        "reset.timeout", "SECONDS"),
+    Opt("grace", ("--grace",), f"between SIGTERM and SIGKILL (reset.grace, default {_R.grace:g})", "seconds", "reset.grace", "SECONDS"),
+    Opt("settle", ("--settle",), f"clean must hold this long (reset.settle, default {_R.settle:g})", "seconds", "reset.settle", "SECONDS"),
+    Opt("json_out", ("--json",), "print the report as JSON (with -v, every event as a JSON line on stderr)"),
+    Opt("verbose", ("-v", "--verbose"), "log every event (structlog)"),
+)
+HELP = ("Stop every process of the container that holds its GPUs, verify with NVML that the memory is back,\n"
+        "    and restart the container through the API if it is not. A VM: the same inside the guest, through its guest agent.")
+
+
+def parse(args: list[str]) -> dict[str, Any] | None:
+    """``reset``'s arguments as ``{dest: value}`` (flags False, seconds None when not given), or None when this
+    parser is not sure (help, an unknown option, a bad or missing value, ``--``, not exactly one VMID): typer decides."""
+    by_decl = {d: o for o in OPTIONS for d in o.decls}
+    values: dict[str, Any] = {o.dest: (False if o.kind == "flag" else None) for o in OPTIONS}
+    words: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("-") or arg == "-":
+            words.append(arg)
+            continue
+        name, eq, text = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        opt = by_decl.get(name)
+        if opt is None:
+            return None
+        if opt.kind == "flag":
+            if eq:
+                return None
+            values[opt.dest] = True
+            continue
+        if not eq:
+            if i >= len(args):
+                return None
+            text = args[i]
+            i += 1
+        if text.startswith("-"):
+            return None
+        try:
+            values[opt.dest] = float(text)  # what click's FLOAT does; settings then check the range
+        except ValueError:
+            return None
+    if len(words) != 1:
+        return None
+    values[ARGUMENT[0]] = words[0]
+    return values
+
+
+def overrides(values: dict[str, Any]) -> dict[str, Any]:
+    """The settings the options override (None: not given, the file or the default stands)."""
+    out: dict[str, Any] = {}
+    for o in OPTIONS:
+        if o.setting:
+            v = values.get(o.dest)
+            out[o.setting] = (False if v else None) if o.kind == "flag" else v
+    return out
+
+
+def run(values: dict[str, Any], opts: wiring.GlobalOptions) -> int:
+    """``pvegpu reset`` with parsed arguments: the one entry point of the typer command and of the light path."""
+    s = wiring.settings(opts, overrides(values))
+    return do_reset(s, check_vmid(values["vmid"]), dry_run=bool(values["dry_run"]), json_out=bool(values["json_out"]),
+                    verbose=bool(values["verbose"]))
+
+
+def main(args: list[str], opts: wiring.GlobalOptions) -> int | None:
+    """The front door's ``reset``: the exit code, or None to let typer handle the line (help, an error in it)."""
+    values = parse(args)
+    if values is None:
+        return None
+    try:
+        return run(values, opts)
+    except E.PvegpuError as exc:  # as cli.run: the JSON consumer gets JSON; the person watching still gets the message
+        return exc.show(sys.stderr, sys.stdout if values["json_out"] else None)
+
+
+def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool = False) -> int:
+    """A VM: its holders are found and stopped inside the guest, through the guest agent (pvegpu/vmreset.py)."""
+    from .logs import configure
+    from .ports import Interrupted
+    from .vmreset import reset_vm, vm_human
+
+    log = configure(verbose=verbose, json_lines=json_out and verbose)
+    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
+    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
+    with _Signals(vmid, "VM") as signals:  # the container path's handling: see do_reset
+        try:
+            with wiring.ct_lock(s, vmid, s.reset.lock_wait):
+                report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log,
+                                  interrupts=signals, on_progress=on_wait)
+                signals.done = True
+        except Interrupted as exc:  # before any power action (after it, reset_vm() reports the signal itself)
+            line = (f"pvegpu reset of VM {vmid} interrupted by {exc.signame} before any power action: VM {vmid} was not stopped "
+                    "(guest processes may have been signalled)")
+            wiring.journal_line(line)
+            raise E.SignalledError(line, f"run `pvegpu reset {vmid}` again to finish", exc.exit_code) from None
+    if report.interrupted or report.left_stopped:
+        wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
+                            or f"pvegpu reset of VM {vmid}: VM {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
+    _say(json.dumps(report.to_json(), indent=2) if json_out else "\n" + vm_human(report), err=False)
+    return int(report.exit_code)
+
+
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP during ``pvegpu reset`` (the ``Interrupts`` port). Before the stop request a
+    signal ends the run at once (nothing was stopped). From it on, the first signal is recorded and said, and
+    the restart is finished (then exit 128+n); a second one abandons it (the report still says where the CT is)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, vmid: int, kind: str = "CT") -> None:
+        self.vmid, self.kind = vmid, kind
+        self.in_critical = self.done = False
+        self.got: tuple[str, int] | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in self.SIGNALS:
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def critical(self) -> None:
+        self.in_critical = True
+
+    def received(self) -> tuple[str, int] | None:
+        return self.got
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        from .ports import Interrupted
+
+        name, code = signal.Signals(signum).name, 128 + signum
+        if self.done:  # the report is being printed: let it finish
+            self.got = self.got or (name, code)
+            return
+        if not self.in_critical:
+            raise Interrupted(name, code)
+        if self.got is None:
+            self.got = (name, code)
+            _say(f"pvegpu: {name}: {self.kind} {self.vmid}'s {'stop' if self.kind == 'CT' else 'shutdown'} was requested, "
+                 "so pvegpu finishes the restart first "
+                 f"(then exits {code}); a second Ctrl-C or SIGTERM abandons it")
+            return
+        if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
+            return
+        raise Interrupted(name, code, abandoned=True)
+
+
+def _say(text: str, err: bool = True) -> None:
+    """Print (and flush, as typer.echo did), ignoring a terminal that is gone (SIGHUP: the session dropped); the
+    journal line is the record."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+    except OSError:
+        pass
+
+
+def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
+    world = wiring.world(s)  # one node world for the whole run: the same PVE port locates the guest and resets it
+    guest = world.pve.where(vmid)
+    if guest is not None and guest.type == "qemu":
+        return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out, verbose=verbose)
+    from .logs import configure
+    from .ports import Interrupted
+    from .render import reset_human, reset_json
+    from .reset import reset
+
+    log = configure(verbose=verbose, json_lines=json_out and verbose)
+    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
+    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
+    with _Signals(vmid) as signals:
+        try:
+            with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log) as ports:
+                ports.lock, ports.interrupts = lock, signals
+                report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
+                signals.done = True  # the report is final: a later signal must not turn it into another message
+        except Interrupted as exc:  # before any stop was requested (after it, reset() reports the signal itself)
+            line = f"pvegpu reset of CT {vmid} interrupted by {exc.signame} before any stop was requested: CT {vmid} was not stopped"
+            wiring.journal_line(line)
+            raise E.SignalledError(line, f"run `pvegpu reset {vmid}` again to finish; `pvegpu check {vmid}` says whether it may start",
+                                     exc.exit_code) from None
+    if report.interrupted or report.left_stopped:
+        wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
+                            or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
+    _say(json.dumps(reset_json(report), indent=2) if json_out else "\n" + reset_human(report), err=False)
+    return int(report.exit_code)
