@@ -17,8 +17,8 @@ import typer.exceptions as typer_exc
 from typer._click import exceptions as click_exc
 from typer.core import TyperCommand, TyperGroup
 
+from . import contract, wiring
 from . import errors as E
-from . import wiring
 from .locate import check_vmid
 from .settings import ApiSettings, GateSettings, ResetSettings
 
@@ -101,7 +101,7 @@ def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bo
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of VM {vmid}: VM {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(report.to_json(), indent=2) if json_out else "\n" + vm_human(report), err=False)
+    _say(json.dumps(contract.document("reset", report.to_json()), indent=2) if json_out else "\n" + vm_human(report), err=False)
     return int(report.exit_code)
 
 
@@ -187,7 +187,7 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(reset_json(report), indent=2) if json_out else "\n" + reset_human(report), err=False)
+    _say(json.dumps(contract.document("reset", reset_json(report)), indent=2) if json_out else "\n" + reset_human(report), err=False)
     return int(report.exit_code)
 
 
@@ -247,7 +247,7 @@ def audit_cmd(
     if prometheus:
         wiring.write_textfile(prometheus, doc)
     if json_out:
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(json.dumps(contract.document("audit", doc), indent=2))
     elif not prometheus:
         typer.echo(audit_text(doc))
     else:
@@ -383,7 +383,7 @@ def hook_status(
     node, lister = wiring.install_context(s, storage, need_root=False)
     st = ins.status(pve_root=s.pve_root, node=node, storage_name=storage, lister=lister)
     if json_out:
-        _echo_json(st.to_json())
+        _echo_json(contract.document("hook-status", st.to_json() | {"attention": not st.ok}))
     else:
         for row in st.containers:
             typer.echo(f"CT {row.vmid}: {row.state.value}" + (f" ({row.hookscript})" if row.hookscript else ""))
@@ -418,6 +418,14 @@ def hook_allow_once(vmid: str = typer.Argument(..., metavar="VMID", help="contai
 # -- running it ---------------------------------------------------------------------------------------------
 
 
+def _command(args: list[str]) -> str | None:
+    """The command a line runs (``reset``, ``hook status``), for the error document."""
+    words = [a for a in args if not a.startswith("-")]
+    if not words:
+        return None
+    return " ".join(words[:2]) if words[0] in ("hook", "sim") and len(words) > 1 else words[0]
+
+
 def run(args: list[str], opts: wiring.GlobalOptions) -> int:
     """Run the typer app on ``args`` (global options already taken off); errors rendered once, here."""
     global _OPTS
@@ -438,6 +446,6 @@ def run(args: list[str], opts: wiring.GlobalOptions) -> int:
         return 130
     except E.PvegpuError as exc:
         if json_out:  # the JSON consumer gets JSON; the person watching still gets the message
-            _echo_json(E.to_json(exc))
+            _echo_json(contract.error_document(exc, _command(args)))
         sys.stderr.write(E.render(exc) + "\n")
         return exc.exit_code

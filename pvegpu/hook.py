@@ -78,6 +78,7 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         print(CHECK_USAGE, file=out)
         return E.EXIT_OK
     json_out = "--json" in args
+    vmid: int | None = None
     try:
         words = [a for a in args if a != "--json"]
         if len(words) != 1 or words[0].startswith("-"):
@@ -86,8 +87,10 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         s = wiring.settings(opts)
         v = bounded_verdict(vmid, s)
     except E.PvegpuError as exc:
-        if json_out:  # the JSON consumer gets JSON; the person watching still gets the message
-            print(json.dumps(E.to_json(exc), indent=2), file=out)
+        if json_out:  # the JSON consumer gets JSON (a check that says allow: false); the person watching still gets the message
+            from .contract import check_error_document
+
+            print(json.dumps(check_error_document(exc, vmid), indent=2), file=out)
         print(E.render(exc), file=err)
         return exc.exit_code
     from .adapters.override import pending
@@ -96,7 +99,12 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         note = f"an allow-once token is waiting: the next start of CT {vmid} passes the gate once anyway"
         v["text"] += f"\npvegpu: note: {note}"
         v["json"]["allow_once_pending"] = True
-    print(json.dumps(v["json"], indent=2) if json_out else v["text"], file=out)
+    if json_out:
+        from .contract import document
+
+        print(json.dumps(document("check", {**v["json"], "error": None}), indent=2), file=out)
+    else:
+        print(v["text"], file=out)
     return E.EXIT_OK if v["allow"] else E.EXIT_REFUSED
 
 

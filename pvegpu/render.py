@@ -18,6 +18,7 @@ def _facts_json(f: GpuFacts) -> dict[str, Any]:
         "index": f.gpu.index, "minor": f.gpu.minor, "uuid": f.gpu.uuid,
         "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB, 1),
         "residual_mib": None if f.residual_bytes is None else round(f.residual_bytes / MIB, 1),
+        "used_bytes": f.used_bytes, "residual_bytes": f.residual_bytes, "baseline_bytes": f.baseline_bytes,
         "ct_holders": [{"pid": h.pid, "ns_pid": h.info.ns_pid, "comm": h.info.comm, "state": h.info.state,
                         "init": h.info.is_ct_init, "via": sorted(h.via)} for h in f.ct_holders],
         "other_holders": [{"pid": h.pid, "comm": h.info.comm, "vmid": h.info.placement.vmid,
