@@ -328,6 +328,50 @@ def demo_cmd(
     raise typer.Exit(code)
 
 
+# -- sim create | remove --------------------------------------------------------------------------------------
+
+sim_app = typer.Typer(cls=_Group, no_args_is_help=True, context_settings=CONTEXT,
+                      help="A lasting simulated node: `pvegpu sim create DIR`, then `pvegpu --simulate DIR COMMAND`, then `pvegpu sim remove DIR`.")
+app.add_typer(sim_app, name="sim")
+
+
+@sim_app.command("create", cls=_Command)
+def sim_create(
+    directory: str = typer.Argument(..., metavar="DIR", help="a new (or empty) directory for the simulated node"),
+    scenario: str = typer.Option("demo", "--scenario", metavar="NAME", help="a built-in scenario (demo, idle, leak) or a scenario JSON file"),
+) -> None:
+    """Build a simulated node in DIR and start its containers (real processes); no Proxmox, GPU or root needed."""
+    import os
+
+    from .sim import scenario as sc
+
+    data = sc.named(scenario)
+    if os.path.lexists(directory) and (not os.path.isdir(directory) or os.path.islink(directory) or os.listdir(directory)):
+        raise E.UsageError(f"{directory} exists and is not an empty directory", "name a new directory; `pvegpu sim remove DIR` removes an old node")
+    sim = sc.build(data, directory)
+    _demo_guard(sim, data)
+    running = [c["vmid"] for c in data.get("containers", []) if c.get("status", "running") == "running"]
+    typer.echo(f"simulated node {sim.node} in {sim.root}: {len(data.get('containers', []))} container(s), "
+               f"running: {', '.join(map(str, running)) or 'none'}")
+    typer.echo(f"try: pvegpu --simulate {sim.root} audit; remove it: pvegpu sim remove {sim.root}")
+
+
+@sim_app.command("remove", cls=_Command)
+def sim_remove(directory: str = typer.Argument(..., metavar="DIR", help="a simulated node made by `pvegpu sim create`")) -> None:
+    """Stop a simulated node's containers and remove DIR."""
+    import os
+    import shutil
+
+    from .sim.scenario import SimNode
+
+    if not (os.path.isfile(os.path.join(directory, "scenario.json")) and os.path.isfile(os.path.join(directory, "etc-pve", ".vmlist"))):
+        raise E.UsageError(f"{directory} is not a simulated node (no scenario.json and etc-pve/.vmlist there): not removed",
+                           "`pvegpu sim remove` removes only a directory `pvegpu sim create` made")
+    SimNode(directory).teardown()
+    shutil.rmtree(directory)
+    typer.echo(f"simulated node in {directory} stopped and removed")
+
+
 # -- hook install | uninstall | status | allow-once --------------------------------------------------------
 
 
@@ -349,9 +393,9 @@ def hook_install(
     """Install the guard snippet and set it as the containers' hookscript (`pct set VMID --hookscript ...`)."""
     from . import install as ins
 
-    s = _settings()
-    node, lister = wiring.install_context(s, storage, need_root=True)
-    plan = ins.install([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage, chain=chain, lister=lister)
+    t = wiring.install_target(_settings(), storage, need_root=True)
+    plan = ins.install([check_vmid(v) for v in vmids or []], pve_root=t.pve_root, node=t.node, storage_name=storage, chain=chain,
+                       lister=t.lister, run=t.run)
     _print_plan(plan)
     raise typer.Exit(0 if plan.ok else E.EXIT_AUDIT_ATTENTION)
 
@@ -364,9 +408,8 @@ def hook_uninstall(
     """Remove the guard from the containers (restoring a chained hookscript) and the snippet once unused."""
     from . import install as ins
 
-    s = _settings()
-    node, _ = wiring.install_context(s, storage, need_root=True)
-    plan = ins.uninstall([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage)
+    t = wiring.install_target(_settings(), storage, need_root=True)
+    plan = ins.uninstall([check_vmid(v) for v in vmids or []], pve_root=t.pve_root, node=t.node, storage_name=storage, run=t.run)
     _print_plan(plan)
     raise typer.Exit(0 if plan.ok else E.EXIT_AUDIT_ATTENTION)
 
@@ -379,9 +422,8 @@ def hook_status(
     """Guarded and unguarded GPU containers of this node, and nodes missing the snippet. Exit 8 if anything needs attention."""
     from . import install as ins
 
-    s = _settings()
-    node, lister = wiring.install_context(s, storage, need_root=False)
-    st = ins.status(pve_root=s.pve_root, node=node, storage_name=storage, lister=lister)
+    t = wiring.install_target(_settings(), storage, need_root=False)
+    st = ins.status(pve_root=t.pve_root, node=t.node, storage_name=storage, lister=t.lister)
     if json_out:
         _echo_json(contract.document("hook-status", st.to_json() | {"attention": not st.ok}))
     else:

@@ -44,8 +44,7 @@ def settings(opts: GlobalOptions, overrides: dict[str, Any] | None = None) -> Se
     if opts.simulate:
         if not os.path.isfile(os.path.join(opts.simulate, "scenario.json")):
             raise E.UsageError(f"--simulate {opts.simulate}: not a simulated node (no scenario.json there)",
-                               "`pvegpu demo` builds and removes one; a lasting one: python3 -c 'from pvegpu.sim import scenario as s; "
-                               "s.build(s.DEMO, \"DIR\")' (README: Simulated node)")
+                               f"`pvegpu sim create {opts.simulate}` builds one (README: Simulated node); `pvegpu demo` builds and removes one")
         extra["simulate"] = opts.simulate
     s = load(opts.config, overrides=extra)
     return simulated_state(s) if s.simulate else s
@@ -403,13 +402,49 @@ def journal_line(line: str) -> None:
     log_line(line)
 
 
+@dataclass(frozen=True)
+class InstallTarget:
+    """Where ``hook install | uninstall | status`` act: the node's ``/etc/pve``, its name, a per-node snippet lister
+    (None: unknown), and the runner of ``pct set`` / ``pvesm set`` (``install.Runner``)."""
+
+    pve_root: str
+    node: str
+    lister: Any
+    run: Any
+
+
+def install_target(s: Settings, storage: str, *, need_root: bool) -> InstallTarget:
+    """The node ``hook install | uninstall | status`` change: this one (real ``pct``), or a simulated node, whose own
+    files they change (its ``etc-pve``, its snippets directory): never this node's ``/etc/pve`` or ``/var/lib/vz``."""
+    if s.simulate:
+        return _sim_install_target(s, storage)
+    from .install import run_command
+
+    name, lister = install_context(s, storage, need_root=need_root)
+    return InstallTarget(s.pve_root, name, lister, run_command)
+
+
+def _sim_install_target(s: Settings, storage: str) -> InstallTarget:
+    from .adapters.storagecfg import read_storage
+    from .sim.pvecli import SimPveCli
+    from .sim.scenario import SimNode
+
+    sim = SimNode(s.simulate)
+    etc = sim.state.etc_pve
+    where = os.path.realpath(read_storage(etc, storage).path)
+    if os.path.commonpath([where, os.path.realpath(sim.root)]) != os.path.realpath(sim.root):
+        raise E.UsageError(f"--simulate {s.simulate}: storage {storage} is {where}, outside the simulated node",
+                           "a simulated node's storages live in its own directory; rebuild it with `pvegpu sim create DIR`")
+    return InstallTarget(etc, sim.node, None, SimPveCli(sim.root, sim.node))
+
+
 def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str, Any]:
-    """(this node's name, a per-node snippet lister or None) for ``hook install | uninstall | status``."""
+    """(this node's name, a per-node snippet lister or None) for ``hook install | uninstall | status`` on the real node."""
     from .adapters.etcpve import EtcPve
 
     if s.simulate:  # it would run the real `pct set` on this node's real containers
-        raise E.UsageError("hook install | uninstall | status work on the real node only, not with --simulate",
-                           "the simulated node's guard is `pvegpu --simulate DIR hook VMID pre-start`")
+        raise E.UsageError("hook install | uninstall | status of a simulated node change its own files, never this node's",
+                           "use wiring.install_target")
     if need_root and os.geteuid() != 0:
         raise E.UsageError("installing the guard needs root on the node", "`pct set --hookscript` is allowed for root@pam only; run it as root")
     if not EtcPve.present(s.pve_root):
