@@ -100,6 +100,7 @@ class HolderRow:
     credited_bytes: int | None = None  # memory of a dead listed parent this process inherited (as reset credits it)
     inherited_from: int | None = None  # that dead parent's pid
     may_own_context: bool = False  # NVML lists it, or it maps the device while a dead listed pid is unexplained
+    user: str | None = None  # the host's name for uid (None: it has none, or it was not asked)
 
     @property
     def memory_bytes(self) -> int | None:
@@ -123,7 +124,7 @@ class HolderRow:
         return self.place
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "ns_pid": self.ns_pid, "comm": self.comm, "cmdline": self.cmdline, "uid": self.uid,
+        return {"pid": self.pid, "ns_pid": self.ns_pid, "comm": self.comm, "cmdline": self.cmdline, "uid": self.uid, "user": self.user,
                 "place": self.place, "vmid": self.vmid, "id": self.guest_id, "hostname": self.hostname, "owner": self.owner,
                 "used_bytes": self.used_bytes, "used_mib": _mib(self.used_bytes), "via": list(self.via),
                 "credited_bytes": self.credited_bytes, "inherited_from": self.inherited_from,

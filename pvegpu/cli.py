@@ -227,6 +227,7 @@ def audit_cmd(
                                           help="also write a node_exporter textfile (atomically), e.g. /var/lib/prometheus/node-exporter/pvegpu.prom"),
     ssh_timeout: float = typer.Option(30.0, "--ssh-timeout", metavar="SECONDS", help="--cluster: how long to wait for each other node's answer"),
     ssh_option: list[str] = typer.Option([], "--ssh-option", hidden=True, help="extra ssh argument (tests: port, key, known hosts)"),
+    wide: bool = typer.Option(False, "--wide", "-v", "--verbose", help="one line per item with every detail (whole command lines), not 80 columns"),
 ) -> None:
     """Which guest holds which GPU, right now and by configuration; exit 8 when something needs attention."""
     from .audit import audit_document, audit_once
@@ -236,7 +237,8 @@ def audit_cmd(
         raise E.UsageError(f"--ssh-timeout {ssh_timeout:g}: must be more than 0 seconds", "e.g. --ssh-timeout 30")
     s = _settings()
     ports = wiring.audit_ports(s)
-    rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster, threshold_bytes=ports.threshold_bytes)
+    rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster, threshold_bytes=ports.threshold_bytes,
+                     users=ports.users)
     if cluster:
         from .cluster import audit_cluster, parse_members
 
@@ -249,7 +251,7 @@ def audit_cmd(
     if json_out:
         typer.echo(json.dumps(contract.document("audit", doc), indent=2))
     elif not prometheus:
-        typer.echo(audit_text(doc))
+        typer.echo(audit_text(doc, wide))
     else:
         typer.echo(f"{prometheus}: {len(rep.gpus)} GPU(s), {sum(f.kind.attention for f in rep.flags)} finding(s) needing attention")
     raise typer.Exit(E.EXIT_AUDIT_ATTENTION if doc["attention"] else E.EXIT_OK)
@@ -263,7 +265,8 @@ def _audit_table(s: Any) -> str:
     from .render import audit_text
 
     p = wiring.audit_ports(s)
-    return audit_text(audit_document([audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes)]))
+    return audit_text(audit_document([audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes,
+                                                 users=p.users)]))
 
 
 class _Terminated(Exception):

@@ -61,14 +61,14 @@ def reset_table(r: ResetReport) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def audit_text(rep: Any) -> str:
-    """The audit table, from a NodeAudit, the JSON document, or one node's JSON."""
+def audit_text(rep: Any, wide: bool = False) -> str:
+    """The audit table, from a NodeAudit, the JSON document, or one node's JSON (80 columns; ``wide``: every detail)."""
     from .render_audit import audit_table
 
     doc = rep.to_json() if hasattr(rep, "to_json") else rep
     if "nodes" not in doc:
         doc = {"nodes": [doc], "attention": doc.get("attention")}
-    return audit_table(doc)
+    return audit_table(doc, wide)
 
 
 def reset_human(r: ResetReport) -> str:

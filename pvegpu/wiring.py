@@ -351,6 +351,7 @@ class AuditPorts:
     host: Any
     files: Any
     threshold_bytes: LeftoverRule  # the leftover rule (``[leftover]``); the name is the one callers pass on
+    users: Any = None  # uid -> the host's user name, or None
 
 
 def audit_ports(s: Settings) -> AuditPorts:
@@ -360,10 +361,17 @@ def audit_ports(s: Settings) -> AuditPorts:
         from .sim.nodefiles import SimNodeFiles
 
         pve, probe, host = _sim_ports(s)
-        return AuditPorts(lambda: bounded(probe, s), pve, host, SimNodeFiles(s.simulate), threshold)
+        return AuditPorts(lambda: bounded(probe, s), pve, host, SimNodeFiles(s.simulate), threshold, user_names())
     from .adapters.nodefiles import LocalNodeFiles
 
-    return AuditPorts(lambda: bounded(open_nvml(), s), pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), threshold)
+    return AuditPorts(lambda: bounded(open_nvml(), s), pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), threshold, user_names())
+
+
+def user_names() -> Any:
+    """uid -> the host's user name (None when it has none): the audit shows names, not ``uid 0``."""
+    from .adapters.users import user_name
+
+    return user_name
 
 
 def write_textfile(path: str, doc: Any) -> None:
