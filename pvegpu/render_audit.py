@@ -60,9 +60,10 @@ def _holder_lines(h: Mapping[str, Any]) -> list[str]:
     pid = f"pid {h['pid']}" + (f" ({h['ns_pid']} inside)" if h.get("ns_pid") is not None and h.get("place") == "lxc" else "")
     via = h.get("via", [])
     mem = f"{_mib(h.get('used_bytes'))} MiB" if "nvml" in via else "- MiB"
-    parts = [f"{who:<16}", pid, elide(_user(h), 16), f"{mem:>9}", "+".join(via)]
-    lines = fit("  ".join(p for p in parts if p) + _client(h), "    ", "      ")
-    lines.append("      " + command(_safe(h.get("cmdline") or ""), _safe(h.get("comm", "")), WIDTH - 6))
+    parts = [f"{who:<18}", pid, elide(_user(h), 16), f"{mem:>9}", "+".join(via)]
+    lines = fit("  ".join(p for p in parts if p), "    ", "      ")
+    client = _client(h)
+    lines.append("      " + command(_safe(h.get("cmdline") or ""), _safe(h.get("comm", "")), WIDTH - 6 - len(client)) + client)
     return lines
 
 
