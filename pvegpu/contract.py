@@ -73,8 +73,8 @@ def document(kind: str, payload: dict) -> dict:
     if kind == "audit" and "version" in body:  # the audit's header since its first version, read by other nodes
         head["version"] = body["version"]
     head["schema_version"] = SCHEMA_VERSION
-    if kind == "reset" and "type" not in body:
-        head["type"] = "lxc"  # a VM's report says "qemu"
+    if (kind == "reset" or (kind == "check" and body.get("error") is None)) and "type" not in body:
+        head["type"] = "lxc"  # a VM's report and verdict say "qemu"; a check that failed cannot tell
     rest = {k: v for k, v in body.items() if k not in head}
     return head | rest
 

@@ -112,7 +112,7 @@ def test_check_documents_validate_refused_allowed_and_failed(sim_node):
     assert r.returncode == 10 and schemas.validate(doc, "check")["allow"] is False and doc["error"] is None
     _aliases_agree(doc)
     r, doc = _pvegpu("--simulate", node.root, "check", str(vmid + 1), "--json")
-    assert r.returncode == 0 and schemas.validate(doc, "check")["allow"] is True
+    assert r.returncode == 0 and schemas.validate(doc, "check")["allow"] is True and doc["type"] == "lxc"
     r, doc = _pvegpu("--simulate", node.root, "check", str(vmid + 2), "--json")
     assert r.returncode == 3 and schemas.validate(doc, "check")["allow"] is False and doc["exit_code"] == 3 and doc["error"]
 
