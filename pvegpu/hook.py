@@ -84,7 +84,7 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
     try:
         words = [a for a in args if a not in ("--json", "--wide", "-v", "--verbose")]
         if len(words) != 1 or words[0].startswith("-"):
-            raise E.UsageError("usage: pvegpu check VMID [--json]", "e.g. `pvegpu check 129`; `pvegpu check --help`")
+            raise E.UsageError("usage: pvegpu check VMID [--json] [--wide]", "e.g. `pvegpu check 129`; `pvegpu check --help`")
         vmid = check_vmid(words[0])
         s = wiring.settings(opts)
         v = bounded_verdict(vmid, s)
