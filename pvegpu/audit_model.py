@@ -7,7 +7,8 @@ JSON (``pvegpu audit --json``)::
                 "gpus": [GPU...], "guests": [GUEST...], "passthrough": [PCI...], "flags": [FLAG...]}]}
 
 Bytes are bytes (base units); null means unknown, never 0. New fields may be added within a version;
-a field is removed or changes meaning only with a new version.
+a field is removed or changes meaning only with a new version. ``pvegpu.contract`` prints it, adding
+``schema_version`` and the canonical names of the one JSON contract (README "JSON contract").
 """
 
 from __future__ import annotations

@@ -178,3 +178,19 @@ def test_contract_never_raises_on_what_another_node_sends():
     out = contract.document("audit", {"version": 1, "nodes": [deep]})
     assert out["schema_version"] == 1 and out["nodes"][0]["dead_pids"] == "not a list"
     assert contract.document("audit", {"place": ["lxc"]})["location"] == "unknown"
+
+
+def test_cluster_reads_schema_version_first():
+    """Another node's audit is judged by schema_version (its old `version` only when absent): a node writing
+    schema_version 2 is an error row saying so, one writing only schema_version 1 is read."""
+    from pvegpu.audit_model import NodeAudit
+    from pvegpu.cluster import Member, audit_cluster
+
+    entry = {"node": "pve2", "ok": True, "error": None, "duration_seconds": 0.1, "attention": False, "gpus": [], "guests": [],
+             "passthrough": [], "flags": []}
+    members = [Member("pve1", "10.0.0.1", True), Member("pve2", "10.0.0.2", True)]
+    newer = {"schema": "pvegpu-audit", "version": 1, "schema_version": 2, "nodes": [entry]}
+    nodes = audit_cluster(NodeAudit("pve1"), members, lambda ms: {"pve2": newer})
+    assert nodes[1]["ok"] is False and "schema version 2" in nodes[1]["error"]
+    only = {"schema": "pvegpu-audit", "schema_version": 1, "nodes": [entry]}
+    assert audit_cluster(NodeAudit("pve1"), members, lambda ms: {"pve2": only})[1]["ok"] is True
