@@ -28,13 +28,14 @@ DEFAULT_THRESHOLD = LeftoverRule()  # the one leftover rule's defaults (``[lefto
 
 def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: NodeFiles | None = None,
               cluster: bool = False, threshold_bytes: LeftoverRule | int = DEFAULT_THRESHOLD, probe_error: str | None = None,
-              clock: Clock | None = None) -> NodeAudit:
+              clock: Clock | None = None, users: Callable[[int], str | None] | None = None) -> NodeAudit:
     """The audit of this node; one unreadable GPU or config never hides the others.
 
     ``probe`` None with ``probe_error``: NVML could not start (driver not loaded yet): an error, the configs still checked.
     ``cluster``: list other nodes' guests too (their runtime comes from their own audit, see ``audit_cluster``).
     ``threshold_bytes``: the leftover rule (a plain number: the threshold with the default per-context allowance).
     ``clock``: times the run (``duration_seconds``; 0 without one).
+    ``users``: the host's user name of a uid (an adapter), for the holder rows.
     """
     rule = threshold_bytes if isinstance(threshold_bytes, LeftoverRule) else replace(LeftoverRule(), threshold_bytes=threshold_bytes)
     started = clock.monotonic() if clock is not None else 0.0
@@ -47,7 +48,7 @@ def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: 
         rep.error = probe_error or "GPUs not read"
         rep.flags.append(Flag(FlagKind.UNREADABLE, "all GPUs", rep.error))
     else:
-        _runtime(rep, probe, host, scan, rule)
+        _runtime(rep, probe, host, scan, rule, users)
     rep.duration_seconds = round(clock.monotonic() - started, 4) if clock is not None else 0.0
     return rep
 
@@ -79,7 +80,8 @@ def audit_document(reports: Iterable[NodeAudit | Mapping[str, Any]], generated_a
     return document(nodes, generated_at)
 
 
-def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, threshold: LeftoverRule) -> None:
+def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, threshold: LeftoverRule,
+             users: Callable[[int], str | None] | None = None) -> None:
     try:
         gpus = probe.gpus()
     except PvegpuError as exc:
@@ -91,6 +93,8 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
     health_of = getattr(probe, "health", None)
     for gpu in gpus:
         row = _gpu_row(gpu, facts[gpu.minor], host.self_pid, scan, threshold, rep.flags)
+        if users is not None:
+            row.holders = [replace(h, user=users(h.uid)) if h.uid is not None else h for h in row.holders]
         if health_of is not None and row.error is None:
             row.health = _health(health_of, gpu.minor)
             _health_flags(row, rep.flags)

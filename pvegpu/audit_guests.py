@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from .audit_model import Flag, FlagKind, GuestRow, PassthroughRow
@@ -19,13 +18,14 @@ from .lxcconf import parse_config
 from .model import Guest
 from .ports import Host, NodeFiles, PveApi
 from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping
+from .record import field, record
 
 NVIDIA_VENDOR = "0x10de"
 _DEV_KEY = re.compile(r"^dev\d+$")
 _PAIR = re.compile(r"^([a-z][a-z0-9_.\-]*)\s*[:=]\s*(.*?)\s*$")
 
 
-@dataclass
+@record
 class GuestScan:
     node: str
     guests: list[GuestRow] = field(default_factory=list)

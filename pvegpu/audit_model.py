@@ -7,16 +7,17 @@ JSON (``pvegpu audit --json``)::
                 "gpus": [GPU...], "guests": [GUEST...], "passthrough": [PCI...], "flags": [FLAG...]}]}
 
 Bytes are bytes (base units); null means unknown, never 0. New fields may be added within a version;
-a field is removed or changes meaning only with a new version.
+a field is removed or changes meaning only with a new version. ``pvegpu.contract`` prints it, adding
+``schema_version`` and the canonical names of the one JSON contract (README "JSON contract").
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from typing import Any
 
 from .model import GpuHealth
+from .record import field, record
 from .units import whole_mib as _mib
 
 SCHEMA = "pvegpu-audit"
@@ -71,7 +72,7 @@ ADVICE: dict[FlagKind, str] = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Flag:
     """One finding: what, about which GPU or guest, and the advice."""
 
@@ -84,7 +85,7 @@ class Flag:
                 "attention": self.kind.attention}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HolderRow:
     """A live process holding a GPU: host pid, pid in its container, who runs it, where, how much, how seen."""
 
@@ -101,6 +102,7 @@ class HolderRow:
     credited_bytes: int | None = None  # memory of a dead listed parent this process inherited (as reset credits it)
     inherited_from: int | None = None  # that dead parent's pid
     may_own_context: bool = False  # NVML lists it, or it maps the device while a dead listed pid is unexplained
+    user: str | None = None  # the host's name for uid (None: it has none, or it was not asked)
 
     @property
     def memory_bytes(self) -> int | None:
@@ -124,14 +126,14 @@ class HolderRow:
         return self.place
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "ns_pid": self.ns_pid, "comm": self.comm, "cmdline": self.cmdline, "uid": self.uid,
+        return {"pid": self.pid, "ns_pid": self.ns_pid, "comm": self.comm, "cmdline": self.cmdline, "uid": self.uid, "user": self.user,
                 "place": self.place, "vmid": self.vmid, "id": self.guest_id, "hostname": self.hostname, "owner": self.owner,
                 "used_bytes": self.used_bytes, "used_mib": _mib(self.used_bytes), "via": list(self.via),
                 "credited_bytes": self.credited_bytes, "inherited_from": self.inherited_from,
                 "may_own_context": self.may_own_context}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GuestRow:
     """A guest whose configuration grants GPUs (running or not)."""
 
@@ -154,7 +156,7 @@ class GuestRow:
                 "minors": list(self.minors), "all_gpus": self.all_gpus, "bus_ids": list(self.bus_ids), "notes": list(self.notes)}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PassthroughRow:
     """A PCI device a VM's ``hostpciN`` names, with the driver the host has bound to it now."""
 
@@ -180,7 +182,7 @@ class PassthroughRow:
                 "driver": self.driver, "vendor": self.vendor, "note": self.note}
 
 
-@dataclass
+@record
 class GpuRow:
     """One GPU of the node: identity, memory, health, holders and the guests configured for it."""
 
@@ -221,7 +223,7 @@ class GpuRow:
                 "flags": [f.value for f in self.flags]}
 
 
-@dataclass
+@record
 class NodeAudit:
     """The audit of one node."""
 

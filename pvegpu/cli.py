@@ -18,8 +18,8 @@ import typer.exceptions as typer_exc
 from typer._click import exceptions as click_exc
 from typer.core import TyperCommand, TyperGroup
 
+from . import contract, resetcmd, wiring
 from . import errors as E
-from . import resetcmd, wiring
 from .locate import check_vmid
 from .resetcmd import _say, _Signals, do_reset, do_vm_reset  # noqa: F401 - moved to resetcmd (no typer on the reset path)
 from .settings import ApiSettings, GateSettings, ResetSettings
@@ -120,6 +120,7 @@ def audit_cmd(
                                           help="also write a node_exporter textfile (atomically), e.g. /var/lib/prometheus/node-exporter/pvegpu.prom"),
     ssh_timeout: float = typer.Option(30.0, "--ssh-timeout", metavar="SECONDS", help="--cluster: how long to wait for each other node's answer"),
     ssh_option: list[str] = typer.Option([], "--ssh-option", hidden=True, help="extra ssh argument (tests: port, key, known hosts)"),
+    wide: bool = typer.Option(False, "--wide", "-v", "--verbose", help="one line per item with every detail (whole command lines), not 80 columns"),
 ) -> None:
     """Which guest holds which GPU, right now and by configuration; exit 8 when something needs attention."""
     from .audit import audit_document, audit_once
@@ -130,7 +131,7 @@ def audit_cmd(
     s = _settings()
     ports = wiring.world(s).audit_ports()
     rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster, threshold_bytes=ports.threshold_bytes,
-                     clock=ports.clock)
+                     clock=ports.clock, users=ports.users)
     if cluster:
         from .cluster import audit_cluster, parse_members
 
@@ -141,9 +142,9 @@ def audit_cmd(
     if prometheus:
         wiring.write_textfile(prometheus, doc)
     if json_out:
-        typer.echo(json.dumps(doc, indent=2))
+        typer.echo(json.dumps(contract.document("audit", doc), indent=2))
     elif not prometheus:
-        typer.echo(audit_text(doc))
+        typer.echo(audit_text(doc, wide))
     else:
         typer.echo(f"{prometheus}: {len(rep.gpus)} GPU(s), {sum(f.kind.attention for f in rep.flags)} finding(s) needing attention")
     raise typer.Exit(E.EXIT_AUDIT_ATTENTION if doc["attention"] else E.EXIT_OK)
@@ -157,7 +158,7 @@ def _audit_table(s: Any) -> str:
     from .render import audit_text
 
     p = wiring.world(s).audit_ports()
-    rep = audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes, clock=p.clock)
+    rep = audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes, clock=p.clock, users=p.users)
     return audit_text(audit_document([rep], clock=p.clock))
 
 
@@ -223,6 +224,50 @@ def demo_cmd(
     raise typer.Exit(code)
 
 
+# -- sim create | remove --------------------------------------------------------------------------------------
+
+sim_app = typer.Typer(cls=_Group, no_args_is_help=True, context_settings=CONTEXT,
+                      help="A lasting simulated node: `pvegpu sim create DIR`, then `pvegpu --simulate DIR COMMAND`, then `pvegpu sim remove DIR`.")
+app.add_typer(sim_app, name="sim")
+
+
+@sim_app.command("create", cls=_Command)
+def sim_create(
+    directory: str = typer.Argument(..., metavar="DIR", help="a new (or empty) directory for the simulated node"),
+    scenario: str = typer.Option("demo", "--scenario", metavar="NAME", help="a built-in scenario (demo, idle, leak) or a scenario JSON file"),
+) -> None:
+    """Build a simulated node in DIR and start its containers (real processes); no Proxmox, GPU or root needed."""
+    import os
+
+    from .sim import scenario as sc
+
+    data = sc.named(scenario)
+    if os.path.lexists(directory) and (not os.path.isdir(directory) or os.path.islink(directory) or os.listdir(directory)):
+        raise E.UsageError(f"{directory} exists and is not an empty directory", "name a new directory; `pvegpu sim remove DIR` removes an old node")
+    sim = sc.build(data, directory)
+    _demo_guard(sim, data)
+    running = [c["vmid"] for c in data.get("containers", []) if c.get("status", "running") == "running"]
+    typer.echo(f"simulated node {sim.node} in {sim.root}: {len(data.get('containers', []))} container(s), "
+               f"running: {', '.join(map(str, running)) or 'none'}")
+    typer.echo(f"try: pvegpu --simulate {sim.root} audit; remove it: pvegpu sim remove {sim.root}")
+
+
+@sim_app.command("remove", cls=_Command)
+def sim_remove(directory: str = typer.Argument(..., metavar="DIR", help="a simulated node made by `pvegpu sim create`")) -> None:
+    """Stop a simulated node's containers and remove DIR."""
+    import os
+    import shutil
+
+    from .sim.scenario import SimNode
+
+    if not (os.path.isfile(os.path.join(directory, "scenario.json")) and os.path.isfile(os.path.join(directory, "etc-pve", ".vmlist"))):
+        raise E.UsageError(f"{directory} is not a simulated node (no scenario.json and etc-pve/.vmlist there): not removed",
+                           "`pvegpu sim remove` removes only a directory `pvegpu sim create` made")
+    SimNode(directory).teardown()
+    shutil.rmtree(directory)
+    typer.echo(f"simulated node in {directory} stopped and removed")
+
+
 # -- hook install | uninstall | status | allow-once --------------------------------------------------------
 
 
@@ -244,9 +289,9 @@ def hook_install(
     """Install the guard snippet and set it as the containers' hookscript (`pct set VMID --hookscript ...`)."""
     from . import install as ins
 
-    s = _settings()
-    node, lister = wiring.install_context(s, storage, need_root=True)
-    plan = ins.install([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage, chain=chain, lister=lister)
+    t = wiring.install_target(_settings(), storage, need_root=True)
+    plan = ins.install([check_vmid(v) for v in vmids or []], pve_root=t.pve_root, node=t.node, storage_name=storage, chain=chain,
+                       lister=t.lister, run=t.run)
     _print_plan(plan)
     raise typer.Exit(0 if plan.ok else E.EXIT_AUDIT_ATTENTION)
 
@@ -259,9 +304,8 @@ def hook_uninstall(
     """Remove the guard from the containers (restoring a chained hookscript) and the snippet once unused."""
     from . import install as ins
 
-    s = _settings()
-    node, _ = wiring.install_context(s, storage, need_root=True)
-    plan = ins.uninstall([check_vmid(v) for v in vmids or []], pve_root=s.pve_root, node=node, storage_name=storage)
+    t = wiring.install_target(_settings(), storage, need_root=True)
+    plan = ins.uninstall([check_vmid(v) for v in vmids or []], pve_root=t.pve_root, node=t.node, storage_name=storage, run=t.run)
     _print_plan(plan)
     raise typer.Exit(0 if plan.ok else E.EXIT_AUDIT_ATTENTION)
 
@@ -274,11 +318,10 @@ def hook_status(
     """Guarded and unguarded GPU containers of this node, and nodes missing the snippet. Exit 8 if anything needs attention."""
     from . import install as ins
 
-    s = _settings()
-    node, lister = wiring.install_context(s, storage, need_root=False)
-    st = ins.status(pve_root=s.pve_root, node=node, storage_name=storage, lister=lister)
+    t = wiring.install_target(_settings(), storage, need_root=False)
+    st = ins.status(pve_root=t.pve_root, node=t.node, storage_name=storage, lister=t.lister)
     if json_out:
-        _echo_json(st.to_json())
+        _echo_json(contract.document("hook-status", st.to_json() | {"attention": not st.ok}))
     else:
         for row in st.containers:
             typer.echo(f"CT {row.vmid}: {row.state.value}" + (f" ({row.hookscript})" if row.hookscript else ""))
@@ -313,6 +356,14 @@ def hook_allow_once(vmid: str = typer.Argument(..., metavar="VMID", help="contai
 # -- running it ---------------------------------------------------------------------------------------------
 
 
+def _command(args: list[str]) -> str | None:
+    """The command a line runs (``reset``, ``hook status``), for the error document."""
+    words = [a for a in args if not a.startswith("-")]
+    if not words:
+        return None
+    return " ".join(words[:2]) if words[0] in ("hook", "sim") and len(words) > 1 else words[0]
+
+
 def run(args: list[str], opts: wiring.GlobalOptions) -> int:
     """Run the typer app on ``args`` (global options already taken off); errors rendered once, here."""
     global _OPTS
@@ -331,4 +382,6 @@ def run(args: list[str], opts: wiring.GlobalOptions) -> int:
         sys.stderr.write("aborted\n")
         return 130
     except E.PvegpuError as exc:  # the JSON consumer gets JSON; the person watching still gets the message
-        return exc.show(sys.stderr, sys.stdout if json_out else None)
+        if json_out:
+            _echo_json(contract.error_document(exc, _command(args)))
+        return exc.show(sys.stderr)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .audit_model import SCHEMA, SCHEMA_VERSION, Flag, FlagKind, NodeAudit
+from .record import record
 from .safetext import shown
 
 MAX_DEPTH = 32  # nesting of a node's answer (an audit document is 6 deep)
@@ -48,7 +48,7 @@ def _cleaned(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Member:
     """One node of the cluster membership: ``/etc/pve/.members`` ``nodelist`` entry."""
 
@@ -89,10 +89,11 @@ def _node_from(answer: Mapping[str, Any] | str, name: str) -> tuple[dict[str, An
     if depth_exceeds(answer, MAX_DEPTH):
         return None, f"answer is nested deeper than {MAX_DEPTH} levels"
     doc: dict[str, Any] = dict(_cleaned(dict(answer)))
-    if doc.get("schema") != SCHEMA or not isinstance(doc.get("version"), int) or isinstance(doc.get("version"), bool):
+    version = doc.get("schema_version", doc.get("version"))  # schema_version (the JSON contract); version before it
+    if doc.get("schema") != SCHEMA or not isinstance(version, int) or isinstance(version, bool):
         return None, "answer is not a pvegpu audit document"
-    if doc["version"] > SCHEMA_VERSION:
-        return None, f"pvegpu there writes audit schema version {doc['version']}; this pvegpu reads up to {SCHEMA_VERSION} (upgrade it here)"
+    if version > SCHEMA_VERSION:
+        return None, f"pvegpu there writes audit schema version {version}; this pvegpu reads up to {SCHEMA_VERSION} (upgrade it here)"
     listed = doc.get("nodes")
     nodes = [n for n in listed if isinstance(n, Mapping)] if isinstance(listed, list) else []
     if len(nodes) != 1:

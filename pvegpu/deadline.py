@@ -8,12 +8,12 @@ themselves; the core never does (``tests/test_structure.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from .ports import Clock
+from .record import record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Deadline:
     """A point in ``clock`` time. Loops check it after each read, so a slow read cannot hide it."""
 

@@ -214,7 +214,7 @@ class CheckResult:
     def to_json(self) -> dict[str, Any]:
         d = self.decision
         gpus = [{"index": f.gpu.index, "minor": m, "uuid": f.gpu.uuid, "state": d.per_gpu.get(m),
-                 "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB),
+                 "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB), "used_bytes": f.used_bytes,
                  "shared_with": sorted({h.info.placement.vmid for h in f.other_holders if h.info.placement.vmid}),
                  "ghost_pids": f.ghosts} for m, f in sorted(self.facts.items())]
         return {"vmid": self.vmid, "allow": d.allow, "reasons": d.reasons, "fix": d.fix, "gpus": gpus}

@@ -24,13 +24,14 @@ if TYPE_CHECKING:
 
 PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
 
-CHECK_USAGE = """Usage: pvegpu [--config FILE] check VMID [--json]
+CHECK_USAGE = """Usage: pvegpu [--config FILE] check VMID [--json] [--wide]
 
   May container VMID start now? The start gate's decision, exactly as the hookscript makes it.
   Exit 0: yes; 10: refused (the reason and the fix are printed); 2, 3, 5: see README 'Exit codes'.
 
 Options:
   --json        print the decision as JSON (errors too)
+  --wide, -v    the decision as one line, as the task log shows it (default: 80 columns)
   --config FILE settings file (default /etc/pvegpu/pvegpu.toml, or PVEGPU_CONFIG)
   -h, --help    show this message"""
 
@@ -77,23 +78,57 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         print(CHECK_USAGE, file=out)
         return E.EXIT_OK
     json_out = "--json" in args
+    wide = any(a in ("--wide", "-v", "--verbose") for a in args)
+    vmid: int | None = None
     try:
-        words = [a for a in args if a != "--json"]
+        words = [a for a in args if a not in ("--json", "--wide", "-v", "--verbose")]
         if len(words) != 1 or words[0].startswith("-"):
-            raise E.UsageError("usage: pvegpu check VMID [--json]", "e.g. `pvegpu check 129`; `pvegpu check --help`")
+            raise E.UsageError("usage: pvegpu check VMID [--json] [--wide]", "e.g. `pvegpu check 129`; `pvegpu check --help`")
         vmid = check_vmid(words[0])
         s = wiring.settings(opts)
         v = bounded_verdict(vmid, s)
-    except E.PvegpuError as exc:  # the JSON consumer gets JSON; the person watching still gets the message
-        return exc.show(err, out if json_out else None)
+    except E.PvegpuError as exc:
+        if json_out:  # the JSON consumer gets JSON (a check that says allow: false); the person watching still gets the message
+            from .contract import check_error_document
+
+            print(json.dumps(check_error_document(exc, vmid), indent=2), file=out)
+        return exc.show(err)
     from .adapters.override import pending
 
+    note = None
     if not v["allow"] and pending(s.gate.override_dir, vmid, s.gate.override_ttl):  # what the hook will do differs: say so
-        note = f"an allow-once token is waiting: the next start of CT {vmid} passes the gate once anyway"
-        v["text"] += f"\npvegpu: note: {note}"
+        note = f"pvegpu: note: an allow-once token is waiting: the next start of CT {vmid} passes the gate once anyway"
         v["json"]["allow_once_pending"] = True
-    print(json.dumps(v["json"], indent=2) if json_out else v["text"], file=out)
+    if json_out:
+        from .contract import document
+
+        print(json.dumps(document("check", {**v["json"], "error": None}), indent=2), file=out)
+    else:
+        print("\n".join([v["text"]] + [note] * bool(note)) if wide else decision_text(v, vmid, note), file=out)
     return E.EXIT_OK if v["allow"] else E.EXIT_REFUSED
+
+
+def decision_text(v: dict[str, Any], vmid: int, note: str | None = None) -> str:
+    """The check's decision in 80 columns: a head line, then each reason and each fix as an item of its own."""
+    from .textfit import fit
+
+    doc = v["json"]
+    kind = "VM" if v.get("kind") == "qemu" else "CT"
+    reasons, fixes = [str(r) for r in doc.get("reasons", [])], [str(f) for f in doc.get("fix", [])]
+    text = str(v["text"])
+    if v["allow"]:
+        head = (text.split("; ")[0] if reasons else text).rstrip(".")
+        reasons = reasons[1:] if reasons and reasons[0] in head else reasons
+    else:
+        head = f"pvegpu: refusing to start {kind} {vmid}:"
+    lines = fit(head, "", "  ")
+    for r in reasons:
+        lines += fit(r, "  - ", "    ")
+    for f in fixes:
+        lines += fit(f, "  fix: ", "       ")
+    if note:
+        lines += fit(note, "", "  ")
+    return "\n".join(lines)
 
 
 def hook_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: TextIO) -> int:

@@ -18,13 +18,13 @@ import stat
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from .adapters import safefile
 from .adapters.etcpve import ct_confs, node_names
 from .adapters.storagecfg import Storage, read_storage
 from .errors import PvegpuError, UsageError
 from .lxcconf import parse_config
+from .record import field, record
 
 GUARD = "pvegpu-guard"
 Runner = Callable[[list[str]], tuple[int, str]]
@@ -135,7 +135,7 @@ def run_command(argv: list[str]) -> tuple[int, str]:
     return p.returncode, (p.stdout + p.stderr).strip()
 
 
-@dataclass
+@record
 class Plan:
     """What install/uninstall did or would do, and what needs the admin."""
 
@@ -287,14 +287,14 @@ class GuardState(enum.StrEnum):
     UNGUARDED = "unguarded"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GuardRow:
     vmid: int
     state: GuardState
     hookscript: str | None
 
 
-@dataclass
+@record
 class GuardStatus:
     """``pvegpu hook status``: GPU containers of this node and whether the guard is on them."""
 

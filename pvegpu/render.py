@@ -20,6 +20,7 @@ def _facts_json(f: GpuFacts) -> dict[str, Any]:
         "index": f.gpu.index, "minor": f.gpu.minor, "uuid": f.gpu.uuid,
         "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB, 1),
         "residual_mib": None if f.residual_bytes is None else round(f.residual_bytes / MIB, 1),
+        "used_bytes": f.used_bytes, "residual_bytes": f.residual_bytes, "baseline_bytes": f.baseline_bytes,
         "ct_holders": [{"pid": h.pid, "ns_pid": h.info.ns_pid, "comm": h.info.comm, "state": h.info.state,
                         "init": h.info.is_ct_init, "via": sorted(h.via)} for h in f.ct_holders],
         "other_holders": [{"pid": h.pid, "comm": h.info.comm, "vmid": h.info.placement.vmid,
@@ -67,14 +68,14 @@ def reset_table(r: ResetReport) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
-def audit_text(rep: Any) -> str:
-    """The audit table, from a NodeAudit, the JSON document, or one node's JSON."""
+def audit_text(rep: Any, wide: bool = False) -> str:
+    """The audit table, from a NodeAudit, the JSON document, or one node's JSON (80 columns; ``wide``: every detail)."""
     from .render_audit import audit_table
 
     doc = rep.to_json() if hasattr(rep, "to_json") else rep
     if "nodes" not in doc:
         doc = {"nodes": [doc], "attention": doc.get("attention")}
-    return audit_table(doc)
+    return audit_table(doc, wide)
 
 
 def reset_human(r: ResetReport) -> str:

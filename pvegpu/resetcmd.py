@@ -13,8 +13,8 @@ import json
 import signal
 import sys
 
+from . import contract, wiring
 from . import errors as E
-from . import wiring
 from .locate import check_vmid
 from .record import record
 from .settings import ResetSettings
@@ -117,7 +117,9 @@ def main(args: list[str], opts: wiring.GlobalOptions) -> int | None:
     try:
         return run(values, opts)
     except E.PvegpuError as exc:  # as cli.run: the JSON consumer gets JSON; the person watching still gets the message
-        return exc.show(sys.stderr, sys.stdout if values["json_out"] else None)
+        if values["json_out"]:
+            _say(json.dumps(contract.error_document(exc, "reset"), indent=2), err=False)
+        return exc.show(sys.stderr)
 
 
 def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool = False) -> int:
@@ -143,7 +145,7 @@ def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bo
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of VM {vmid}: VM {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(report.to_json(), indent=2) if json_out else "\n" + vm_human(report), err=False)
+    _say(json.dumps(contract.document("reset", report.to_json()), indent=2) if json_out else "\n" + vm_human(report), err=False)
     return int(report.exit_code)
 
 
@@ -233,5 +235,5 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(reset_json(report), indent=2) if json_out else "\n" + reset_human(report), err=False)
+    _say(json.dumps(contract.document("reset", reset_json(report)), indent=2) if json_out else "\n" + reset_human(report), err=False)
     return int(report.exit_code)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import signal
-from dataclasses import dataclass, field
 from typing import Any
 
 from pvegpu.adapters.tasks import wait_task
@@ -44,6 +43,8 @@ from pvegpu.model import (
     TaskResult,
 )
 from pvegpu.sim.driver import Context, DriverModel
+
+from .record import field, record
 
 
 class FakeClock:
@@ -66,7 +67,7 @@ class FakeClock:
             fn(self.t)
 
 
-@dataclass
+@record
 class FakeProc:
     pid: int
     vmid: int | None  # None: a host process

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import errors as E
-from .model import Guest, TaskResult
+from .model import MIB, Guest, TaskResult
+from .record import field, record
 from .safetext import escape
 
 MAX_LINES = 4096  # lines of guest output read per command (a tenant cannot make pvegpu parse more)
@@ -99,7 +99,7 @@ class Clock(Protocol):
     def sleep(self, seconds: float) -> None: ...
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ExecResult:
     exitcode: int | None
     out: str
@@ -107,7 +107,7 @@ class ExecResult:
     signal: int | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GuestHolder:
     """A guest process holding a GPU, as the guest tells it (guest pids; the name is sanitised and escaped)."""
 
@@ -122,10 +122,11 @@ class GuestHolder:
         return "nvml" in self.via or "maps" in self.via
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "comm": self.comm, "via": sorted(self.via), "used_mib": self.used_mib}
+        return {"pid": self.pid, "comm": self.comm, "via": sorted(self.via), "used_mib": self.used_mib,
+                "used_bytes": None if self.used_mib is None else self.used_mib * MIB}  # nvidia-smi counts whole MiB
 
 
-@dataclass
+@record
 class GuestView:
     """One look inside the guest: its GPUs' memory and who holds them."""
 
@@ -143,7 +144,8 @@ class GuestView:
         return not [h for h in self.holders if h.could_own_context] and not self.listed_gone
 
     def to_json(self) -> dict[str, Any]:
-        return {"holders": [h.to_json() for h in self.holders], "gpus": self.gpus, "listed_gone": self.listed_gone}
+        gpus = [g | {"used_bytes": None if g.get("used_mib") is None else int(g["used_mib"]) * MIB} for g in self.gpus]
+        return {"holders": [h.to_json() for h in self.holders], "gpus": gpus, "listed_gone": self.listed_gone}
 
 
 def _lines(text: str) -> list[str]:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import errors as E
 from .model import Guest, Step
 from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
+from .record import field, record
 from .reset.interruption import interruption
 from .reset.poll import until
 from .safetext import escape
@@ -42,7 +42,7 @@ class VmOutcome(enum.StrEnum):
         return self in (VmOutcome.CLEAN, VmOutcome.CLEAN_RESTART_FAILED)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class VmPolicy:
     """``[reset]`` applied to a VM (``wiring.vm_policy``)."""
 
@@ -60,7 +60,7 @@ class VmPolicy:
     state_wait: float = 15.0
 
 
-@dataclass
+@record
 class VmReport:
     vmid: int
     node: str = ""

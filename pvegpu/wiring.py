@@ -52,8 +52,7 @@ def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None)
     if opts.simulate:
         if not os.path.isfile(os.path.join(opts.simulate, "scenario.json")):
             raise E.UsageError(f"--simulate {opts.simulate}: not a simulated node (no scenario.json there)",
-                               "`pvegpu demo` builds and removes one; a lasting one: python3 -c 'from pvegpu.sim import scenario as s; "
-                               "s.build(s.DEMO, \"DIR\")' (README: Simulated node)")
+                               f"`pvegpu sim create {opts.simulate}` builds one (README: Simulated node); `pvegpu demo` builds and removes one")
         extra["simulate"] = opts.simulate
     from .adapters.settingsfile import load
 
@@ -109,7 +108,7 @@ def reset_policy(s: Settings, *, dry_run: bool = False) -> ResetPolicy:
 
 def post_stop_policy(s: Settings) -> ResetPolicy:
     """The post-stop reclaim: the reset policy, never restarting, with short waits (PVE waits for the hook)."""
-    from dataclasses import replace  # ResetPolicy is the reset package's own dataclass
+    from .record import replace
 
     p = reset_policy(s)
     return replace(p, restart=False, grace=min(p.grace, 2.0), timeout=max(min(p.timeout, 2.0), p.settle + p.poll))
@@ -349,6 +348,7 @@ class AuditPorts:
     files: NodeFiles
     threshold_bytes: LeftoverRule  # the leftover rule (``[leftover]``); the name is the one callers pass on
     clock: WallClock  # the run's duration and the document's generated_at
+    users: Callable[[int], str | None] | None = None  # uid -> the host's user name, or None
 
 
 class NodeWorld:
@@ -377,7 +377,7 @@ class NodeWorld:
 
     def audit_ports(self) -> AuditPorts:
         """Ports for ``pvegpu audit``: NVML opened for the run only."""
-        return AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock)
+        return AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock, user_names())
 
 
 def world(s: Settings) -> NodeWorld:
@@ -392,6 +392,13 @@ def world(s: Settings) -> NodeWorld:
 
     return NodeWorld(s, False, pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), system_clock(),
                      lambda: LazyNvml(s), lambda: bounded(open_nvml(), s))
+
+
+def user_names() -> Callable[[int], str | None]:
+    """uid -> the host's user name (None when it has none): the audit shows names, not ``uid 0``."""
+    from .adapters.users import user_name
+
+    return user_name
 
 
 def node(s: Settings, log: EventLog | None = None) -> Node:
@@ -440,13 +447,49 @@ def journal_line(line: str) -> None:
     log_line(line)
 
 
+@record(frozen=True)
+class InstallTarget:
+    """Where ``hook install | uninstall | status`` act: the node's ``/etc/pve``, its name, a per-node snippet lister
+    (None: unknown), and the runner of ``pct set`` / ``pvesm set`` (``install.Runner``)."""
+
+    pve_root: str
+    node: str
+    lister: Callable[[str], set[str] | None] | None
+    run: Callable[[list[str]], tuple[int, str]]
+
+
+def install_target(s: Settings, storage: str, *, need_root: bool) -> InstallTarget:
+    """The node ``hook install | uninstall | status`` change: this one (real ``pct``), or a simulated node, whose own
+    files they change (its ``etc-pve``, its snippets directory): never this node's ``/etc/pve`` or ``/var/lib/vz``."""
+    if s.simulate:
+        return _sim_install_target(s, storage)
+    from .install import run_command
+
+    name, lister = install_context(s, storage, need_root=need_root)
+    return InstallTarget(s.pve_root, name, lister, run_command)
+
+
+def _sim_install_target(s: Settings, storage: str) -> InstallTarget:
+    from .adapters.storagecfg import read_storage
+    from .sim.pvecli import SimPveCli
+    from .sim.scenario import SimNode
+
+    sim = SimNode(s.simulate)
+    etc = sim.state.etc_pve
+    where = os.path.realpath(read_storage(etc, storage).path)
+    if os.path.commonpath([where, os.path.realpath(sim.root)]) != os.path.realpath(sim.root):
+        raise E.UsageError(f"--simulate {s.simulate}: storage {storage} is {where}, outside the simulated node",
+                           "a simulated node's storages live in its own directory; rebuild it with `pvegpu sim create DIR`")
+    return InstallTarget(etc, sim.node, None, SimPveCli(sim.root, sim.node))
+
+
 def install_context(s: Settings, storage: str, *, need_root: bool) -> tuple[str, Callable[[str], set[str] | None] | None]:
-    """(this node's name, a per-node snippet lister or None) for ``hook install | uninstall | status``."""
+    """(this node's name, a per-node snippet lister or None) for ``hook install | uninstall | status`` on the real node."""
     from .adapters.etcpve import EtcPve
 
     if s.simulate:  # it would run the real `pct set` on this node's real containers
-        raise E.UsageError("hook install | uninstall | status work on the real node only, not with --simulate",
-                           "the simulated node's guard is `pvegpu --simulate DIR hook VMID pre-start`")
+        raise E.UsageError("hook install | uninstall | status of a simulated node change its own files, never this node's",
+                           "use wiring.install_target")
     if need_root and os.geteuid() != 0:
         raise E.UsageError("installing the guard needs root on the node", "`pct set --hookscript` is allowed for root@pam only; run it as root")
     if not EtcPve.present(s.pve_root):

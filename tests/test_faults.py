@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pytest
 
 from pvegpu.sim.state import SimState
-from tests import pvelike, stub_pvesh
+from tests import pvelike, schemas, stub_pvesh
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
@@ -39,7 +39,8 @@ class Run:
 
     @property
     def report(self) -> dict:
-        return json.loads(self.out)
+        """The JSON document on stdout, validated against its shipped schema."""
+        return schemas.validate(json.loads(self.out))
 
 
 def cli(args, *, config=None, sim=None, env=None, bound=30.0, module="tests.fault_cli") -> Run:
@@ -509,10 +510,10 @@ def test_local_signal_after_stop_json(local, tmp_path):
     r = _signalled(RESET, config=config(SLOW_STOP, reset={"task_timeout": 5}), sim=sim, env=env, signals=[signal.SIGTERM],
                    after=f"file:{d / 'calls.log'}#status/stop")
     assert r.rc == 143, r.out + r.err
-    rep = json.loads(r.out)
-    assert rep["exit_code"] == 143 and rep["restarted"] and rep["ct_state"] == "running"
+    rep = r.report
+    assert rep["exit_code"] == 143 and rep["restarted"] and rep["ct_state"] == rep["guest_state"] == "running"
     assert rep["interrupted"] == {"signal": "SIGTERM", "action": "finished the restart before exiting", "ct_state": "running",
-                                  "left_stopped": False}
+                                  "guest_state": "running", "left_stopped": False}
 
 
 def test_local_repeated_sighup_of_a_dropped_session_still_finishes_the_restart(local, tmp_path):

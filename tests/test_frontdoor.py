@@ -11,6 +11,7 @@ import pytest
 
 from pvegpu import errors as E
 from pvegpu.frontdoor import is_gate_command, split_globals
+from tests import schemas
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
@@ -82,10 +83,11 @@ def test_help_short_and_long(line, text):
 
 
 def test_check_json_errors_are_json(node_cfg):
-    """check --json answers in JSON even when it fails (here: an unknown guest, exit 3)."""
+    """check --json answers in JSON even when it fails (here: an unknown guest, exit 3): a check document that refuses."""
     r = pvegpu("--config", node_cfg, "check", "999", "--json")
     assert r.returncode == 3
-    assert json.loads(r.stdout) == {"error": "no guest 999 in this cluster", "hint": json.loads(r.stdout)["hint"], "exit_code": 3}
+    doc = schemas.validate(json.loads(r.stdout), "check")
+    assert doc["allow"] is False and doc["exit_code"] == 3 and doc["error"] == "no guest 999 in this cluster" and doc["hint"]
 
 
 def test_hook_errors_carry_the_pvegpu_prefix(node_cfg):

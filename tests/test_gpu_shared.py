@@ -26,7 +26,7 @@ import pytest
 from bench import sbs_node as N
 from bench.pvesh_shim import launcher as pvesh_launcher
 from tests import gpulab as G
-from tests import pvelike
+from tests import pvelike, schemas
 from tests.test_gpu import _minor0, _nvml_ok, _used_mib
 
 pytestmark = [
@@ -132,7 +132,7 @@ def test_crowded_gpu_reset_is_clean_without_restart_and_start_allowed_as_shared(
     took = G.wait_ready(workloads, G.nvml_listed, timeout=150)
     outside = N.identities([p for v in neighbours for p in N.ct_pids(v)], target)
     r, wall = lab.pvegpu("reset", str(target), "--json")
-    rep = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+    rep = schemas.validate(json.loads(r.stdout)) if r.stdout.strip().startswith("{") else {}
     hurt = [p for p, (start, _c, _o) in outside.items() if N.start_time(p) != start]
     row = {"scenario": f"crowded GPU: {NEIGHBOURS} neighbour contexts + target 4 GiB, reset target (CLI)",
            "outcome": rep.get("outcome"), "exit": r.returncode, "restarted": rep.get("restarted"), "neighbours_hurt": len(hurt),
@@ -166,7 +166,7 @@ def test_audit_with_an_nvml_client_on_the_host_needs_no_attention(lab):
     assert G.first_line(client, 30) == "ready"
     prom = os.path.join(lab.tmp, "pvegpu.prom")
     r, wall = lab.pvegpu("audit", "--json", "--prometheus", prom)
-    doc = json.loads(r.stdout)
+    doc = schemas.validate(json.loads(r.stdout), "audit")
     node = doc["nodes"][0]
     rows = [h for g in node["gpus"] for h in g["holders"] if h["pid"] == client.pid]
     attention = [f for f in node["flags"] if f["attention"]]
@@ -195,7 +195,7 @@ def test_sigstopped_cuda_holder_reset_is_fast(lab):
         assert time.monotonic() < end, "the holder did not stop"
         time.sleep(0.02)
     r, wall = lab.pvegpu("reset", str(target), "--json")
-    rep = json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}
+    rep = schemas.validate(json.loads(r.stdout)) if r.stdout.strip().startswith("{") else {}
     sent = [s["signal"] for s in rep.get("signalled", []) if s["pid"] == pid and s["result"] == "sent"]
     G.record(G.goal({"scenario": "SIGSTOPped CUDA holder, reset (CLI)", "outcome": rep.get("outcome"), "exit": r.returncode,
                      "signals": sent}, wall, 1.5))
@@ -219,7 +219,7 @@ def test_fork_child_of_a_dead_listed_parent_is_credited_to_its_container(lab):
     child = _holder_pid(vmid)
     prom = os.path.join(lab.tmp, "pvegpu.prom")
     r, wall = lab.pvegpu("audit", "--json", "--prometheus", prom)
-    doc = json.loads(r.stdout)
+    doc = schemas.validate(json.loads(r.stdout), "audit")
     (gpu,) = [g for g in doc["nodes"][0]["gpus"] if g["minor"] == _minor0()]
     fams = {f.name: f.samples for f in text_string_to_metric_families(open(prom).read())}
     mem = {s.labels["id"]: s.value for s in fams["pvegpu_guest_gpu_memory_used_bytes"] if s.labels["minor"] == str(_minor0())}

@@ -52,14 +52,6 @@ def test_simulated_state_dirs_default_under_the_simulated_node(tmp_path, monkeyp
     assert s.gate.override_dir == "/tmp/x"
 
 
-def test_simulated_hook_install_is_refused_and_runs_no_pct(sim_node, tmp_path):
-    """`--simulate DIR hook install|uninstall|status` would change this node's real containers: exit 2, nothing run."""
-    node = sim_node({"node": "s", "gpus": [GPU], "containers": [{"vmid": 129, "status": "stopped", "gpus": [0]}]})
-    for sub in ("install", "uninstall", "status"):
-        r = _pvegpu("--simulate", node.root, "hook", sub, "--storage", "local")
-        assert r.returncode == 2 and r.stderr.startswith("Error: ") and "Traceback" not in r.stderr, r.stderr
-
-
 def test_simulate_dir_that_is_no_simulated_node_is_a_usage_error(tmp_path):
     """`--simulate DIR` on an empty or missing directory: exit 2 with a hint for every command, never an internal error."""
     for root in (str(tmp_path), str(tmp_path / "missing")):

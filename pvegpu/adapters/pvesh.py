@@ -21,8 +21,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from ..record import record
 
 PVESH = "pvesh"
 EXIT_GRACE = 0.5  # seconds a pipe may stay open after pvesh exited (a lingering child of it)
@@ -64,7 +65,7 @@ class PveshError(Exception):
         self.unanswered = unanswered  # pvesh was killed at its deadline: what it asked for may still happen
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Finished:
     """What a bounded child left: its output, its exit status (None when killed at the deadline)."""
 

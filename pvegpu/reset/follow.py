@@ -8,11 +8,11 @@ passes. The deadline is checked after every read, so a slow read cannot hide it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 from .. import errors as E
 from ..model import CtStatus
+from ..record import record
 from .poll import until
 from .run import ResetRun
 from .vocab import CtState
@@ -20,7 +20,7 @@ from .vocab import CtState
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Reading:
     """One read of ``status/current``: the status (None: the read failed, ``error`` says why) and when it ended."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors as E
@@ -11,13 +10,14 @@ from ..holders import GpuFacts
 from ..leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
 from ..model import MIB, Step
 from ..ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
+from ..record import field, record
 from ..settings import ResetSettings
 from .vocab import Diagnosis, Respawn
 
 _D = ResetSettings()  # the one source of defaults
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ResetPolicy:
     """How hard and how long ``pvegpu reset`` tries (``[reset]`` in the settings, ``--timeout``/``--grace``).
     ``wiring.reset_policy`` derives it from the settings; its defaults are the settings' defaults."""
@@ -73,7 +73,7 @@ class ResetOutcome(enum.StrEnum):
         return self.value
 
 
-@dataclass
+@record
 class ResetReport:
     vmid: int
     node: str = ""
@@ -99,7 +99,7 @@ class ResetReport:
     elapsed: float = 0.0
 
 
-@dataclass
+@record
 class Ports:
     pve: PveApi
     probe: GpuProbe

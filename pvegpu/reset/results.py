@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 
 from ..holders import GpuFacts
+from ..record import field, record
 from .vocab import CtState
 
 
@@ -18,7 +18,7 @@ class Verified(enum.Enum):
     HOLDERS = "holders"  # payload holders (re)appeared: signal them first
 
 
-@dataclass
+@record
 class CtTrack:
     """Where the restart phase has taken the CT so far. Kept as the phase goes (a signal may end the run at any
     step, and the interruption report needs it); the report copies it once, at the end."""
@@ -31,7 +31,7 @@ class CtTrack:
     pve_error: int | None = None  # exit code of a failed restart step
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class StopResult:
     """The stop phase: the last reading and its verdict (HOLDERS never leaves it)."""
 
@@ -39,7 +39,7 @@ class StopResult:
     verdict: Verified
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RestartResult:
     """The restart phase: the last reading, and the verdict taken while the CT was stopped (None: no stop took
     effect, the stop phase's verdict stands)."""
@@ -48,7 +48,7 @@ class RestartResult:
     verdict: Verified | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Ended:
     """How the phases ended, for ``conclude``: the verdict (None: dry run, or ended before one) and the last facts
     (the whole host's when not clean)."""

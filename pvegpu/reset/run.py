@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import replace
 
 from ..deadline import Deadline
 from ..holders import FirstReading, GpuFacts, inspect_gpus
@@ -12,6 +11,7 @@ from ..leftover import baseline, leftover
 from ..locate import Located
 from ..model import MIB, Guest, SignalResult, Step
 from ..ports import Clock
+from ..record import replace
 from .report import Ports, ResetPolicy, ResetReport
 from .results import CtTrack
 from .targets import Targets, targets

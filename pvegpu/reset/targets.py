@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from ..holders import GpuFacts
 from ..model import Holder
+from ..record import field, record
 
 STOPPED = "T"  # stopped by job control (SIGSTOP, Ctrl-Z): signals other than SIGKILL stay pending until SIGCONT
 TRACED = "t"  # stopped by a tracer (a debugger): SIGCONT does not resume it, only the tracer or SIGKILL can
@@ -64,7 +64,7 @@ def spared_why(h: Holder, self_pid: int) -> Spared | None:
     return None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Targets:
     """One reading's decision: who gets which signal, and who is spared (each holder once per GPU it holds)."""
 

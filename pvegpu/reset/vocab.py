@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator
-from dataclasses import dataclass
+
+from ..record import record
 
 
 class Kind(enum.StrEnum):
@@ -41,7 +42,7 @@ class Kind(enum.StrEnum):
         return self is Kind.NEIGHBOUR
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Diagnosis:
     """One line of a reset's diagnosis: its kind, the problem (or, for information, the fact) and what to do.
     Unpacks as ``(problem, action)``, as the pairs it replaces did."""
@@ -110,7 +111,7 @@ class StepOutcome(enum.StrEnum):
     LEFT_STOPPED = "left stopped"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Respawn:
     """A holder that appeared after a signal round, with the parent that started it."""
 

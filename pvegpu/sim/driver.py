@@ -25,9 +25,9 @@ Time comes from the ``Clock`` port, so tests drive it with a fake clock.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from ..model import MIB, GpuInfo, GpuSample, NvmlProcess
+from ..record import field, record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ RELEASE_LATENCY = 0.15  # seconds from the last holder's death to the memory's r
 Ident = tuple[int, int]  # (pid, start ticks): a process that cannot be confused with a later one
 
 
-@dataclass
+@record
 class Context:
     """One CUDA context: the owner NVML lists, the processes whose fds/mappings keep it alive."""
 

@@ -81,7 +81,8 @@ class SimPve(EtcPve):
         self._check(guest, ct)
         if ct.get("stop_error"):
             return self._task(guest, "vzstop", str(ct["stop_error"]), [])
-        kill_session(ct)
+        if session_is_ours(self.state, ct):
+            kill_session(ct)
         ct.update(status="stopped", init_pid=None, sid=None)
         self.state.set_ct(guest.vmid, ct)
         return self._task(guest, "vzstop", None, [])
@@ -121,6 +122,24 @@ class SimPve(EtcPve):
         if proc.returncode != 0:
             return f"hookscript error for {vmid} on pre-start: command '{path} {vmid} pre-start' failed: exit code {proc.returncode}"
         return None
+
+
+def session_is_ours(state: SimState, ct: dict[str, Any]) -> bool:
+    """Whether the session a container's state names is still that container's simulated init (pid, start time and
+    ``python -m pvegpu.sim.init <this dir>``): a stale or edited state file never gets another process group killed."""
+    sid, start = ct.get("sid"), ct.get("init_start")
+    if not isinstance(sid, int) or isinstance(sid, bool) or sid <= 1 or sid != ct.get("init_pid"):
+        return False
+    try:
+        with open(f"/proc/{sid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        if start_ticks(sid) != start:
+            return False
+    except OSError:
+        return False
+    if b"pvegpu.sim.init" not in argv or argv.index(b"pvegpu.sim.init") + 1 >= len(argv):
+        return False
+    return os.path.realpath(os.fsdecode(argv[argv.index(b"pvegpu.sim.init") + 1])) == os.path.realpath(state.root)
 
 
 def kill_session(ct: dict[str, Any], deadline: float = 5.0) -> None:

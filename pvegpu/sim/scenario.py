@@ -32,7 +32,7 @@ from typing import Any
 from ..errors import UsageError
 from .host import SessionHost
 from .nvml import SimNvml
-from .pve import SimPve, kill_session, start_init
+from .pve import SimPve, kill_session, session_is_ours, start_init
 from .state import SimState, write_json
 
 KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn")
@@ -52,6 +52,21 @@ DEMO: dict[str, Any] = {
     ],
     "vms": [{"vmid": 200, "name": "win11"}],
 }
+
+IDLE: dict[str, Any] = {  # nothing holds the GPU: check allows, audit has nothing to say, hook install guards CT 129
+    "node": "pve-sim",
+    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771, "stand_in": "/dev/full"}],
+    "containers": [{"vmid": 129, "name": "llm129", "status": "stopped", "gpus": [0], "workloads": []}],
+}
+
+LEAK: dict[str, Any] = {  # CT 129's job leaves 1 GiB behind when it dies: reset stops it, restarts, still exit 7
+    "node": "pve-sim",
+    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771, "stand_in": "/dev/full"}],
+    "containers": [{"vmid": 129, "name": "llm129", "status": "running", "gpus": [0],
+                    "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024, "leak": True}]}],
+}
+
+SCENARIOS: dict[str, dict[str, Any]] = {"demo": DEMO, "idle": IDLE, "leak": LEAK}  # `pvegpu sim create DIR --scenario NAME`
 
 
 def ct_conf(ct: dict[str, Any]) -> str:
@@ -137,7 +152,8 @@ class SimNode:
 
     def teardown(self) -> None:
         for ct in self.state.cts():
-            kill_session(ct)
+            if session_is_ours(self.state, ct):  # a state file names the session: never a process group that is not this node's
+                kill_session(ct)
         if self.owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -186,6 +202,8 @@ def _lay_out(scenario: dict[str, Any], root: str, owns: bool) -> SimNode:
             os.makedirs(os.path.join(root, "sys", "bus", "pci", "drivers", driver), exist_ok=True)
             os.symlink(os.path.join(root, "sys", "bus", "pci", "drivers", driver), os.path.join(dev, "driver"))
     write_json(os.path.join(state.etc_pve, ".vmlist"), {"version": 1, "ids": ids})
+    with open(os.path.join(state.etc_pve, "storage.cfg"), "w", encoding="utf-8") as f:  # `local` is this directory: snippets/
+        f.write(f"dir: local\n\tpath {root}\n\tcontent iso,vztmpl,backup\n")
     sim = SimNode(root, owns_root=owns)
     expected = 0
     try:
@@ -197,6 +215,16 @@ def _lay_out(scenario: dict[str, Any], root: str, owns: bool) -> SimNode:
         sim.teardown()
         raise
     return sim
+
+
+def named(name_or_path: str) -> dict[str, Any]:
+    """A built-in scenario by name (``SCENARIOS``), else a scenario JSON file."""
+    if name_or_path in SCENARIOS:
+        return SCENARIOS[name_or_path]
+    if not os.path.exists(name_or_path):
+        raise UsageError(f"no scenario {name_or_path!r}: neither a built-in one nor a file",
+                         f"built-in: {', '.join(SCENARIOS)}; or a JSON file (`pydoc pvegpu.sim.scenario`)")
+    return load(name_or_path)
 
 
 def load(path: str) -> dict[str, Any]:

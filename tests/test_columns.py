@@ -1,0 +1,107 @@
+"""`audit` and `check` read in 80 columns (--wide/-v: one line per item, every detail): user names, not `uid 0`;
+the telling part of a command line, elided in the middle; tenant text still escaped."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from pvegpu.adapters.users import user_name
+from pvegpu.render_audit import audit_table
+from pvegpu.sim import scenario as sc
+from pvegpu.textfit import command, elide, fit
+from tests.pvelike import REPO
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)")
+
+
+def _width(text: str) -> int:
+    return max((len(ANSI.sub("", line)) for line in text.splitlines()), default=0)
+
+
+def _pvegpu(*args):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
+    r = subprocess.run([sys.executable, "-m", "pvegpu", *args], capture_output=True, text=True, cwd=REPO, timeout=90,
+                       env=clean | {"PVEGPU_GATE_DEADLINE": "25"})
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def test_audit_and_check_of_the_demo_scenario_fit_80_columns(sim_node):
+    """On the demo scenario every line of `audit` and of `check` for each guest fits 80 columns (ANSI stripped);
+    `--wide` keeps the whole command line on one line."""
+    node = sim_node(sc.DEMO)
+    r = _pvegpu("--simulate", node.root, "audit")
+    assert r.returncode in (0, 8) and "CT 129" in r.stdout and _width(r.stdout) <= 80, r.stdout
+    guests = [c["vmid"] for c in sc.DEMO["containers"]] + [v["vmid"] for v in sc.DEMO["vms"]]
+    for vmid in guests:
+        r = _pvegpu("--simulate", node.root, "check", str(vmid))
+        assert r.returncode in (0, 10) and _width(r.stdout) <= 80, r.stdout
+    wide = _pvegpu("--simulate", node.root, "audit", "--wide")
+    assert _width(wide.stdout) > 80 and "pvegpu.sim.init" in wide.stdout
+    one = _pvegpu("--simulate", node.root, "check", "129", "-v")
+    assert one.returncode == 10 and len(one.stdout.strip().splitlines()) == 1
+
+
+def _holder(**over):
+    h = {"pid": 4194301, "ns_pid": 4194302, "comm": "python3", "uid": 100000, "user": None, "place": "lxc", "vmid": 999999999,
+         "id": "lxc/999999999", "hostname": "a-very-long-hostname-of-the-tenant-that-goes-on", "owner": "CT 999999999",
+         "used_bytes": 143771 * 2**20, "via": ["fd", "maps", "nvml"],
+         "cmdline": "/opt/venvs/some/deep/path/to/a/virtualenv/bin/python3 -m torch.distributed.run --nproc 8 train.py "
+                    "--data /mnt/datasets/imagenet/very/long/path --out /mnt/ckpt/run-2026-12-01"}
+    return h | over
+
+
+def _doc(holders, detail="x" * 300):
+    gpu = {"index": 0, "minor": 0, "bus_id": "00000000:41:00.0", "name": "NVIDIA H200 NVL with a long name",
+           "uuid": "GPU-5f0c3a4e-1b2d-4c3e-9f10-aa11bb22cc33", "readable": True, "used_bytes": 1, "reserved_bytes": 1,
+           "total_bytes": 150754820096, "unattributed_bytes": 0, "health": {"mig_enabled": False},
+           "granted_to": [f"lxc/{100 + i}" for i in range(30)], "flags": ["shared", "unattributed-memory"], "holders": holders,
+           "dead_pids": [4194303]}
+    flag = {"kind": "unattributed-memory", "subject": "GPU 0", "detail": detail, "advice": "a " * 100, "attention": True}
+    guest = {"id": "lxc/999999999", "name": "n" * 40, "status": "running", "node": "pve-node-with-long-name", "all_gpus": False,
+             "minors": list(range(12)), "notes": ["pending: /dev/nvidia3 added", "snapshot differs"]}
+    return {"nodes": [{"node": "pve1", "ok": True, "gpus": [gpu], "guests": [guest], "flags": [flag]}], "attention": True}
+
+
+def test_worst_case_rows_fit_80_columns_and_wide_keeps_everything():
+    """7-digit pids, a 9-digit vmid, a long hostname, command line, flag detail and guest list: every line fits
+    80 columns; --wide has the whole command line."""
+    doc = _doc([_holder(), _holder(place="host", owner="host", vmid=None, hostname=None, ns_pid=None, via=["fd"])])
+    text = audit_table(doc)
+    assert _width(text) <= 80, text
+    assert "python3 -m torch.distributed.run" in text and "run-2026-12-01" in text  # head and tail of the command both shown
+    assert _holder()["cmdline"] in audit_table(doc, wide=True)
+
+
+def test_holders_show_user_names_or_the_host_uid():
+    """A holder with a host user name shows it; a container's mapped uid with no passwd entry shows the number."""
+    text = audit_table(_doc([_holder(uid=0, user="root"), _holder(uid=100000, user=None, pid=77)]))
+    lines = text.splitlines()
+    assert any("pid 4194301" in ln and " root " in ln for ln in lines) and "uid 0" not in text
+    assert any("pid 77" in ln and "uid 100000" in ln for ln in lines)
+    assert user_name(0) == "root" and user_name(2**31 - 7) is None
+
+
+def test_tenant_text_stays_escaped_when_elided_and_wrapped():
+    """A command line and a flag detail carrying terminal escapes are shown escaped, in both forms."""
+    evil = "\x1b[2J\x1b]0;owned\x07/bin/sh -c " + "A" * 200 + " \x1b[31m"
+    doc = _doc([_holder(cmdline=evil, comm="\x1b[2Jsh")], detail="pid 5 (\x1b[2J) holds it")
+    for text in (audit_table(doc), audit_table(doc, wide=True)):
+        assert "\x1b" not in text and "\x07" not in text and "\\x1b[2J" in text
+
+
+def test_command_is_the_basename_and_arguments_elided_in_the_middle():
+    """argv[0]'s directory goes, the arguments stay; too long: cut in the middle, so its start and end both show."""
+    assert command("/opt/venv/bin/python3 -m train --data /x") == "python3 -m train --data /x"
+    long = command("/usr/bin/python3 " + " ".join(f"--arg{i}" for i in range(40)), width=40)
+    assert len(long) == 40 and long.startswith("python3 --arg0") and long.endswith("--arg39") and "..." in long
+    assert command("", "kworker/0:1") == "[kworker/0:1]" and elide("abcdef", 5) == "a...f"
+
+
+def test_fit_keeps_a_quoted_command_whole():
+    """Wrapping breaks at spaces, never inside a `quoted command` that fits a line."""
+    lines = fit("fix: " + "word " * 12 + "`nvidia-smi -r -i 0` and more words after it", "", "  ", width=40)
+    assert any("`nvidia-smi -r -i 0`" in ln for ln in lines) and all(len(ln) <= 40 for ln in lines)
