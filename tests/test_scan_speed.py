@@ -180,3 +180,274 @@ def test_escape_fast_path_edges(text):
 def test_devscan_keeps_its_pattern():
     """The full pattern still decides every line the split lets through (it is the one of release 19)."""
     assert devscan._MAPS_LINE.pattern == _OLD_LINE.pattern
+
+
+# -- status in one pass ----------------------------------------------------------------------------------------
+
+from pvegpu.adapters import procfs, scanpool  # noqa: E402
+from pvegpu.adapters.procfs import ProcHost, kernel_thread, parse_status, status_facts, term_futile  # noqa: E402
+from pvegpu.model import Place  # noqa: E402
+
+
+def _old_facts(data: bytes) -> tuple[list[int], int | None, bool]:
+    nspid, uid, _threads = parse_status(data)
+    return nspid, uid, term_futile(data, nspid)
+
+
+def test_status_in_one_pass_equals_the_two_parsers_on_every_real_status():
+    """status_facts gives parse_status's NSpid and Uid and term_futile's answer on every /proc/*/status here."""
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/status", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            assert status_facts(data) == _old_facts(data)
+            n += 1
+    assert n > 10
+
+
+_STATUS_LINE = st.sampled_from([b"Name:\tx", b"NSpid:\t5\t1", b"NSpid:\t5\t3\t1", b"NSpid:\tbad", b"Uid:\t0\t0\t0\t0", b"Uid:",
+                                b"Uid:\tx", b"TracerPid:\t0", b"TracerPid:\t77", b"TracerPid:", b"SigIgn:\t0000000000004000",
+                                b"SigIgn:\t0", b"SigIgn:\tzz", b"SigCgt:\t0000000000004000", b"SigCgt:\t0", b"SigCgt:\tq",
+                                b"Threads:\t3", b"", b"garbage"])
+
+
+@given(st.lists(_STATUS_LINE, max_size=12))
+def test_status_in_one_pass_equals_the_two_parsers_on_generated_texts(lines):
+    """Any order, repetition or damage of the lines that matter: the same three facts as the two parsers."""
+    data = b"\n".join(lines)
+    assert status_facts(data) == _old_facts(data)
+
+
+# -- kernel threads ----------------------------------------------------------------------------------------------
+
+
+def _stat_text(pid: int, flags: int) -> bytes:
+    return b"%d (kworker/0:1) I 2 0 0 0 -1 %d 0 0 0 0 0 0 0 0 20 0 1 0 123 0 0 0\n" % (pid, flags)
+
+
+def test_kernel_thread_flag_is_read_from_stat():
+    """PF_KTHREAD in field 9 marks a kernel thread, whatever the name (even one with spaces and parentheses)."""
+    assert kernel_thread(_stat_text(9, 0x00208040))
+    assert not kernel_thread(_stat_text(9, 0x00400100))
+    assert not kernel_thread(b"9 (a) b) S 1 0 0 0 -1 4194560 0 0\n")  # a user process whose name fakes a ")"
+    assert not kernel_thread(b"") and not kernel_thread(None) and not kernel_thread(b"9 (x) S 1 0 0 0 -1 zz 0\n")
+
+
+def test_kernel_threads_are_not_scanned_and_user_processes_still_are(tmp_path):
+    """A pid whose stat has PF_KTHREAD is skipped before its fds are read; the same tree with the flag cleared holds
+    the stand-in device (so the skip is what hides it, not a broken tree)."""
+    full = os.stat("/dev/full").st_rdev
+    table = DeviceTable({(os.major(full), os.minor(full)): 0})
+    for pid, flags in ((4301, 0x00208040), (4302, 0x00400100)):
+        d = tmp_path / str(pid)
+        (d / "fd").mkdir(parents=True)
+        (d / "fd" / "3").symlink_to("/dev/full")
+        (d / "stat").write_bytes(_stat_text(pid, flags))
+        (d / "maps").write_bytes(b"")
+    held = ProcHost(table, proc=str(tmp_path)).holdings([4301, 4302])
+    assert 4301 not in held and held[4302].minors == {0}
+
+
+def test_real_kernel_threads_hold_nothing():
+    """Every kernel thread on this machine (if any is visible) is absent from a whole scan; as root, where the old
+    scan read their empty fd tables and maps, the answer is the same."""
+    full = os.stat("/dev/full").st_rdev
+    host = ProcHost(DeviceTable({(os.major(full), os.minor(full)): 0}), workers=1)
+    kthreads = []
+    for pid in host.all_pids():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if kernel_thread(f.read()):
+                    kthreads.append(pid)
+        except OSError:
+            pass
+    held = host.holdings()
+    assert not set(kthreads) & set(held)
+
+
+# -- describe ----------------------------------------------------------------------------------------------------
+
+
+def _fake_proc(tmp_path, pid: int, start: int, cgroup: bytes, cmdline: bytes) -> None:
+    d = tmp_path / "proc" / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "stat").write_bytes(b"%d (job) S 1 %d %d 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0 0\n" % (pid, pid, pid, start))
+    (d / "status").write_bytes(b"Name:\tjob\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t%d\t7\n" % pid)
+    (d / "cgroup").write_bytes(cgroup)
+    (d / "cmdline").write_bytes(cmdline)
+
+
+def test_describe_rereads_state_and_placement_but_the_command_line_once_per_identity(tmp_path):
+    """Within one run: a moved process is seen moved and a frozen cgroup frozen at the next describe; its command
+    line (display only) is read once; a recycled pid (another start time) gets its own command line."""
+    cg = tmp_path / "cg"
+    for v in ("301", "302"):
+        (cg / "lxc" / v / "ns").mkdir(parents=True)
+        (cg / "lxc" / v / "ns" / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    _fake_proc(tmp_path, 4401, 100, b"0::/lxc/301/ns\n", b"python3\0train.py\0")
+    host = ProcHost(DeviceTable({}), proc=str(tmp_path / "proc"), cgroup_root=str(cg))
+    first = host.describe(4401)
+    assert first.placement.vmid == 301 and first.cmdline == "python3 train.py" and not first.frozen
+    (tmp_path / "proc" / "4401" / "cgroup").write_bytes(b"0::/lxc/302/ns\n")
+    (tmp_path / "proc" / "4401" / "cmdline").write_bytes(b"changed\0")
+    (cg / "lxc" / "302" / "ns" / "cgroup.events").write_text("populated 1\nfrozen 1\n")
+    again = host.describe(4401)
+    assert again.placement.vmid == 302 and again.frozen and again.ns_pid == 7
+    assert again.cmdline == "python3 train.py"  # the same identity: not read again
+    _fake_proc(tmp_path, 4401, 200, b"0::/lxc/302/ns\n", b"other\0")
+    assert host.describe(4401).cmdline == "other"  # a new process on the pid: read
+    assert ProcHost(DeviceTable({}), proc=str(tmp_path / "proc"), cgroup_root=str(cg)).describe(4401).cmdline == "other"
+
+
+def test_describe_of_an_unreadable_cgroup_is_unknown_and_not_frozen(tmp_path):
+    """One read of /proc/<pid>/cgroup decides both: unreadable is UNKNOWN placement and never frozen."""
+    _fake_proc(tmp_path, 4402, 100, b"", b"x\0")
+    os.remove(tmp_path / "proc" / "4402" / "cgroup")
+    info = ProcHost(DeviceTable({}), proc=str(tmp_path / "proc"), cgroup_root=str(tmp_path)).describe(4402)
+    assert info.placement.place is Place.UNKNOWN and not info.frozen
+
+
+# -- forked scan workers -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_shares(monkeypatch):
+    """Shares of a few pids, so that this machine's few processes are spread over workers."""
+    monkeypatch.setattr(procfs, "_MIN_SHARE", 5)
+    monkeypatch.setattr(scanpool, "MIN_PER_WORKER", 5)
+
+
+@pytest.fixture
+def holders():
+    """Five processes holding the stand-in device (/dev/full), one holding /dev/null."""
+    import subprocess
+    import sys
+
+    code = "import os,sys,time; fd=os.open(sys.argv[1], os.O_RDONLY); print('ok', flush=True); time.sleep(120)"
+    ps = [subprocess.Popen([sys.executable, "-c", code, dev], stdout=subprocess.PIPE) for dev in ["/dev/full"] * 5 + ["/dev/null"]]
+    for p in ps:
+        assert p.stdout.readline().strip() == b"ok"
+    yield ps
+    for p in ps:
+        p.kill()
+        p.wait()
+
+
+def _table() -> DeviceTable:
+    full = os.stat("/dev/full").st_rdev
+    return DeviceTable({(os.major(full), os.minor(full)): 0})
+
+
+def test_forked_workers_give_the_serial_answer_on_a_still_tree(small_shares, tmp_path):
+    """On a /proc-like tree that does not change (fd holders, mappers, unreadable and kernel-thread pids), a
+    whole-node scan over 2, 3 and 4 shares gives exactly the serial scan's holdings, in the same order."""
+    for i in range(60):
+        pid = 5000 + i
+        d = tmp_path / str(pid)
+        (d / "fd").mkdir(parents=True)
+        (d / "stat").write_bytes(_stat_text(pid, 0x00208040 if i % 11 == 0 else 0x00400100))
+        (d / "maps").write_bytes(b"7f00-7f01 r--p 00000000 fd:01 %d /lib/x.so\n" % (100 + i % 4))
+        if i % 3 == 0:
+            (d / "fd" / "3").symlink_to("/dev/full")
+        if i % 5 == 0:
+            (d / "fd" / "4").symlink_to("/dev/null")
+        if i % 7 == 0:
+            (d / "maps").unlink()
+            (d / "maps").mkdir()  # unreadable maps (EISDIR): unknown, never "holds nothing"
+    serial = ProcHost(_table(), proc=str(tmp_path), workers=1).holdings()
+    assert len(serial) > 20 and any("unreadable" in h.via for h in serial.values())
+    for n in (2, 3, 4):
+        par = ProcHost(_table(), proc=str(tmp_path), workers=n).holdings()
+        assert list(par.items()) == list(serial.items())
+
+
+def test_forked_workers_find_real_holders(small_shares, holders):
+    """On this machine's live /proc, a whole-node scan over 2 and 4 shares finds every stand-in holder, by fd,
+    and not the /dev/null one; every process seen by both scans with the same start time gets the same answer."""
+    serial = ProcHost(_table(), workers=1).holdings()
+    mine = {p.pid for p in holders[:5]}
+    assert mine <= set(serial) and holders[5].pid not in serial
+    for n in (2, 4):
+        host = ProcHost(_table(), workers=n)
+        assert scanpool.shares(len(host.all_pids()), n) == n and scanpool.forkable()
+        par = host.holdings()
+        assert {p: par[p] for p in mine} == {p: serial[p] for p in mine} and holders[5].pid not in par
+
+
+@pytest.mark.parametrize("how", ["crash", "garbage", "late"])
+def test_a_failed_worker_share_is_scanned_again_here(small_shares, holders, monkeypatch, how):
+    """A worker that dies, answers garbage or runs past the deadline is killed and its share scanned serially:
+    the holders are all found, and no worker is left behind."""
+    import time
+
+    def bad(host, part, deep, end, w, r):
+        if how == "crash":
+            os._exit(3)
+        if how == "garbage":
+            os.write(w, b"\x00not marshal")
+            return
+        time.sleep(60)
+
+    monkeypatch.setattr(scanpool, "_worker", bad)
+    monkeypatch.setattr(scanpool, "GRACE", 0.3)
+    host = ProcHost(_table(), workers=2, budget=procfs.ScanBudget(total=1.0))
+    t = time.monotonic()
+    held = host.holdings()
+    assert {p.pid for p in holders[:5]} <= set(held) or how == "late"
+    if how == "late":  # past the deadline: the late share is unknown (budget), never "holds nothing"
+        late = [p.pid for p in holders[:5] if p.pid not in held or held[p.pid].minors != {0}]
+        assert all(held[p].via == {"unreadable", "budget"} for p in late)
+    assert time.monotonic() - t < 5
+    kids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == os.getpid()]
+    assert set(map(int, kids)) <= {p.pid for p in holders}
+
+
+def _ppid(pid: int) -> int | None:
+    from pvegpu.procstat import read_stat
+
+    st = read_stat(pid)
+    return st.ppid if st is not None and st.state not in ("Z", "X") else None
+
+
+def test_workers_hold_none_of_the_parents_fds(small_shares, monkeypatch, tmp_path):
+    """A worker closes every inherited fd but its pipe: the parent's stand-in GPU fd is not held by any worker."""
+    seen = tmp_path / "fds"
+    real = scanpool._serial
+
+    def spy(host, part, deep, end, out):
+        if os.getpid() != parent:
+            seen.write_text(" ".join(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                                     if os.path.exists(f"/proc/self/fd/{fd}")))
+        real(host, part, deep, end, out)
+
+    parent = os.getpid()
+    monkeypatch.setattr(scanpool, "_serial", spy)
+    fd = os.open("/dev/full", os.O_RDONLY)
+    try:
+        ProcHost(_table(), workers=2).holdings()
+    finally:
+        os.close(fd)
+    assert seen.exists() and "/dev/full" not in seen.read_text()
+
+
+def test_no_fork_outside_the_main_thread_or_beside_another_thread(small_shares):
+    """Beside another Python thread (a scan left stuck, say), or from a thread, the scan stays serial."""
+    import threading
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert not scanpool.forkable()
+    finally:
+        stop.set()
+        t.join()
+    box = []
+    t = threading.Thread(target=lambda: box.append(scanpool.forkable()))
+    t.start()
+    t.join()
+    assert box == [False] and scanpool.forkable()
