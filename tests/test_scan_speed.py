@@ -451,3 +451,20 @@ def test_no_fork_outside_the_main_thread_or_beside_another_thread(small_shares):
     t.start()
     t.join()
     assert box == [False] and scanpool.forkable()
+
+
+def test_statx_with_its_own_buffer_equals_the_plain_one(tmp_path):
+    """StatNosync (one buffer per scan) gives stat_nosync's and os.stat's (mode, rdev) for devices, files, dirs,
+    links to devices, and the same error for a missing path."""
+    from pvegpu.adapters.devscan import StatNosync, stat_nosync
+
+    (tmp_path / "f").write_bytes(b"x")
+    (tmp_path / "l").symlink_to("/dev/zero")
+    fast = StatNosync()
+    for path in ("/dev/full", "/dev/null", "/dev/zero", "/dev/urandom", str(tmp_path / "f"), str(tmp_path), str(tmp_path / "l"),
+                 "/proc/self/fd/0"):
+        st = os.stat(path)
+        assert fast(path) == stat_nosync(path) == (st.st_mode, st.st_rdev)
+    with pytest.raises(FileNotFoundError):
+        fast(str(tmp_path / "missing"))
+    assert ProcessScan(DeviceTable({}), ScanBudget(), {})._stat.__class__ is StatNosync

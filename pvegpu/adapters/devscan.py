@@ -29,6 +29,7 @@ import ctypes
 import os
 import re
 import stat
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -98,6 +99,30 @@ def stat_nosync(path: str) -> tuple[int, int]:
     return mode, os.makedev(rmaj, rmin)
 
 
+class StatNosync:
+    """``stat_nosync`` with a buffer of its own, made once: what a scan calls for every fd and mapped file. One per
+    scanning thread (each ``ProcessScan``), so a thread given up while stuck in ``statx`` never writes into the
+    buffer of the scan that goes on."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = ctypes.create_string_buffer(_STATX_SIZE)
+
+    def __call__(self, path: str) -> tuple[int, int]:
+        if _STATX is None:
+            return stat_nosync(path)
+        buf = self._buf
+        if _STATX(_AT_FDCWD, os.fsencode(path), _AT_STATX_DONT_SYNC | _AT_NO_AUTOMOUNT, _STATX_TYPE_MODE, buf) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        rmaj, rmin = _RDEV.unpack_from(buf, 128)
+        return _MODE.unpack_from(buf, 28)[0], os.makedev(rmaj, rmin)
+
+
+_MODE, _RDEV = struct.Struct("=H"), struct.Struct("=II")  # stx_mode (u16 at 28), stx_rdev_major/minor (u32 at 128/132)
+
+
 def control_majors(proc: str = "/proc") -> frozenset[int]:
     """Dynamic majors of nvidia-uvm and nvidia-caps (``grep nvidia /proc/devices``)."""
     try:
@@ -161,7 +186,7 @@ class ProcessScan:
     def __init__(self, devices: DeviceTable, budget: ScanBudget, cache: dict[tuple[bytes, bytes], int | None],
                  clock: Callable[[], float] = time.monotonic, stat_of: Callable[[str], tuple[int, int]] = stat_nosync) -> None:
         self.devices = devices
-        self._stat = stat_of
+        self._stat = StatNosync() if stat_of is stat_nosync else stat_of
         self.budget = budget
         self.cache = cache
         self._now = clock
