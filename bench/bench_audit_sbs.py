@@ -82,6 +82,14 @@ def spawn_node(size: int, base: int) -> tuple[list[int], dict[int, list[int]], l
     return pids, owners, vmids
 
 
+def _host(cls: type, table: object, workers: int | None) -> object:
+    """ProcHost with ``workers`` (a release before issue 20 has no such argument: its one serial scan)."""
+    try:
+        return cls(table, workers=workers)
+    except TypeError:
+        return cls(table)
+
+
 def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, subprocess.CompletedProcess[bytes]]:
     t = time.perf_counter()
     r = subprocess.run(argv, capture_output=True, env=env)
@@ -91,7 +99,14 @@ def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, su
 def measure(size: int, rounds: int, lsof_rounds: int) -> dict[str, object]:
     from pvegpu.adapters.nodefiles import LocalNodeFiles
     from pvegpu.adapters.procfs import DeviceTable, ProcHost
-    from pvegpu.adapters.scanpool import cores, shares
+    try:
+        from pvegpu.adapters.scanpool import cores, shares
+    except ImportError:  # a release before issue 20: serial only
+        def cores() -> int:
+            return os.cpu_count() or 1
+
+        def shares(count: int) -> int:
+            return 1
     from pvegpu.audit import run_audit
 
     base = 600000 + (os.getpid() % 1000) * 100
@@ -127,7 +142,7 @@ def measure(size: int, rounds: int, lsof_rounds: int) -> dict[str, object]:
                 holders["lsof"] = max(0, len(out.stdout.splitlines()) - 1)
             for key, workers in (("audit", None), ("serial", 1)):
                 t = time.perf_counter()
-                rep = run_audit(pve=pve, probe=probe, host=ProcHost(table, workers=workers), files=files)
+                rep = run_audit(pve=pve, probe=probe, host=_host(ProcHost, table, workers), files=files)
                 rows[key].append(time.perf_counter() - t)
                 holders[key] = sum(len([h for h in g.holders if h.place == "lxc"]) for g in rep.gpus)
             dt, out = timed(child, env)
