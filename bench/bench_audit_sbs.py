@@ -13,7 +13,9 @@ stand-in character device (GPUs 0-3: ``/dev/full``, ``/dev/random``, ``/dev/uran
 - the audit in this process (``run_audit``: holders by fd and maps of every process, placement, configs, flags),
   with the scan spread over forked workers (the default) and serial (``workers=1``);
 - the audit as a whole process: interpreter start, pvegpu's imports, the same ``run_audit``, its JSON on stdout
-  (the stand-in NVML instead of the driver; no CLI).
+  (the stand-in NVML instead of the driver; no CLI), and that process's own time for ``run_audit``;
+- with ``--base DIR`` (a checkout of an older release with this script copied into its ``bench/``): the same process
+  on that release's code, same rounds, for a before/after in one run.
 
 Prints one table per size (median, min, ratio to ``fuser -v`` in the same run) and writes it to DIR if given.
 """
@@ -52,10 +54,14 @@ def one_audit(state: str) -> None:
         s = json.load(f)
     table = DeviceTable({(os.major(os.stat(d).st_rdev), os.minor(os.stat(d).st_rdev)): m for m, d in enumerate(STAND_INS)})
     files = LocalNodeFiles(s["root"], dev_map={f"/dev/nvidia{m}": "/dev/full" for m in range(GPUS)} | {"/dev/nvidiactl": "/dev/full"})
+    t = time.perf_counter()
     rep = run_audit(pve=CountingPve(s["root"], node="bench"), probe=StandInNvml({int(k): v for k, v in s["owners"].items()}),
                     host=ProcHost(table), files=files)
+    audit_s = time.perf_counter() - t
     sys.stdout.write(json.dumps(rep.to_json()))
     sys.stdout.flush()
+    sys.stderr.write(f"\naudit_s {audit_s:.6f}\n")
+    sys.stderr.flush()
     os._exit(0)
 
 
@@ -96,7 +102,7 @@ def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, su
     return time.perf_counter() - t, r
 
 
-def measure(size: int, rounds: int, lsof_rounds: int) -> dict[str, object]:
+def measure(size: int, rounds: int, lsof_rounds: int, base_repo: str = "") -> dict[str, object]:
     from pvegpu.adapters.nodefiles import LocalNodeFiles
     from pvegpu.adapters.procfs import DeviceTable, ProcHost
     try:
@@ -128,9 +134,7 @@ def measure(size: int, rounds: int, lsof_rounds: int) -> dict[str, object]:
         table = DeviceTable({(os.major(os.stat(d).st_rdev), os.minor(os.stat(d).st_rdev)): m for m, d in enumerate(STAND_INS)})
         files = LocalNodeFiles(root, dev_map={f"/dev/nvidia{m}": "/dev/full" for m in range(GPUS)} | {"/dev/nvidiactl": "/dev/full"})
         probe, pve = StandInNvml(owners), CountingPve(root, node="bench")
-        env = dict(os.environ, PYTHONPATH=REPO)
-        child = [sys.executable, os.path.abspath(__file__), "--one", state]
-        rows: dict[str, list[float]] = {k: [] for k in ("fuser", "lsof", "audit", "serial", "process")}
+        rows: dict[str, list[float]] = {k: [] for k in LABELS}
         holders: dict[str, int] = {}
         for r in range(rounds):
             dt, out = timed(["fuser", "-v", *STAND_INS])
@@ -145,10 +149,15 @@ def measure(size: int, rounds: int, lsof_rounds: int) -> dict[str, object]:
                 rep = run_audit(pve=pve, probe=probe, host=_host(ProcHost, table, workers), files=files)
                 rows[key].append(time.perf_counter() - t)
                 holders[key] = sum(len([h for h in g.holders if h.place == "lxc"]) for g in rep.gpus)
-            dt, out = timed(child, env)
-            rows["process"].append(dt)
-            if out.returncode != 0:
-                raise RuntimeError(out.stderr.decode()[-2000:])
+            for key, path in (("process", REPO), ("base", base_repo)):
+                if not path:
+                    continue
+                dt, out = timed([sys.executable, os.path.join(path, "bench", "bench_audit_sbs.py"), "--one", state],
+                                dict(os.environ, PYTHONPATH=path))
+                if out.returncode != 0:
+                    raise RuntimeError(out.stderr.decode()[-2000:])
+                rows[key].append(dt)
+                rows[key + "_audit"].append(float(out.stderr.split()[-1]))
         return {"size": size, "procs": nprocs, "setup_s": round(setup, 1), "rows": rows, "holders": holders,
                 "shares": shares(nprocs), "cores": cores(), "load": os.getloadavg()}
     finally:
@@ -172,6 +181,9 @@ LABELS = {
     "audit": "audit, in process, scan over forked workers (default)",
     "serial": "audit, in process, serial scan (`workers=1`)",
     "process": "audit as a whole process (start-up + imports + audit + JSON)",
+    "process_audit": "the same process's audit alone (its first, in a fresh process)",
+    "base": "release 19 (`--base`): audit as a whole process",
+    "base_audit": "release 19: that process's audit alone",
 }
 
 
@@ -196,6 +208,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--lsof-rounds", type=int, default=3)
     ap.add_argument("--out", default="")
+    ap.add_argument("--base", default="", help="a checkout of an older release (with this script copied into its bench/) to run beside")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
@@ -209,7 +222,7 @@ def main() -> int:
     print(head, flush=True)
     text = head + "\n"
     for size in (int(x) for x in a.sizes.split(",") if x):
-        t = table(measure(size, a.rounds, a.lsof_rounds))
+        t = table(measure(size, a.rounds, a.lsof_rounds, os.path.abspath(a.base) if a.base else ""))
         print(t, flush=True)
         text += t + "\n"
     if a.out:
