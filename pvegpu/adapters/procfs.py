@@ -387,7 +387,8 @@ class ProcHost:
                 pid = todo[j]
                 raw = _read_bytes(f"{self.proc}/{pid}/stat", 4096)
                 st = parse_stat(raw) if raw is not None else None
-                if st is not None and kernel_thread(raw):  # no mm and no files of its own: holds nothing, costs nothing
+                # a kernel thread (a child of kthreadd, pid 2, or kthreadd itself) has no mm and no files: holds nothing
+                if st is not None and st.ppid in (0, 2) and kernel_thread(raw):
                     continue
                 ident = (pid, st.start_ticks) if st is not None else None
                 at[:] = [j, time.monotonic(), ident]
