@@ -384,7 +384,7 @@ def test_a_failed_worker_share_is_scanned_again_here(small_shares, holders, monk
     the holders are all found, and no worker is left behind."""
     import time
 
-    def bad(host, part, deep, end, w, r):
+    def bad(host, part, deep, end, w, r, mask):
         if how == "crash":
             os._exit(3)
         if how == "garbage":
@@ -468,3 +468,31 @@ def test_statx_with_its_own_buffer_equals_the_plain_one(tmp_path):
     with pytest.raises(FileNotFoundError):
         fast(str(tmp_path / "missing"))
     assert ProcessScan(DeviceTable({}), ScanBudget(), {})._stat.__class__ is StatNosync
+
+
+def test_a_worker_never_runs_the_parents_signal_handlers(small_shares, holders, monkeypatch, tmp_path):
+    """A signal reaching a worker takes its default action (here: SIGUSR1 ends it), never the handler this process
+    installed; the share of the worker it ended is scanned here, so the holders are all still found."""
+    import signal
+
+    marks = tmp_path / "handled"
+    parent = os.getpid()
+    real = scanpool._serial
+
+    def poke(host, part, deep, end, out):
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        real(host, part, deep, end, out)
+
+    def handler(signum, frame):
+        with open(marks, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    monkeypatch.setattr(scanpool, "_serial", poke)
+    try:
+        held = ProcHost(_table(), workers=2).holdings()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert not marks.exists()
+    assert {p.pid for p in holders[:5]} <= set(held) and all(held[p.pid].minors == {0} for p in holders[:5])

@@ -22,6 +22,8 @@ import os
 
 TYPE_CHECKING = False  # typing is not imported at run time
 if TYPE_CHECKING:
+    import signal
+
     from ..model import Holding
     from .procfs import ProcHost
 
@@ -79,24 +81,29 @@ def _start(host: ProcHost, part: list[int], deep: bool, end: float) -> tuple[int
         r, w = os.pipe()
     except OSError:
         return None
+    import signal
+
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())  # none arrives between fork and reset
     try:
         pid = os.fork()
     except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(r)
         os.close(w)
         return None
     if pid == 0:  # the worker: nothing of the parent's but /proc, and os._exit whatever happens
         code = 1
         try:
-            _worker(host, part, deep, end, w, r)
+            _worker(host, part, deep, end, w, r, mask)
             code = 0
         finally:
             os._exit(code)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(w)
     return pid, r
 
 
-def _worker(host: ProcHost, part: list[int], deep: bool, end: float, w: int, r: int) -> None:
+def _worker(host: ProcHost, part: list[int], deep: bool, end: float, w: int, r: int, mask: set[int | signal.Signals]) -> None:
     import marshal
     import signal
 
@@ -106,6 +113,7 @@ def _worker(host: ProcHost, part: list[int], deep: bool, end: float, w: int, r: 
                 signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError, TypeError):
             pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what arrived meanwhile takes its default action now
     os.close(r)
     os.closerange(3, w)  # NVML's /dev/nvidia* fds, locks, sockets: the worker holds none of them
     os.closerange(w + 1, 1 << 20)
