@@ -3,7 +3,7 @@
 Usage (root): python3 bench/ab_scan.py BASE_CHECKOUT [--sizes 2000,20000] [--rounds 9]
 
 BASE_CHECKOUT's ``pvegpu`` package is imported as ``pvegpu_base`` (its imports are relative), so both scans read the
-same node in the same process, round after round: the old scan, the new one serial (``workers=1``), the new one over
+same node in the same process, round after round: the old scan (serial), the new one serial (``workers=1``), the new one over
 forked workers (the default). The node is bench_audit_sbs's: 100 container cgroups of sleeping processes, 4 holders of
 a stand-in device in each of 25 of them. Reported: wall time (median, min) and this process's CPU time for the
 serial scans (less moved by other work on the machine than wall time), and whether every answer was the same.
@@ -34,6 +34,13 @@ def load_base(checkout: str):  # noqa: ANN201 - the older release's procfs modul
     return importlib.import_module("pvegpu_base.adapters.procfs")
 
 
+def _serial_host(mod, numbers):  # noqa: ANN001, ANN202 - the base release's serial ProcHost (older ones have no workers)
+    try:
+        return mod.ProcHost(mod.DeviceTable(numbers), workers=1)
+    except TypeError:
+        return mod.ProcHost(mod.DeviceTable(numbers))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("base")
@@ -49,7 +56,7 @@ def main() -> int:
         try:
             pids, _owners, vmids = spawn_node(size, base)
             time.sleep(1.0)
-            variants = {"release 19": lambda: old.ProcHost(old.DeviceTable(numbers)).holdings(),
+            variants = {"base, serial": lambda: _serial_host(old, numbers).holdings(),
                         "this, serial": lambda: ProcHost(DeviceTable(numbers), workers=1).holdings(),
                         "this, forked workers": lambda: ProcHost(DeviceTable(numbers)).holdings()}
             wall: dict[str, list[float]] = {k: [] for k in variants}

@@ -270,14 +270,14 @@ class ProcessScan:
                 return False
             maps = f"{proc}/{pid}/task/{tids[0]}/maps"
         try:
-            f = open(maps, "rb", buffering=0)  # noqa: SIM115 (closed below; streamed, never read whole)
+            fd = os.open(maps, os.O_RDONLY | os.O_CLOEXEC)  # streamed, never read whole
         except FileNotFoundError:
             return False
         files: dict[tuple[bytes, bytes], bytes] = {}  # (dev, inode) -> one range that maps it
         lines = size = 0
         rest = b""
-        with f:
-            while chunk := f.read(_CHUNK):
+        try:
+            while chunk := os.read(fd, _CHUNK):
                 size += len(chunk)
                 lines += chunk.count(b"\n")
                 if lines > self.budget.map_lines or size > self.budget.map_bytes:
@@ -286,6 +286,8 @@ class ProcessScan:
                 whole = (rest + chunk).split(b"\n")
                 rest = whole.pop()  # a line not ended yet: completed by the next chunk (or ignored at the end)
                 maps_files(whole, files)
+        finally:
+            os.close(fd)
         return self._prove(proc, pid, leader_zombie, files, minors, via)
 
     def _prove(self, proc: str, pid: int, leader_zombie: bool, files: dict[tuple[bytes, bytes], bytes],

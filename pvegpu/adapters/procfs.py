@@ -62,6 +62,20 @@ def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
         return None
 
 
+def _read_small(path: str) -> bytes | None:
+    """One read of up to 4 KiB (a stat line), None when it cannot be read: ``_read_bytes`` without a file object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def kernel_thread(stat_text: bytes | None) -> bool:
     """Is ``/proc/<pid>/stat`` that of a kernel thread (``PF_KTHREAD`` in field 9, flags)? The kernel sets the flag;
     a kernel thread has no user memory (empty ``maps``) and no fd table of a process, so it holds no GPU."""
@@ -385,7 +399,7 @@ class ProcHost:
                 if abandoned.is_set():
                     return
                 pid = todo[j]
-                raw = _read_bytes(f"{self.proc}/{pid}/stat", 4096)
+                raw = _read_small(f"{self.proc}/{pid}/stat")
                 st = parse_stat(raw) if raw is not None else None
                 # a kernel thread (a child of kthreadd, pid 2, or kthreadd itself) has no mm and no files: holds nothing
                 if st is not None and st.ppid in (0, 2) and kernel_thread(raw):
