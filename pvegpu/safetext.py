@@ -32,6 +32,11 @@ def escape(text: str | bytes, limit: int | None = None) -> str:
     """``text`` with control and non-printable characters escaped; cut to ``limit`` characters (then ``...``)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "surrogateescape")
+    if text.isascii() and text.isprintable() and "\\" not in text:  # fast path: nothing to escape, one char each
+        if limit is None or len(text) <= limit:
+            return text
+        if limit >= 0:
+            return text[:limit] + "..."
     out: list[str] = []
     size = 0
     for ch in text:

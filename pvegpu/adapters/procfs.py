@@ -18,7 +18,7 @@ from ..cgroup import UNKNOWN, parse_cgroup
 from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
 from ..safetext import escape
 from .devscan import BUDGET, UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors, stat_nosync
-from .procstat import Stat, read_stat
+from .procstat import Stat, parse_stat, read_stat
 
 STUCK = "stuck"  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
 
@@ -49,6 +49,9 @@ CT_LEVEL = 1  # index in NSpid of the container's PID namespace: one below the h
 CMDLINE_READ = 4096  # bytes of /proc/<pid>/cmdline read (display only)
 CMDLINE_SHOWN = 512  # characters kept after escaping
 DEAD = ("Z", "X")
+CMDLINE_CACHE = 65_536  # identities whose command line one run keeps (bounded: a node of many short-lived processes)
+_MIN_SHARE = 600  # scanpool.MIN_PER_WORKER (not imported for a scan that stays serial: the gate's path)
+PF_KTHREAD = 0x00200000  # stat field 9 (flags): a kernel thread; the kernel sets it, no process can
 
 
 def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
@@ -57,6 +60,32 @@ def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
             return f.read(limit)
     except OSError:
         return None
+
+
+def _read_small(path: str) -> bytes | None:
+    """One read of up to 4 KiB (a stat line), None when it cannot be read: ``_read_bytes`` without a file object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def kernel_thread(stat_text: bytes | None) -> bool:
+    """Is ``/proc/<pid>/stat`` that of a kernel thread (``PF_KTHREAD`` in field 9, flags)? The kernel sets the flag;
+    a kernel thread has no user memory (empty ``maps``) and no fd table of a process, so it holds no GPU."""
+    if not stat_text:
+        return False
+    fields = stat_text[stat_text.rfind(b")") + 1 :].split()
+    try:
+        return len(fields) > 6 and int(fields[6]) & PF_KTHREAD != 0
+    except ValueError:
+        return False
 
 
 def _read_at(dirfd: int, name: str, limit: int = 1 << 20) -> bytes:
@@ -140,6 +169,45 @@ def parse_status(data: bytes) -> tuple[list[int], int | None, int]:
     return nspid, uid, threads
 
 
+def status_facts(data: bytes) -> tuple[list[int], int | None, bool]:
+    """(NSpid, real uid, term_futile) of one ``/proc/<pid>/status`` text in one pass over its lines: exactly
+    ``parse_status(data)[:2]`` and ``term_futile(data, nspid)``, the way ``describe`` needs them."""
+    nspid: list[int] = []
+    uid: int | None = None
+    traced = bad_mask = False
+    masks: dict[bytes, int] = {}
+    for line in data.split(b"\n"):
+        key, _, value = line.partition(b":")
+        if key == b"NSpid":
+            try:
+                nspid = [int(x) for x in value.split()]
+            except ValueError:
+                pass
+        elif key == b"Uid":
+            try:
+                uid = int(value.split()[0])
+            except (ValueError, IndexError):
+                pass
+        elif key == b"TracerPid":
+            if not bad_mask and value.strip() not in (b"", b"0"):
+                traced = True
+                break  # term_futile stops here: True; later NSpid/Uid lines are still wanted below
+        elif key in (b"SigIgn", b"SigCgt") and not bad_mask:
+            try:
+                masks[key] = int(value.strip(), 16)
+            except ValueError:
+                bad_mask = True
+    if traced:  # the lines after TracerPid may still carry NSpid and Uid (the kernel writes them after it)
+        nspid, uid, _threads = parse_status(data)
+        return nspid, uid, True
+    if bad_mask:
+        return nspid, uid, False
+    if masks.get(b"SigIgn", 0) & SIGTERM_BIT:
+        return nspid, uid, True
+    futile = len(nspid) > 2 and nspid[-1] == 1 and b"SigCgt" in masks and not masks[b"SigCgt"] & SIGTERM_BIT
+    return nspid, uid, futile
+
+
 class CgroupBoundary:
     """A PVE container: cgroup ``/lxc/<vmid>/...`` and the PID namespace lxc created for it.
 
@@ -157,10 +225,14 @@ class CgroupBoundary:
         self.cgroup_root = cgroup_root
 
     def place(self, pid: int, st: Stat) -> tuple[Placement, str]:
+        return self.place_read(pid)[:2]
+
+    def place_read(self, pid: int) -> tuple[Placement, str, bytes | None]:
+        """``place`` and the ``/proc/<pid>/cgroup`` bytes it was decided on (describe's frozen check reads the same)."""
         data = _read_bytes(f"{self.proc}/{pid}/cgroup")
         if data is None:
-            return UNKNOWN, "?"  # unreadable (e.g. too long on older kernels): never "host"
-        return parse_cgroup(data)
+            return UNKNOWN, "?", None  # unreadable (e.g. too long on older kernels): never "host"
+        return (*parse_cgroup(data), data)
 
     def view(self, pid: int, placement: Placement, nspid: list[int]) -> tuple[int | None, bool]:
         if placement.place is not Place.CONTAINER or len(nspid) <= CT_LEVEL:
@@ -203,6 +275,7 @@ class ProcHost:
         budget: ScanBudget | None = None,
         stat_of: Callable[[str], tuple[int, int]] = stat_nosync,
         scan: type[ProcessScan] = ProcessScan,
+        workers: int | None = None,
     ) -> None:
         self.devices = devices or DeviceTable()
         self._stat_of = stat_of  # tests pass a plain os.stat to reproduce a scan that blocks
@@ -213,6 +286,8 @@ class ProcHost:
         self.budget = budget or ScanBudget()
         self.self_pid = os.getpid()
         self._stuck: set[tuple[int, int]] = set()  # processes whose scan blocked in the kernel, by identity
+        self._cmdlines: dict[tuple[int, int], str] = {}  # identity -> escaped cmdline, read once per run (display only)
+        self.workers = workers  # whole-node scans: shares at most (None: one per core; 1: serial), see scanpool
 
     # -- liveness -------------------------------------------------------------------------------
     def _live_state(self, pid: int, st: Stat) -> str:
@@ -231,14 +306,29 @@ class ProcHost:
 
     # -- Host port ------------------------------------------------------------------------------
     def describe(self, pid: int) -> ProcInfo | None:
+        """What the process is now: stat, status, cgroup (and cgroup.events) are read at every call; only the
+        command line (display text, never decided on) is read once per identity (pid + start time) and run, since
+        a reset's polls describe every NVML-listed neighbour again and again."""
         st = read_stat(pid, self.proc)
         if st is None:
             return None
         status = _read_bytes(f"{self.proc}/{pid}/status") or b""
-        nspid, uid, _threads = parse_status(status)
-        placement, path = self.boundary.place(pid, st)
+        nspid, uid, futile = status_facts(status)
+        if isinstance(self.boundary, CgroupBoundary):  # one read of /proc/<pid>/cgroup decides placement and frozen
+            placement, path, cg = self.boundary.place_read(pid)
+        else:
+            placement, path = self.boundary.place(pid, st)
+            cg = _read_bytes(f"{self.proc}/{pid}/cgroup") if placement.place is Place.CONTAINER else None
         ns_pid, is_init = self.boundary.view(pid, placement, nspid)
-        cmd = (_read_bytes(f"{self.proc}/{pid}/cmdline", CMDLINE_READ) or b"").rstrip(b"\0").replace(b"\0", b" ")
+        key = (pid, st.start_ticks)
+        cmdline = self._cmdlines.get(key)
+        if cmdline is None:
+            cmd = (_read_bytes(f"{self.proc}/{pid}/cmdline", CMDLINE_READ) or b"").rstrip(b"\0").replace(b"\0", b" ")
+            cmdline = escape(cmd, CMDLINE_SHOWN)
+            if cmd:  # an empty one (a zombie, a kernel thread, not yet exec'd) is read again next time
+                if len(self._cmdlines) >= CMDLINE_CACHE:
+                    self._cmdlines.clear()
+                self._cmdlines[key] = cmdline
         return ProcInfo(
             ident=ProcIdentity(pid, st.start_ticks),
             comm=escape(st.comm),
@@ -249,12 +339,11 @@ class ProcHost:
             is_ct_init=is_init,
             ppid=st.ppid,
             uid=uid,
-            cmdline=escape(cmd, CMDLINE_SHOWN),
-            term_futile=term_futile(status, nspid),
+            cmdline=cmdline,
+            term_futile=futile,
             pgid=st.pgid,
             sid=st.sid,
-            frozen=placement.place is Place.CONTAINER and cgroup_frozen(_read_bytes(f"{self.proc}/{pid}/cgroup"),
-                                                                        self.cgroup_root),
+            frozen=placement.place is Place.CONTAINER and cgroup_frozen(cg, self.cgroup_root),
         )
 
     def all_pids(self) -> list[int]:
@@ -276,12 +365,20 @@ class ProcHost:
         ``budget.seconds`` + 0.5 s as unreadable (``stuck``), remembered for the rest of this run, and the scan
         goes on with a new worker. The whole call is bounded by ``budget.total``: the processes not reached by
         then are unreadable (``budget``), never "hold nothing", so many stuck processes cost that bound, never more.
+        A whole-node scan (``pids`` None) of many processes is spread over forked workers, one per core, with the
+        same rules and the same answer (``scanpool``); a worker that fails has its share scanned here.
         """
         import time
 
         todo = [p for p in (self.all_pids() if pids is None else pids) if p != self.self_pid]
         out: dict[int, Holding] = {}
         end = time.monotonic() + self.budget.total
+        if pids is None and self.workers != 1 and len(todo) >= 2 * _MIN_SHARE:
+            from . import scanpool
+
+            n = scanpool.shares(len(todo), self.workers)
+            if n > 1 and scanpool.forkable():
+                return scanpool.scan(self, todo, deep, end, n)
         start = 0
         while start < len(todo):
             start = self._scan_watched(todo, start, deep, out, end)
@@ -302,7 +399,11 @@ class ProcHost:
                 if abandoned.is_set():
                     return
                 pid = todo[j]
-                st = read_stat(pid, self.proc)
+                raw = _read_small(f"{self.proc}/{pid}/stat")
+                st = parse_stat(raw) if raw is not None else None
+                # a kernel thread (a child of kthreadd, pid 2, or kthreadd itself) has no mm and no files: holds nothing
+                if st is not None and st.ppid in (0, 2) and kernel_thread(raw):
+                    continue
                 ident = (pid, st.start_ticks) if st is not None else None
                 at[:] = [j, time.monotonic(), ident]
                 if ident in self._stuck:

@@ -1,0 +1,198 @@
+"""A whole-node holder scan spread over forked workers, one per core, with the serial scan as the fallback.
+
+Manual equivalent: ``fuser -v /dev/nvidia*`` run over a share of ``/proc`` per core. Each worker is a fork of this
+process that scans one share of the pids with the very same watched scan (``ProcHost._scan_watched``: per-process
+budget, stuck processes, the whole scan's deadline) and sends its holdings back through a pipe; this process scans
+a share itself meanwhile. The merged result is what one serial scan gives. Rules:
+
+- Bounded: at most ``MAX_WORKERS`` workers and never fewer than ``MIN_PER_WORKER`` pids each; a worker stops at the
+  scan's own deadline (the rest of its share is unknown, as in a serial scan) and is given ``GRACE`` s more to report.
+- Any worker that fails (fork refused, killed, crashed, late, an unreadable answer) is killed and its share scanned
+  again here, serially, within what is left of the deadline: never a hole in the answer, never a second deadline.
+- A worker holds nothing of this process: it closes every inherited fd but its pipe (NVML's device fds included, so
+  no other scan sees a pvegpu worker hold a GPU), takes the default action for every signal (a Ctrl-C never runs
+  this process's handlers twice), touches no NVML, no API, no file but ``/proc``, and ends with ``os._exit``.
+- Only from the main thread of a process with no other Python thread (fork copies one thread; a scan thread left
+  stuck in the kernel by an earlier scan could hold a lock the child would need), else serial.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False  # typing is not imported at run time
+if TYPE_CHECKING:
+    import signal
+
+    from ..model import Holding
+    from .procfs import ProcHost
+
+MAX_WORKERS = 8  # forked workers at most, whatever the cores
+MIN_PER_WORKER = 600  # pids per share at least: below that a fork costs more than it saves
+GRACE = 1.0  # seconds past the scan's deadline a worker may take to hand its answer over
+REAP_WAIT = 0.5  # seconds a worker that answered may take to exit before a reaper thread waits for it
+
+
+def cores() -> int:
+    """Cores this process may run on (its affinity mask, as ``nproc`` says), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def shares(count: int, limit: int | None = None) -> int:
+    """How many shares a scan of ``count`` pids is cut into: one per core, each of ``MIN_PER_WORKER`` pids or more."""
+    n = min(cores() if limit is None else limit, MAX_WORKERS + 1, count // MIN_PER_WORKER)
+    return max(1, n)
+
+
+def forkable() -> bool:
+    """This process may fork scan workers now: main thread, no other Python thread."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread() and threading.active_count() == 1
+
+
+def scan(host: ProcHost, todo: list[int], deep: bool, end: float, n: int) -> dict[int, Holding]:
+    """Holdings of ``todo`` (in its order) from ``n`` shares: ``n - 1`` forked workers and this process."""
+    parts = [todo[i::n] for i in range(n)]  # interleaved: each share gets some of every container's pids
+    workers = [_start(host, part, deep, end) for part in parts[1:]]
+    out: dict[int, Holding] = {}
+    _serial(host, parts[0], deep, end, out)
+    for part, w in zip(parts[1:], workers, strict=True):
+        got = _collect(host, w, end + GRACE) if w is not None else None
+        if got is None:  # the worker failed: its share again, here, within what is left of the deadline
+            _serial(host, part, deep, end, out)
+        else:
+            out.update(got)
+    return {p: out[p] for p in todo if p in out}
+
+
+def _serial(host: ProcHost, part: list[int], deep: bool, end: float, out: dict[int, Holding]) -> None:
+    start = 0
+    while start < len(part):
+        start = host._scan_watched(part, start, deep, out, end)
+
+
+def _start(host: ProcHost, part: list[int], deep: bool, end: float) -> tuple[int, int] | None:
+    """Fork one worker for ``part``; (its pid, the read end of its pipe), None when it cannot be started."""
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return None
+    import signal
+
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())  # none arrives between fork and reset
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        os.close(r)
+        os.close(w)
+        return None
+    if pid == 0:  # the worker: nothing of the parent's but /proc, and os._exit whatever happens
+        code = 1
+        try:
+            _worker(host, part, deep, end, w, r, mask)
+            code = 0
+        finally:
+            os._exit(code)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    os.close(w)
+    return pid, r
+
+
+def _worker(host: ProcHost, part: list[int], deep: bool, end: float, w: int, r: int, mask: set[int | signal.Signals]) -> None:
+    import marshal
+    import signal
+
+    for sig in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError, TypeError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what arrived meanwhile takes its default action now
+    os.close(r)
+    os.closerange(3, w)  # NVML's /dev/nvidia* fds, locks, sockets: the worker holds none of them
+    os.closerange(w + 1, 1 << 20)
+    out: dict[int, Holding] = {}
+    _serial(host, part, deep, end, out)
+    rows = [(h.pid, sorted(h.minors), sorted(h.via)) for h in out.values()]
+    data = marshal.dumps((rows, sorted(host._stuck)))
+    view = memoryview(data)
+    while view:
+        view = view[os.write(w, view):]
+    os.close(w)
+
+
+def _collect(host: ProcHost, worker: tuple[int, int], deadline: float) -> dict[int, Holding] | None:
+    """The worker's holdings, or None: it failed, or did not answer by ``deadline`` (then it is killed). The worker
+    closes its pipe only after the whole answer, so end of file plus an answer that decodes is success."""
+    import marshal
+    import select
+    import time
+
+    from ..model import Holding
+
+    pid, r = worker
+    chunks: list[bytes] = []
+    ended = False
+    try:
+        while (left := deadline - time.monotonic()) > 0 and select.select([r], [], [], left)[0]:
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                ended = True
+                break
+            chunks.append(chunk)
+    except OSError:
+        ended = False
+    finally:
+        os.close(r)
+    _reap(pid, kill=not ended)
+    if not ended:
+        return None
+    try:
+        rows, stuck = marshal.loads(b"".join(chunks))
+        got = {int(p): Holding(int(p), frozenset(int(m) for m in minors), frozenset(str(v) for v in via))
+               for p, minors, via in rows}
+        stuck_ids = {(int(a), int(b)) for a, b in stuck}
+    except (EOFError, ValueError, TypeError):  # it died before or while writing: nothing it says is taken
+        return None
+    host._stuck.update(stuck_ids)
+    return got
+
+
+def _reap(pid: int, kill: bool) -> None:
+    """Reap the worker (killed first when it has not answered). One that does not exit within a moment (a thread
+    of it blocked in the kernel) is left to a reaper thread; later scans of this run are then serial (``forkable``)."""
+    import signal
+    import time
+
+    if kill:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    end = time.monotonic() + REAP_WAIT
+    while True:
+        try:
+            done, _status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        if time.monotonic() > end:
+            break
+        time.sleep(0.001)
+    import threading
+
+    threading.Thread(target=_wait, args=(pid,), daemon=True, name="pvegpu-scan-reaper").start()
+
+
+def _wait(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
