@@ -65,7 +65,7 @@ def commands() -> Cmd:
             else:
                 names = [o for o in p.opts + list(getattr(p, "secondary_opts", [])) if o not in SKIP]
                 if names:
-                    out.options.append((", ".join(names), None if p.is_flag else (p.metavar or "VALUE"), re.sub(r"\s+", " ", p.help or "").strip()))
+                    out.options.append((", ".join(names), None if p.is_flag else (p.metavar or p.name.upper()), re.sub(r"\s+", " ", p.help or "").strip()))
         for name, sub in getattr(c, "commands", {}).items():
             if not getattr(sub, "hidden", False):
                 out.subcommands.append(walk(sub, path + [name]))
@@ -137,7 +137,8 @@ def man(version: str, readme: str | None = None, date: str | None = None) -> str
     out += [".SH FILES",
             ".TP", "\\fI/etc/pvegpu/pvegpu.toml\\fR", "settings (owner root, not writable by group or others)",
             ".TP", "\\fI/etc/pvegpu/token\\fR", "API token secret (owner root, mode 600)",
-            ".TP", "\\fI/usr/share/pvegpu/\\fR", "the guard template, systemd units, Prometheus alert rules, example settings",
+            ".TP", "\\fI/usr/share/pvegpu/\\fR", "the guard template, the Prometheus alert rules (and their promtool tests), pvegpu.toml.example",
+            ".TP", "\\fI/usr/lib/systemd/system/pvegpu\\-*\\fR", "the audit timer and service, the NVIDIA device-node unit (not enabled by the package)",
             ".TP", "\\fI/var/lib/vz/snippets/pvegpu\\-guard\\fR", "the start gate written by \\fBpvegpu hook install\\fR",
             ".SH SEE ALSO", "\\fBpct\\fR(1), \\fBnvidia\\-smi\\fR(1)"]
     return "\n".join(out) + "\n"
