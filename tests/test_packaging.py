@@ -144,14 +144,20 @@ def test_package_data_copies_equal_contrib():
 
 def test_wheel_ships_contrib_and_one_version(tmp_path):
     """The wheel a venv install gets holds the guard, the units and the alert rules, and its version is __version__."""
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), REPO],
+    src = tmp_path / "src"  # a copy: an in-tree build would leave build/ and egg-info in the checkout
+    src.mkdir()
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(REPO, f), src / f)
+    shutil.copytree(os.path.join(REPO, "pvegpu"), src / "pvegpu", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     if p.returncode != 0 and re.search(r"No matching distribution|Could not fetch|NewConnectionError|Network is unreachable", p.stderr):
         pytest.skip("pip cannot fetch setuptools for the build (no index reachable)")
     assert p.returncode == 0, p.stderr
-    (whl,) = [f for f in os.listdir(tmp_path) if f.endswith(".whl")]
+    (whl,) = [f for f in os.listdir(out) if f.endswith(".whl")]
     assert whl.startswith(f"pvegpu-{__version__}-")
-    names = set(zipfile.ZipFile(tmp_path / whl).namelist())
+    names = set(zipfile.ZipFile(out / whl).namelist())
     for f in ("pvegpu/data/pvegpu-guard", "pvegpu/data/prometheus/pvegpu.rules.yml", "pvegpu/data/systemd/pvegpu-audit.service",
               "pvegpu/data/systemd/pvegpu-audit.timer", "pvegpu/data/systemd/pvegpu-nvidia-nodes.service"):
         assert f in names, f
