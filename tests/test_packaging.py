@@ -257,3 +257,13 @@ def test_refresh_without_guards_does_nothing(node):
     pve, local, fast = node
     plan = ins.refresh(pve)
     assert plan.ok and plan.done == [] and plan.warnings == [] and not local.exists() and not fast.exists()
+
+
+def test_readme_install_section_names_this_version_and_one_venv_command():
+    """The install section's .deb command names this version for both releases, and it holds exactly one
+    venv-from-checkout line, the one packaging/ci-deb runs verbatim in fresh chroots."""
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    sec = text.split("## Install on a PVE node", 1)[1].split("\n## ", 1)[0]
+    assert f"    apt install ./pvegpu_{__version__}_bookworm_amd64.deb" in sec and f"./pvegpu_{__version__}_trixie_amd64.deb" in sec
+    venv = [ln for ln in text.splitlines() if re.fullmatch(r"    apt-get update.*python3 -m venv /opt/pvegpu.*", ln)]
+    assert len(venv) == 1 and "pip install -q ." in venv[0]
