@@ -1,3 +1,3 @@
 """pvegpu: verified GPU reclaim, start gate and audit for Proxmox VE LXC containers."""
 
-__version__ = "0.1.0"
+__version__ = "0.4.0"

@@ -358,3 +358,48 @@ def _swapped(pve_root: str, vmid: int, volid: str, expected: str) -> str | None:
         if text != want or lst.st_uid not in _TRUSTED or lst.st_mode & 0o022 or not stat.S_ISREG(lst.st_mode):
             return f"{path} is not the chain script pvegpu wrote (changed, or writable by others)"
     return guard_problem(guard_path, expected)
+
+
+_GUARD_MARK = "# pvegpu start gate for Proxmox VE containers"  # the guard's second line, in every version pvegpu wrote
+
+
+def refresh(pve_root: str) -> Plan:
+    """Rewrite every guard snippet an earlier pvegpu wrote so that it runs this installation (its paths, its text);
+    no container is changed. Run by the package's postinst: after an upgrade, and after a PVE major upgrade whose
+    new Python moved the venv's site-packages, the guard's fast path names this build again.
+
+    Only a regular file at ``<storage>/snippets/pvegpu-guard`` that root (or this user) owns, that no group or other
+    may write, and that begins like a guard pvegpu wrote is rewritten (what ``hook install`` would write there);
+    anything else is left alone and named. Storages: ``local`` and every storage a container's hookscript names.
+    """
+    plan = Plan()
+    names = {"local"}
+    for _n, (_node, text) in _ct_confs(pve_root).items():
+        hs = parse_config(text).hookscript
+        if _is_ours(hs):
+            names.add(str(hs).split(":", 1)[0])
+    text = guard_text(template())
+    for name in sorted(names):
+        try:
+            st = read_storage(pve_root, name)
+        except PvegpuError as exc:
+            plan.warnings.append(f"storage {name}: {exc.message}")
+            continue
+        path = os.path.join(st.path, "snippets", GUARD)
+        if not os.path.lexists(path):
+            continue
+        lst = os.lstat(path)
+        old = read_nofollow(path)
+        if (not stat.S_ISREG(lst.st_mode) or lst.st_uid not in _TRUSTED or lst.st_mode & 0o022 or old is None
+                or not (old.split("\n")[1:2] or [""])[0].startswith(_GUARD_MARK)):
+            plan.warnings.append(f"{path} left alone: not a guard pvegpu wrote (`pvegpu hook status` says more)")
+            continue
+        if old == text:
+            continue
+        try:
+            write_atomic(path, text, 0o755)
+        except (OSError, PvegpuError) as exc:
+            plan.refused.append(f"cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; run `pvegpu hook install VMID` for its containers")
+            continue
+        plan.done.append(f"rewrote {path} for this pvegpu")
+    return plan
