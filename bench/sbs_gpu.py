@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -151,6 +152,7 @@ class Bench:
             self.host_procs.append(p)
             self._wait_ready(ready, 1, want, [p.pid])
         keep = self.nvml.used_mib() or 0.0
+        self._keep = keep
         self._holder_ct(M.TARGET, s, s.gib)
         if s.kind == "respawn":
             time.sleep(0.2)
@@ -213,12 +215,37 @@ class Bench:
             extra["stderr_tail"] = p.stderr[-800:]
         return wall, verdict, detail, extra
 
+    def floor(self) -> tuple[float, str, str, dict]:
+        """The physical floor: SIGKILL to every process of the target but its init (known, not searched for), NVML
+        polled every 5 ms until the memory is back to what others keep, plus pvegpu's settle window."""
+        from pvegpu.settings import ResetSettings
+
+        init = N.find_init(M.TARGET)
+        pids = [p for p in N.ct_pids(M.TARGET) if p != init]
+        settle = ResetSettings().settle
+        t = time.perf_counter()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        while True:
+            used = self.nvml.used_mib()
+            back = used is not None and used <= self._keep + M.THRESHOLD_MIB and not {p for p, _ in self.nvml.listed()} & set(pids)
+            release = time.perf_counter() - t
+            if back:
+                return release + settle, "clean", f"memory back {release:.3f} s after SIGKILL, + settle {settle:g} s", \
+                    {"release_s": round(release, 4), "settle_s": settle}
+            if release > 30:
+                return release, "not clean", f"memory not back 30 s after SIGKILL ({used} MiB)", {}
+            time.sleep(0.005)
+
     def run(self, s: M.Scenario, method: str, rep: int = 0, profile: bool = False) -> M.Run:
         r = M.Run(s.key, method + (" (importtime)" if profile else ""), rep)
         try:
             r.keep_mib, r.allocated_mib = self.setup(s)
             before = self.outside()
-            fn = {"manual": self.manual, "restart": self.restart, "pvegpu": lambda: self.pvegpu(profile)}[method]
+            fn = {"manual": self.manual, "restart": self.restart, "pvegpu": lambda: self.pvegpu(profile), "floor": self.floor}[method]
             r.wall_s, r.verdict, r.detail, r.extra = fn()
             time.sleep(1.0)
             r.truth = self.truth()

@@ -6,6 +6,9 @@ No GPU, no root, no I/O: everything here is tested on CPU in tests/test_bench_ha
 Manual equivalents: the *manual* method is ``pct exec VMID -- sh -c 'pkill -9 python; fuser -k /dev/nvidia*;
 sleep 3; nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits'``; the *restart* method is
 ``pct stop VMID && pct start VMID`` then the same ``nvidia-smi``; the *pvegpu* method is ``pvegpu reset VMID``.
+The *floor* is the physical limit of any verified reset: SIGKILL to every holder the scenario started (an oracle
+that needs no search), NVML polled until the memory is back (the driver's release time), plus pvegpu's settle
+window (clean must hold that long before anyone may call it clean).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 THRESHOLD_MIB = 64  # residual memory still counted as clean (pvegpu's reset.threshold_mib default)
-METHODS = ("manual", "restart", "pvegpu")
+METHODS = ("manual", "restart", "pvegpu", "floor")
 TARGET, NEIGHBOUR = 301, 302
 SMI_QUERY = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
 MANUAL_ROUTINE = ("{kill}; fuser -k /dev/nvidia* >/dev/null 2>&1; sleep 3; "
@@ -257,19 +260,24 @@ def ratio(a: float | None, b: float | None) -> str:
     return "–" if a is None or b is None or b <= 0 else f"{a / b:.1f}×"
 
 
+def over(a: float | None, b: float | None) -> str:
+    """How much longer ``a`` took than ``b`` (pvegpu over the floor), in seconds."""
+    return "–" if a is None or b is None else f"{a - b:+.2f} s"
+
+
 def summary_table(runs: list[Run], titles: dict[str, str] | None = None) -> str:
     """One row per scenario: each method's wall time to verdict, its verdict (and whether it was wrong),
     processes outside the target it hurt, and how many times slower than pvegpu the others were."""
     titles = titles or {s.key: s.title for s in SCENARIOS}
     keys = list(dict.fromkeys(r.scenario for r in runs))
-    head = "| scenario | " + " | ".join(METHODS) + " | manual ÷ pvegpu | restart ÷ pvegpu |"
-    lines = [head, "|" + "---|" * (len(METHODS) + 3)]
+    head = "| scenario | " + " | ".join(METHODS) + " | manual ÷ pvegpu | restart ÷ pvegpu | pvegpu − floor |"
+    lines = [head, "|" + "---|" * (len(METHODS) + 4)]
     for k in keys:
         by = {m: [r for r in runs if r.scenario == k and r.method == m] for m in METHODS}
         cells = [" / ".join(_cell(r) for r in by[m]) or "–" for m in METHODS]
         med = {m: _median_wall(by[m]) for m in METHODS}
         lines.append(f"| {titles.get(k, k)} | " + " | ".join(cells)
-                     + f" | {ratio(med['manual'], med['pvegpu'])} | {ratio(med['restart'], med['pvegpu'])} |")
+                     + f" | {ratio(med['manual'], med['pvegpu'])} | {ratio(med['restart'], med['pvegpu'])} | {over(med['pvegpu'], med['floor'])} |")
     return "\n".join(lines)
 
 

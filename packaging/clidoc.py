@@ -121,7 +121,8 @@ def man(version: str, readme: str | None = None, date: str | None = None) -> str
         out += [".TP", f"\\fB{_roff(names)}\\fR" + (f" \\fI{meta}\\fR" if meta else ""), _roff(text)]
     out.append(".SH COMMANDS")
     for c in all_commands(tree):
-        if c.subcommands and not c.args:
+        if c.subcommands and not c.args:  # a group (``pvegpu sim``): its help and its subcommands, each with its own section
+            out += [".SS " + _roff(c.name), _roff(c.help), ".PP", "Subcommands: " + ", ".join(s.path[-1] for s in c.subcommands) + "."]
             continue
         out += [".SS " + _roff(c.name) + "".join(f" {_roff(a)}" for a in c.args) + (" [OPTIONS]" if c.options else ""), _roff(c.help)]
         if c.path[-1] == "hook":
@@ -150,6 +151,7 @@ def completion() -> str:
     tree = commands()
     cmds = all_commands(tree)
     top = " ".join(c.path[-1] for c in tree.subcommands)
+    groups = " ".join(c.path[-1] for c in tree.subcommands if c.subcommands)  # hook, sim: their next word is a subcommand
     glob_opts = " ".join(n for names, _m, _t in GLOBAL for n in names.split(", "))
     glob_val = "|".join(n for names, m, _t in GLOBAL if m for n in names.split(", "))
     # every option that takes a value (global or a command's): its value is no command word
@@ -167,7 +169,7 @@ def completion() -> str:
              "    for ((i = 1; i < COMP_CWORD; i++)); do",
              '        w=${COMP_WORDS[i]}',
              f'        case "$w" in {vals}) i=$((i + 1)); continue ;; -*) continue ;; esac',
-             '        if [ -z "$cmd" ]; then cmd=$w; elif [ "$cmd" = hook ] && [ -z "$sub" ]; then sub=$w; else nargs=$((nargs + 1)); fi',
+             '        if [ -z "$cmd" ]; then cmd=$w; elif [[ " ' + groups + ' " == *" $cmd "* ]] && [ -z "$sub" ]; then sub=$w; else nargs=$((nargs + 1)); fi',
              "    done",
              '    case "$cmd${sub:+ $sub}" in']
     for c in cmds:
@@ -184,6 +186,8 @@ def completion() -> str:
               '        COMPREPLY=($(compgen -W "' + " ".join(s.path[-1] for c in cmds if c.path[-1] == "hook" for s in c.subcommands) +
               ' $(_pvegpu_vmids)" -- "$cur")); return 0',
               "    fi",
+              *[f'    [ "$cmd" = {c.path[-1]} ] && [ -z "$sub" ] && {{ COMPREPLY=($(compgen -W "' + " ".join(s.path[-1] for s in c.subcommands)
+                + '" -- "$cur")); return 0; }' for c in tree.subcommands if c.subcommands and c.path[-1] != "hook"],
               '    [ "$vmid" = 1 ] && COMPREPLY=($(compgen -W "$(_pvegpu_vmids)" -- "$cur"))',
               "    return 0",
               "}",

@@ -17,7 +17,7 @@ from .audit_model import Flag, FlagKind, GpuRow, HolderRow, NodeAudit, document
 from .errors import PvegpuError
 from .holders import GpuFacts, inspect_gpus
 from .leftover import LeftoverRule, leftover
-from .model import GpuHealth, GpuInfo, Holder, Place
+from .model import GpuHealth, GpuInfo, Holder, Place, Via
 from .ports import Clock, GpuProbe, Host, NodeFiles, PveApi, WallClock
 from .qemuconf import same_device
 from .record import replace
@@ -120,7 +120,7 @@ def _holder_row(h: Holder, used: int | None, hostnames: Mapping[int, str], inher
     ghost, credited = inherited if inherited is not None else (None, None)
     # NVML lists every live context's owner: an unlisted process that maps the device has no context NVML does not
     # show (a DataLoader worker shares its listed parent's), unless it keeps the context of a dead listed pid
-    owns = "nvml" in h.via or ghost is not None or ("maps" in h.via and hidden)
+    owns = Via.NVML in h.via or ghost is not None or (Via.MAPS in h.via and hidden)
     return HolderRow(h.pid, info.ns_pid, info.comm, info.cmdline, info.uid, place, p.vmid, hostname, used, tuple(sorted(h.via)),
                      credited, ghost, owns)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from .model import GpuHealth
+from .model import GpuHealth, Via
 from .record import field, record
 from .units import whole_mib as _mib
 
@@ -107,7 +107,7 @@ class HolderRow:
     @property
     def memory_bytes(self) -> int | None:
         """What this process holds: NVML's number when listed, else the memory credited to it (0 if none)."""
-        if "nvml" in self.via:
+        if Via.NVML in self.via:
             return self.used_bytes
         return self.credited_bytes if self.inherited_from is not None else 0
 

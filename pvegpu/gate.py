@@ -19,7 +19,7 @@ from .holders import GpuFacts, inspect_gpus
 from .leftover import LeftoverRule, leftover
 from .locate import find_guest, granted_gpus
 from .lxcconf import parse_config
-from .model import CONTROL, MIB, GpuInfo, GpuSample, Place
+from .model import CONTROL, MIB, GpuInfo, GpuSample, Place, Via
 from .record import field, record
 from .settings import GateSettings
 
@@ -125,7 +125,7 @@ def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: G
     refused = False
     neighbours = sorted({h.info.placement.vmid for h in f.other_holders
                          if h.info.placement.place is Place.CONTAINER and h.info.placement.vmid and h.could_own_context})
-    host_users = [h for h in f.other_holders if h.info.placement.place not in (Place.CONTAINER, Place.UNKNOWN) and "nvml" in h.via]
+    host_users = [h for h in f.other_holders if h.info.placement.place not in (Place.CONTAINER, Place.UNKNOWN) and Via.NVML in h.via]
     sharers = [f"pid {h.pid} ({h.info.comm}, {h.info.placement.place.value})" for h in host_users]
     if f.unexplained_ghosts:
         refused = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from .model import CONTROL, GpuInfo, GpuSample, Holder, Place, Placement, ProcInfo
+from .model import CONTROL, GpuInfo, GpuSample, Holder, Place, Placement, ProcInfo, Via
 from .record import field, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
@@ -130,7 +130,7 @@ def inspect_gpus(
         # a listed pid whose process holds nothing (a recycled pid): the heir of the dead one may be elsewhere
         extra = set(heir_pids()) - scan if heir_pids is not None else None
         holdings.update(host.holdings(extra))
-    fd_only = [pid for pid, h in holdings.items() if pid not in listed and "maps" not in h.via and any(m >= 0 for m in h.minors)]
+    fd_only = [pid for pid, h in holdings.items() if pid not in listed and Via.MAPS not in h.via and any(m >= 0 for m in h.minors)]
     if fd_only:  # unlisted GPU fd holders: a context owner (maps the device) or an NVML client (fd only)?
         holdings.update(host.holdings(fd_only, deep=True))
 
@@ -143,7 +143,7 @@ def inspect_gpus(
             i = info(pid)
             if i is None or i.state in ("Z", "X"):
                 continue
-            if "unreadable" in held.via and vmid is not None and _in_ct(i, vmid):
+            if Via.UNREADABLE in held.via and vmid is not None and _in_ct(i, vmid):
                 facts.unreadable.append(pid)
             # a container process on a control node (nvidiactl, nvidia-uvm) uses the container's GPUs;
             # elsewhere such holders (persistenced, DCGM) hold no GPU memory and are not listed
@@ -154,7 +154,7 @@ def inspect_gpus(
             i = info(proc.pid)
             hold = holdings.get(proc.pid)
             recycled = _live(i) and (_recycled_by_memory(first, proc.pid, i) or (
-                hold is None or (gpu.minor not in hold.minors and "unreadable" not in hold.via)))
+                hold is None or (gpu.minor not in hold.minors and Via.UNREADABLE not in hold.via)))
             if not _live(i) or recycled:  # describe() just read it: no second look
                 facts.ghosts.append(proc.pid)
                 if recycled:  # a new process got the pid: if it holds the GPU it stays a holder (never hidden), not listed
@@ -170,7 +170,7 @@ def inspect_gpus(
                     facts.contexts_outside += 1
                 continue
             assert i is not None
-            by_pid.setdefault(proc.pid, (set(), i))[0].add("nvml")
+            by_pid.setdefault(proc.pid, (set(), i))[0].add(Via.NVML)
             if _in_ct(i, vmid):
                 facts.ct_listed_bytes = _add(facts.ct_listed_bytes, proc.used_bytes)
             elif i.placement.place is not Place.UNKNOWN:  # memory of an unplaced process explains nothing
@@ -214,9 +214,9 @@ def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: in
     is ``unproven``: the pairing is a guess, so its memory is not enough to stop the target (``leftover.baseline``);
     the target is stopped only for memory provably its own (live listed processes, linked ghosts, target ghosts)."""
     holders = facts.ct_holders + facts.other_holders
-    listed_live = {h.pid for h in holders if "nvml" in h.via}
-    mapping = {h.pid for h in holders if "maps" in h.via}
-    busy = {h.info.placement for h in holders if "nvml" in h.via}  # a live listed process there owns the shared context
+    listed_live = {h.pid for h in holders if Via.NVML in h.via}
+    mapping = {h.pid for h in holders if Via.MAPS in h.via}
+    busy = {h.info.placement for h in holders if Via.NVML in h.via}  # a live listed process there owns the shared context
     heirs = [h for h in holders if h.info.placement not in busy and _heir(h, listed_live, mapping, info)]
     open_ghosts = [g for g in facts.ghosts if g not in facts.target_ghosts and g not in facts.foreign_ghosts]
     used: set[int] = set()
@@ -258,7 +258,7 @@ def _heir(h: Holder, listed_live: set[int], mapping: set[int], info: Callable[[i
     container that has a live NVML-listed process on that GPU (checked by ``_credit_ghosts``: that process owns the
     context its family shares, as a double-forked grandchild re-parented to the init does)."""
     i = h.info
-    if "nvml" in h.via or "maps" not in h.via or i.placement.place is not Place.CONTAINER or i.is_ct_init or i.ppid is None:
+    if Via.NVML in h.via or Via.MAPS not in h.via or i.placement.place is not Place.CONTAINER or i.is_ct_init or i.ppid is None:
         return False
     if i.ppid in listed_live or i.ppid in mapping:
         return False

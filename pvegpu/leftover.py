@@ -15,7 +15,7 @@ bigger flat threshold would hide a real leak on an idle GPU. Settings: ``leftove
 
 from __future__ import annotations
 
-from .model import MIB
+from .model import MIB, Via
 from .record import record
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
@@ -69,7 +69,7 @@ def baseline(facts: GpuFacts, rule: LeftoverRule) -> int:
     lo = leftover(facts, rule)
     if lo.net_bytes is None or facts.ct_listed_bytes is None or facts.unproven_bytes is None:
         return 0  # unknown: every byte left counts against the target (never a reason to call it clean)
-    own_contexts = sum(1 for h in facts.ct_holders if "nvml" in h.via) + len(facts.target_ghosts) + sum(
+    own_contexts = sum(1 for h in facts.ct_holders if Via.NVML in h.via) + len(facts.target_ghosts) + sum(
         1 for g, heir in facts.heirs.items() if g not in facts.unproven and any(h.pid == heir for h in facts.ct_holders))
     # a ghost credited to a target heir by a guess (``holders._credit_ghosts``: no link, other ghosts competing) is not
     # provably the target's: it stays in the baseline, so it alone never makes the reset stop the target

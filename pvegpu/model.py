@@ -150,13 +150,25 @@ class ProcInfo:
         return self.ident.pid
 
 
+class Via:
+    """How a holder was seen: the closed vocabulary of ``Holding.via`` and ``Holder.via`` (the words are the JSON's)."""
+
+    NVML = "nvml"  # NVML lists the pid on that GPU
+    FD = "fd"  # an open descriptor of the GPU's device node
+    MAPS = "maps"  # a mapping of the device node (where a CUDA context's memory lives)
+    UNREADABLE = "unreadable"  # this process could not be fully read (permissions, or over budget)
+    STUCK = "stuck"  # with UNREADABLE: reading it blocked in the kernel (a hung mount)
+    BUDGET = "budget"  # with UNREADABLE: the per-process scan budget ran out (or the whole scan's)
+    ALL = frozenset({NVML, FD, MAPS, UNREADABLE, STUCK, BUDGET})
+
+
 @record(frozen=True)
 class Holding:
     """Which GPUs a process holds open (``fuser -v /dev/nvidia*``): minors, and how it was seen."""
 
     pid: int
     minors: frozenset[int]
-    via: frozenset[str]  # "fd", "maps", "nvml"
+    via: frozenset[str]  # words of ``Via``
 
 
 @record(frozen=True)
@@ -175,7 +187,7 @@ class Holder:
     def could_own_context(self) -> bool:
         """NVML lists it or it maps the device: it may hold GPU memory. An fd alone is an NVML client
         (nvidia-persistenced, DCGM, exporters), which holds none."""
-        return "nvml" in self.via or "maps" in self.via
+        return Via.NVML in self.via or Via.MAPS in self.via
 
 
 @record(frozen=True)

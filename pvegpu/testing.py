@@ -41,6 +41,7 @@ from pvegpu.model import (
     ProcInfo,
     SignalResult,
     TaskResult,
+    Via,
 )
 from pvegpu.sim.driver import Context, DriverModel
 
@@ -142,7 +143,7 @@ class FakeHost:
         return sorted(p.pid for p in self.procs.values() if p.vmid == vmid)
 
     def holdings(self, pids: Any = None, *, deep: bool = False) -> dict[int, Holding]:
-        return {p.pid: Holding(p.pid, frozenset(p.minors), frozenset({"fd", "maps"} if p.maps and deep else {"fd"}))
+        return {p.pid: Holding(p.pid, frozenset(p.minors), frozenset({Via.FD, Via.MAPS} if p.maps and deep else {"fd"}))
                 for p in self.procs.values() if p.minors and (pids is None or p.pid in pids)}
 
     def alive(self, ident: ProcIdentity) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from . import errors as E
-from .model import MIB, Guest, TaskResult
+from .model import MIB, Guest, TaskResult, Via
 from .record import field, record
 from .safetext import escape
 
@@ -119,7 +119,7 @@ class GuestHolder:
 
     @property
     def could_own_context(self) -> bool:
-        return "nvml" in self.via or "maps" in self.via
+        return Via.NVML in self.via or Via.MAPS in self.via
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "comm": self.comm, "via": sorted(self.via), "used_mib": self.used_mib,
@@ -243,7 +243,7 @@ class Guestside:
             if h is None:
                 view.listed_gone.append(pid)  # listed by NVML, no fd on a GPU: dead, or a fork child holds its context
                 continue
-            found[pid] = GuestHolder(pid, h.start, h.via | {"nvml"}, h.comm, mib)
+            found[pid] = GuestHolder(pid, h.start, h.via | {Via.NVML}, h.comm, mib)
         if view.listed_gone and any(h.could_own_context for h in found.values()):
             view.listed_gone = []  # a live holder that maps the device explains it (fork-inherited context)
         view.holders = sorted(found.values(), key=lambda h: h.pid)

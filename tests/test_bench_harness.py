@@ -172,16 +172,23 @@ def test_summary_table_rows_ratios_and_marks():
     lines = M.summary_table(_runs()).splitlines()
     assert lines[0].startswith("| scenario | manual | restart | pvegpu |") and len(lines) == 4
     hold = lines[2]
-    assert "| one holder, 20 GiB | 3.10 s clean | 0.20 s clean | 0.50 s clean | 6.2× | 0.4× |" == hold
+    assert "| one holder, 20 GiB | 3.10 s clean | 0.20 s clean | 0.50 s clean | – | 6.2× | 0.4× | – |" == hold
     shared = lines[3]
-    assert "3.20 s not clean **false alarm**" in shared and "0.40 s clean, hurt 1" in shared and "| 8.0× | 0.7× |" in shared
+    assert "3.20 s not clean **false alarm**" in shared and "0.40 s clean, hurt 1" in shared and "| 8.0× | 0.7× | – |" in shared
 
 
 def test_ratio_without_numbers_is_a_dash():
     """No wall time (an error) gives no ratio rather than a made-up one."""
     assert M.ratio(None, 1.0) == "–" and M.ratio(1.0, 0.0) == "–" and M.ratio(3.0, 0.5) == "6.0×"
     runs = [M.finish(M.Run("fork", "manual", verdict="error")), _run("fork", "pvegpu", "clean", used=0)]
-    assert M.summary_table(runs).splitlines()[2].endswith("| – | – |")
+    assert M.summary_table(runs).splitlines()[2].endswith("| – | – | – |")
+
+
+def test_summary_table_says_how_far_pvegpu_is_above_the_floor():
+    """With a floor run in the same scenario, the last column is pvegpu's median wall minus the floor's."""
+    runs = [_run("hold-20", "pvegpu", "clean", used=0), _run("hold-20", "floor", "clean", used=0)]
+    runs[0].wall_s, runs[1].wall_s = 0.62, 0.55
+    assert M.summary_table(runs).splitlines()[2].endswith("| +0.07 s |") and M.over(None, 1.0) == "–"
 
 
 def test_detail_table_shows_truth_and_collateral():

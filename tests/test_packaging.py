@@ -122,6 +122,12 @@ def test_completion_hook_subcommands_phases_and_options(completion):
     assert completion("reset", "--timeout", "") == []  # a number: nothing to offer
 
 
+def test_completion_sim_subcommands_and_their_options(completion):
+    """`sim` offers its subcommands (create, remove), not VMIDs; `sim create --` its own options."""
+    assert completion("sim", "") == ["create", "remove"]
+    assert "--scenario" in completion("sim", "create", "--") and completion("sim", "create", "") == []
+
+
 def test_completion_without_vmlist(tmp_path):
     """Off a PVE node (no .vmlist) a VMID completes to nothing, without an error."""
     script = tmp_path / "c.bash"

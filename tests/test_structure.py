@@ -111,9 +111,7 @@ def test_gate_path_imports_no_heavy_library(tmp_path, argv):
 
 # os.path helpers that only compute on strings (no file system access) may be used by the core
 PURE_OS_PATH = {"join", "basename", "dirname", "split", "splitext", "normpath", "relpath", "commonpath", "isabs", "sep"}
-IMPURE_TEMPORARY = {
-    "pvegpu.settings": "file/env reading moves to an adapter (lean slice)",
-}
+IMPURE_TEMPORARY: dict[str, str] = {}  # module -> why it may still touch the outside (none left)
 
 
 def _impure_calls(path: str) -> list[str]:
@@ -167,3 +165,19 @@ def test_purity_check_sees_what_it_forbids(tmp_path):
     hits = {h.split(": ", 1)[1] for h in _impure_calls(str(src))}
     assert hits == {"import time", "import subprocess", "open()", "os.getpid", "time.monotonic", "subprocess.run", "os.path.exists"}
     assert set(IMPURE_TEMPORARY) <= set(_core_files())
+
+
+def test_every_via_word_is_in_the_closed_vocabulary():
+    """No module spells a holder's ``via`` word as a bare string where ``model.Via`` names it (the JSON's words)."""
+    from pvegpu.model import Via
+
+    spelled = []
+    for dirpath, _dirs, files in os.walk(PKG):
+        for f in files:
+            if f.endswith(".py") and f != "model.py":
+                tree = ast.parse(open(os.path.join(dirpath, f), encoding="utf-8").read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and node.left.value in Via.ALL \
+                            and any(isinstance(c, ast.Attribute) and c.attr == "via" for c in node.comparators):
+                        spelled.append(f"{f}:{node.lineno}")
+    assert not spelled and Via.ALL == {"nvml", "fd", "maps", "unreadable", "stuck", "budget"}

@@ -34,7 +34,7 @@ import sys
 import time
 
 from ..lxcconf import NVIDIA_MAJOR
-from ..model import CONTROL, Holding
+from ..model import CONTROL, Holding, Via
 from ..record import record
 
 TYPE_CHECKING = False  # typing is not imported at run time (start gate path)
@@ -57,8 +57,8 @@ def maps_files(lines: list[bytes], files: dict[tuple[bytes, bytes], bytes]) -> N
         p = line.split(b" ", 5)
         if len(p) == 6 and p[4] != b"0" and (p[3], p[4]) not in files and (m := _MAPS_LINE.match(line)):
             files[(m[2], m[3])] = m[1]
-UNREADABLE = "unreadable"  # via: this process could not be fully read (permissions, or over budget)
-BUDGET = "budget"  # via, with UNREADABLE: the per-process scan budget ran out (or the whole scan's)
+UNREADABLE = Via.UNREADABLE  # via: this process could not be fully read (permissions, or over budget)
+BUDGET = Via.BUDGET  # via, with UNREADABLE: the per-process scan budget ran out (or the whole scan's)
 
 _AT_FDCWD = -100
 _AT_NO_AUTOMOUNT = 0x800
@@ -205,7 +205,7 @@ class ProcessScan:
                 return None
             for d in fd_dirs:
                 if self._scan_fds(d, minors):
-                    via.add("fd")
+                    via.add(Via.FD)
             if deep or not any(m >= 0 for m in minors):
                 unproven = self._scan_maps(proc, pid, leader_zombie, minors, via)
                 if unproven:
@@ -312,5 +312,5 @@ class ProcessScan:
                 m = self.cache[key] = self.devices.of_mode(mode, rdev)
             if m is not None:
                 minors.add(m)
-                via.add("maps")
+                via.add(Via.MAPS)
         return unproven

@@ -15,12 +15,12 @@ import os
 import signal as _signal
 
 from ..cgroup import UNKNOWN, parse_cgroup
-from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
+from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult, Via
 from ..safetext import escape
 from .devscan import BUDGET, UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors, stat_nosync
 from .procstat import Stat, parse_stat, read_stat
 
-STUCK = "stuck"  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
+STUCK = Via.STUCK  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate scans through this module
 if TYPE_CHECKING:

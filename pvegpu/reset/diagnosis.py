@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..holders import GpuFacts
 from ..leftover import Leftover, LeftoverRule, leftover
-from ..model import Place
+from ..model import Place, Via
 from ..units import mib
 from .vocab import Diagnosis, Kind, Respawn
 
@@ -27,7 +27,7 @@ def restart_would_not_help(facts: dict[int, GpuFacts], rule: LeftoverRule | None
         return (f"process(es) {', '.join(map(str, unplaced))} hold the GPU and their container cannot be read; "
                 "a restart of this container is not known to help")
     unlisted = sorted({h.pid for f in facts.values() for h in f.other_holders
-                       if "nvml" not in h.via and h.could_own_context and h.info.placement.place is not Place.UNKNOWN})
+                       if Via.NVML not in h.via and h.could_own_context and h.info.placement.place is not Place.UNKNOWN})
     if unlisted:
         return (f"the memory left is likely held by process(es) {', '.join(map(str, unlisted))} outside this container "
                 "that NVML does not list (fork-inherited contexts)")
@@ -93,7 +93,7 @@ def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | in
                         f"a process of CT {vmid} may hold it out of sight (an fd in flight on a unix socket); restart the container "
                         f"(`pvegpu reset {vmid}` without --no-restart, or `pct reboot {vmid}`)"))
         own = own_leftover(f, rule)
-        unlisted = [h for h in f.other_holders if "nvml" not in h.via and h.could_own_context and h.pid not in f.ghost_owners]
+        unlisted = [h for h in f.other_holders if Via.NVML not in h.via and h.could_own_context and h.pid not in f.ghost_owners]
         if own.over and not f.ct_holders and not f.target_ghosts and not unlisted:
             out.append(Diagnosis(Kind.DRIVER_LEAK, f"{g} still has {mib(own.net_bytes)} allocated that no live process accounts for (CT {vmid} held it): "
                         "a driver-level leak",

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from ..adapters.devscan import ProcessScan
 from ..adapters.procfs import DeviceTable, ProcHost
 from ..adapters.procstat import Stat, read_stat
-from ..model import Place, Placement
+from ..model import Place, Placement, Via
 from .state import SimState
 
 
@@ -86,7 +86,7 @@ class StandInScan(ProcessScan):
             m = table.get((os.makedev(int(major, 16), int(minor, 16)), int(ino)))
             if m is not None:
                 minors.add(m)
-                via.add("maps")
+                via.add(Via.MAPS)
         return False  # every line is decided: a mapping is a stand-in's file or no GPU of this node
 
 
