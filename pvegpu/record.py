@@ -90,6 +90,20 @@ def _set_qualname(cls: type, fn: Any) -> Any:
     return fn
 
 
+def _lazy(cls: type, name: str, src: str, env: dict[str, Any]) -> Any:
+    """A stand-in for the generated method ``name`` that compiles it on its first call, puts it on ``cls`` in its own
+    place, and calls it: importing a module of records compiles nothing (the start gate pays for every compile)."""
+
+    def first_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        real = _set_qualname(cls, _compile(src, env, name))
+        setattr(cls, name, real)
+        return real(self, *args, **kwargs)
+
+    first_call.__name__ = name
+    first_call.__qualname__ = f"{cls.__qualname__}.{name}"
+    return first_call
+
+
 def _frozen_setattr(self: Any, name: str, value: Any) -> None:
     raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
@@ -144,23 +158,22 @@ def _process(cls: Any, frozen: bool) -> Any:
         body.append(f"_osa(self, {f.name!r}, {value})" if frozen else f"self.{f.name} = {value}")
     names = [f.name for f in flds]
     src = f"def __init__(self, {', '.join(args)}):\n    " + ("\n    ".join(body) or "pass") + "\n"
-    if "__init__" not in cls.__dict__:
-        cls.__init__ = _set_qualname(cls, _compile(src, env, "__init__"))
     tup = "(" + "".join(f"self.{n}, " for n in names) + ")"
     other = "(" + "".join(f"other.{n}, " for n in names) + ")"
-    if "__repr__" not in cls.__dict__:
-        parts = ", ".join(f"{n}={{self.{n}!r}}" for n in names)
-        rsrc = f"def __repr__(self):\n    return f'{{self.__class__.__qualname__}}({parts})'\n"
-        cls.__repr__ = _set_qualname(cls, _compile(rsrc, env, "__repr__"))
-    if "__eq__" not in cls.__dict__:
-        esrc = (f"def __eq__(self, other):\n    if other.__class__ is self.__class__:\n        return {tup} == {other}\n"
-                "    return NotImplemented\n")
-        cls.__eq__ = _set_qualname(cls, _compile(esrc, env, "__eq__"))
+    parts = ", ".join(f"{n}={{self.{n}!r}}" for n in names)
+    made = {  # each method's source; compiled on its first call (a class the run never uses costs no compile)
+        "__init__": src,
+        "__repr__": f"def __repr__(self):\n    return f'{{self.__class__.__qualname__}}({parts})'\n",
+        "__eq__": (f"def __eq__(self, other):\n    if other.__class__ is self.__class__:\n        return {tup} == {other}\n"
+                   "    return NotImplemented\n"),
+        "__hash__": f"def __hash__(self):\n    return hash({tup})\n",
+    }
+    for name in ("__init__", "__repr__", "__eq__"):
+        if name not in cls.__dict__:
+            setattr(cls, name, _lazy(cls, name, made[name], env))
     if "__hash__" not in cls.__dict__ or cls.__dict__["__hash__"] is None:
-        if frozen:
-            cls.__hash__ = _set_qualname(cls, _compile(f"def __hash__(self):\n    return hash({tup})\n", env, "__hash__"))
-        else:
-            cls.__hash__ = None  # mutable and compared by value: unhashable, as a dataclass
+        # frozen: hashed by the fields; mutable and compared by value: unhashable, as a dataclass
+        cls.__hash__ = _lazy(cls, "__hash__", made["__hash__"], env) if frozen else None
     if frozen:
         cls.__setattr__ = _frozen_setattr
         cls.__delattr__ = _frozen_delattr
