@@ -10,6 +10,13 @@ export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   $PY -m pip install -q --break-system-packages --no-index --find-links .whl -e '.[test]' >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
 fi
+# pvegpu as a node runs it: its own venv (as the .deb's /opt/pvegpu), not the system Python with every site package
+VENV=${VENV:-/tmp/pvegpu-venv}
+if [ -d .whl ] && [ ! -x "$VENV/bin/pvegpu" ]; then
+  $PY -m venv --without-pip "$VENV" && $PY -m pip --python "$VENV/bin/python" install -q --no-index --find-links .whl . >>"$OUT/pip.log" 2>&1 \
+    || tail -5 "$OUT/pip.log"
+fi
+SBS_PVEGPU=${SBS_PVEGPU:-$( [ -x "$VENV/bin/pvegpu" ] && echo "$VENV/bin/pvegpu" )}
 if [ -d .qga ] && ! command -v qemu-ga >/dev/null; then  # the VM tests' guest agent, from Debian .debs put there
   for d in .qga/*.deb; do dpkg -x "$d" /opt/qga; done
   printf '#!/bin/sh\nLD_LIBRARY_PATH=/opt/qga/usr/lib/x86_64-linux-gnu exec /opt/qga/usr/sbin/qemu-ga "$@"\n' >/usr/local/bin/qemu-ga
@@ -22,6 +29,6 @@ PVEGPU_RESULTS="$OUT/gpu.jsonl" timeout "${T_TESTS:-300}" $PY -m pytest -q -p no
 echo "== gate vs nvidia-smi"; date +%s
 timeout "${T_GATE:-90}" $PY bench/bench_gate.py "${GATE_N:-40}" 2>&1 | tee "$OUT/gate.txt"
 echo "== side by side"; date +%s
-timeout "${T_SBS:-200}" $PY bench/side_by_side.py --out "$OUT" --name "${SBS_NAME:-side_by_side}" --methods manual,pvegpu,floor \
+timeout "${T_SBS:-200}" $PY bench/side_by_side.py --out "$OUT" --name "${SBS_NAME:-side_by_side}" --methods manual,pvegpu,floor ${SBS_PVEGPU:+--pvegpu "$SBS_PVEGPU"} \
   --scenarios "${SBS_SCENARIOS:-hold-20,ignore-term,two-cts}" --reps "${SBS_REPS:-3}" 2>&1 | tail -30
 date +%s
