@@ -23,9 +23,16 @@ import os
 TYPE_CHECKING = False  # typing is not imported at run time
 if TYPE_CHECKING:
     import signal
+    from typing import Protocol
 
     from ..model import Holding
-    from .procfs import ProcHost
+
+    class Scanner(Protocol):
+        """What a share's scan needs of ``procfs.ProcHost`` (named here, not imported: no import cycle)."""
+
+        _stuck: set[tuple[int, int]]
+
+        def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float) -> int: ...
 
 MAX_WORKERS = 8  # forked workers at most, whatever the cores
 MIN_PER_WORKER = 600  # pids per share at least: below that a fork costs more than it saves
@@ -54,7 +61,7 @@ def forkable() -> bool:
     return threading.current_thread() is threading.main_thread() and threading.active_count() == 1
 
 
-def scan(host: ProcHost, todo: list[int], deep: bool, end: float, n: int) -> dict[int, Holding]:
+def scan(host: Scanner, todo: list[int], deep: bool, end: float, n: int) -> dict[int, Holding]:
     """Holdings of ``todo`` (in its order) from ``n`` shares: ``n - 1`` forked workers and this process."""
     parts = [todo[i::n] for i in range(n)]  # interleaved: each share gets some of every container's pids
     workers = [_start(host, part, deep, end) for part in parts[1:]]
@@ -69,13 +76,13 @@ def scan(host: ProcHost, todo: list[int], deep: bool, end: float, n: int) -> dic
     return {p: out[p] for p in todo if p in out}
 
 
-def _serial(host: ProcHost, part: list[int], deep: bool, end: float, out: dict[int, Holding]) -> None:
+def _serial(host: Scanner, part: list[int], deep: bool, end: float, out: dict[int, Holding]) -> None:
     start = 0
     while start < len(part):
         start = host._scan_watched(part, start, deep, out, end)
 
 
-def _start(host: ProcHost, part: list[int], deep: bool, end: float) -> tuple[int, int] | None:
+def _start(host: Scanner, part: list[int], deep: bool, end: float) -> tuple[int, int] | None:
     """Fork one worker for ``part``; (its pid, the read end of its pipe), None when it cannot be started."""
     try:
         r, w = os.pipe()
@@ -103,7 +110,7 @@ def _start(host: ProcHost, part: list[int], deep: bool, end: float) -> tuple[int
     return pid, r
 
 
-def _worker(host: ProcHost, part: list[int], deep: bool, end: float, w: int, r: int, mask: set[int | signal.Signals]) -> None:
+def _worker(host: Scanner, part: list[int], deep: bool, end: float, w: int, r: int, mask: set[int | signal.Signals]) -> None:
     import marshal
     import signal
 
@@ -127,7 +134,7 @@ def _worker(host: ProcHost, part: list[int], deep: bool, end: float, w: int, r: 
     os.close(w)
 
 
-def _collect(host: ProcHost, worker: tuple[int, int], deadline: float) -> dict[int, Holding] | None:
+def _collect(host: Scanner, worker: tuple[int, int], deadline: float) -> dict[int, Holding] | None:
     """The worker's holdings, or None: it failed, or did not answer by ``deadline`` (then it is killed). The worker
     closes its pipe only after the whole answer, so end of file plus an answer that decodes is success."""
     import marshal

@@ -14,8 +14,11 @@ from .. import errors as E
 from ..model import CtStatus
 from ..record import record
 from .poll import until
-from .run import ResetRun
 from .vocab import CtState
+
+TYPE_CHECKING = False  # types only: a phase acts on the run it is handed (``run.ResetRun``), not its module
+if TYPE_CHECKING:
+    from .run import ResetRun
 
 T = TypeVar("T")
 

@@ -11,10 +11,13 @@ import signal
 from ..holders import GpuFacts
 from ..model import Holder, ProcIdentity, SignalResult
 from .results import StopResult
-from .run import ResetRun
 from .targets import STOPPED, KillNow, Targets, describe, kill_now_why
 from .verify import Verified, verify
 from .vocab import Respawn, StepName, StepOutcome
+
+TYPE_CHECKING = False  # types only: a phase acts on the run it is handed (``run.ResetRun``), not its module
+if TYPE_CHECKING:
+    from .run import ResetRun
 
 
 def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> StopResult:

@@ -9,8 +9,12 @@ from __future__ import annotations
 from ..holders import GpuFacts
 from ..leftover import LeftoverRule, leftover
 from .results import Verified
-from .run import Deadline, ResetRun
 from .vocab import StepName, StepOutcome
+
+TYPE_CHECKING = False  # types only: a phase acts on the run it is handed (``run.ResetRun``), not its module
+if TYPE_CHECKING:
+    from ..deadline import Deadline
+    from .run import ResetRun
 
 
 def own_leftover_gone(facts: GpuFacts, rule: LeftoverRule) -> bool:
