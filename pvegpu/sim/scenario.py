@@ -20,8 +20,9 @@ A scenario is JSON (or the equivalent dict)::
 Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn`` (see ``pvegpu.sim.workload``).
 A GPU plays ``/dev/nvidia<minor>`` with a stand-in the workload processes open: by default the node's own empty
 file ``DIR/dev/nvidia<minor>``, matched by its inode, so no other node (nor anything else on the machine) holds
-it (``"mappable": true``: one page the workloads also map, as CUDA maps the device). ``stand_in`` names another file or a character device (e.g. ``/dev/zero``, which can be mapped); a device is
-matched by its device number, so every process on the machine that opens it counts as a holder.
+it; ``"mappable": true`` makes it one page the workloads also map, as CUDA maps the device. ``stand_in`` names
+another file or a character device (e.g. ``/dev/zero``); a device is matched by its device number, so every
+process on the machine that opens it counts as a holder.
 """
 
 from __future__ import annotations
