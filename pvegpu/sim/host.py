@@ -74,6 +74,7 @@ class StandInTable(DeviceTable):
 
     def __init__(self, gpus: list[dict[str, object]]) -> None:
         stats = [(os.stat(str(g["stand_in"])), int(str(g["minor"]))) for g in gpus]
+        self.private_paths = frozenset(os.path.realpath(str(g["stand_in"])) for g, (st, _) in zip(gpus, stats) if stat.S_ISREG(st.st_mode))
         self.files = {(st.st_dev, st.st_ino): m for st, m in stats}
         private = [((st.st_dev, st.st_ino), m) for st, m in stats if stat.S_ISREG(st.st_mode)]
         self.private = {key: n for n, (key, _) in enumerate(private)}  # file -> the pseudo device's minor
@@ -88,9 +89,8 @@ class StandInScan(ProcessScan):
     def __init__(self, devices: DeviceTable, budget: ScanBudget, cache: dict[tuple[bytes, bytes], int | None],
                  clock: Callable[[], float] = time.monotonic, stat_of: Callable[[str], tuple[int, int]] = stat_nosync) -> None:
         super().__init__(devices, budget, cache, clock=clock, stat_of=stat_of)
-        private = devices.private if isinstance(devices, StandInTable) else {}
-        if private:
-            self._stat = _private_stat(private, stat_of)
+        if isinstance(devices, StandInTable) and devices.private:
+            self._stat = _private_stat(devices.private, devices.private_paths, stat_of)
 
     def _prove(self, proc: str, pid: int, leader_zombie: bool, files: dict[tuple[bytes, bytes], bytes],
                minors: set[int], via: set[str]) -> bool:
@@ -106,10 +106,13 @@ class StandInScan(ProcessScan):
         return False  # every line is decided: a mapping is a stand-in's file or no GPU of this node
 
 
-def _private_stat(private: dict[tuple[int, int], int], inner: Callable[[str], tuple[int, int]]) -> Callable[[str], tuple[int, int]]:
+def _private_stat(private: dict[tuple[int, int], int], paths: frozenset[str],
+                  inner: Callable[[str], tuple[int, int]]) -> Callable[[str], tuple[int, int]]:
+    """``inner``, except that an fd of a private stand-in stats as its pseudo device; only an fd whose link names a
+    stand-in is stat'ed in full (and then counts by its inode), so no other file's server is asked."""
     def stat_of(path: str) -> tuple[int, int]:
         mode, rdev = inner(path)
-        if stat.S_ISREG(mode):
+        if stat.S_ISREG(mode) and os.readlink(path) in paths:
             st = os.stat(path)
             n = private.get((st.st_dev, st.st_ino))
             if n is not None:
