@@ -315,3 +315,24 @@ def test_simulated_reset_is_clean_without_a_restart_where_map_files_is_unreadabl
     pve, nvml, host = node.ports()
     rep = reset(129, Ports(pve, nvml, host, SystemClock()), ResetPolicy(grace=1, timeout=5, task_timeout=5))
     assert rep.outcome is ResetOutcome.CLEAN and not rep.restarted
+
+
+def test_private_stand_ins_are_distinct_devices_nobody_else_holds():
+    """Two private stand-ins (as the LXC lab and these tests make) have distinct device numbers, neither
+    /dev/full's, and a process holding /dev/full holds neither; one holding the stand-in is found."""
+    from tests import lxc_lab
+
+    a, b = lxc_lab.StandIn(), lxc_lab.StandIn()
+    try:
+        assert len({a.rdev, b.rdev, FULL}) == 3
+        full, mine = _holder("/dev/full"), _holder(a.path)
+        try:
+            assert ProcHost(a.table).holdings([full.pid, mine.pid]).keys() == {mine.pid}
+            assert ProcHost(b.table).holdings([full.pid, mine.pid]) == {}
+        finally:
+            for q in (full, mine):
+                q.kill()
+                q.wait()
+    finally:
+        a.close()
+        b.close()
