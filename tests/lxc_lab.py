@@ -19,17 +19,14 @@ from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable
 from pvegpu.adapters.tasks import wait_task
 from pvegpu.model import CtStatus, Guest, TaskResult
-from tests.pvelike import claim_vmids, high_pty, release_vmid  # noqa: F401 (the lab's id claims)
+from tests.pvelike import claim_vmids, private_device, release_vmid  # noqa: F401 (the lab's id claims)
 
 
 class StandIn:
     """This run's GPU 0: a pty slave nobody else opens (the master stays open until ``close``), and its table."""
 
     def __init__(self) -> None:
-        self.master, slave = high_pty()
-        self.path = os.ttyname(slave)
-        self.rdev = os.fstat(slave).st_rdev
-        os.close(slave)  # this process must not hold the GPU itself
+        self.master, self.path, self.rdev = private_device()  # the slave closed: this process must not hold the GPU
         self.table = DeviceTable({(os.major(self.rdev), os.minor(self.rdev)): 0})
 
     def close(self) -> None:
