@@ -1,7 +1,10 @@
 """Real LXC containers (Debian's lxc, busybox template) with Proxmox's cgroup layout, for root tests.
 
-A GPU is stood in for by a mknod copy of /dev/full (major 1, minor 7), exactly what PVE's devN passthrough
-does with /dev/nvidiaN: another path and inode, the same device number; the scanner is told that 1:7 is GPU 0.
+A GPU is stood in for by a private pseudo-terminal of this run (``StandIn``: a high-index pty whose master the
+lab keeps open), bind-mounted into each container as /dev/nvidia0 as PVE users pass real GPUs
+(``lxc.mount.entry = /dev/pts/N dev/nvidia0 none bind,create=file`` plus the devices cgroup allow for it); the
+scanner is told that its device number (136:N) is GPU 0. No other process on the machine holds that number, so
+a concurrent run of the suite or a simulated node left running cannot look like a holder of the lab's GPU.
 """
 
 from __future__ import annotations
@@ -16,10 +19,18 @@ from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable
 from pvegpu.adapters.tasks import wait_task
 from pvegpu.model import CtStatus, Guest, TaskResult
-from tests.pvelike import claim_vmids, release_vmid  # noqa: F401 (the lab's id claims)
+from tests.pvelike import claim_vmids, private_device, release_vmid  # noqa: F401 (the lab's id claims)
 
-FULL = os.stat("/dev/full").st_rdev
-TABLE = DeviceTable({(os.major(FULL), os.minor(FULL)): 0})
+
+class StandIn:
+    """This run's GPU 0: a pty slave nobody else opens (the master stays open until ``close``), and its table."""
+
+    def __init__(self) -> None:
+        self.master, self.path, self.rdev = private_device()  # the slave closed: this process must not hold the GPU
+        self.table = DeviceTable({(os.major(self.rdev), os.minor(self.rdev)): 0})
+
+    def close(self) -> None:
+        os.close(self.master)
 
 
 def available() -> str | None:
@@ -46,8 +57,12 @@ def cleanup_cgroups(vmid: int) -> None:
                 pass
 
 
-def make_ct(vmid: int, node_path: str, inittab_extra: str = "") -> None:
-    """lxc-create a busybox CT named <vmid> with PVE's cgroup dirs and node_path as dev/nvidia0."""
+# the devices controller: cgroup v1's where this host mounts it (a hybrid layout), else cgroup v2's (PVE 7 and later)
+DEVICES_KEY = "lxc.cgroup.devices.allow" if os.path.isdir("/sys/fs/cgroup/devices") else "lxc.cgroup2.devices.allow"
+
+
+def make_ct(vmid: int, gpu: StandIn, inittab_extra: str = "") -> None:
+    """lxc-create a busybox CT named <vmid> with PVE's cgroup dirs and the stand-in bind-mounted as dev/nvidia0."""
     subprocess.run(["lxc-stop", "-n", str(vmid), "-k"], capture_output=True, timeout=30)
     subprocess.run(["lxc-destroy", "-n", str(vmid), "-f"], capture_output=True)
     cleanup_cgroups(vmid)
@@ -56,7 +71,8 @@ def make_ct(vmid: int, node_path: str, inittab_extra: str = "") -> None:
     lines = [ln for ln in open(cfg).read().splitlines() if not ln.startswith(("lxc.net.0", "lxc.apparmor"))]
     lines += ["lxc.net.0.type = empty", "lxc.apparmor.profile = unconfined",
               f"lxc.cgroup.dir.monitor = lxc.monitor/{vmid}", f"lxc.cgroup.dir.container = lxc/{vmid}",
-              "lxc.cgroup.dir.container.inner = ns", f"lxc.mount.entry = {node_path} dev/nvidia0 none bind,optional,create=file"]
+              "lxc.cgroup.dir.container.inner = ns", f"lxc.mount.entry = {gpu.path} dev/nvidia0 none bind,create=file",
+              f"{DEVICES_KEY} = c {os.major(gpu.rdev)}:{os.minor(gpu.rdev)} rwm"]
     with open(cfg, "w") as f:
         f.write("\n".join(lines) + "\n")
     if inittab_extra:

@@ -414,3 +414,13 @@ def high_pty(min_index: int = 64, tries: int = 256) -> tuple[int, int]:
     for fd in (fd for pair in pairs[:-1] for fd in pair):
         os.close(fd)
     return pairs[-1]
+
+
+def private_device() -> tuple[int, str, int]:
+    """(master fd, slave path, device number) of a ``high_pty()``: a stand-in GPU device of this run only. The
+    slave is closed (the caller must not hold the GPU itself); keep the master open while it is used; open the
+    slave with O_NOCTTY (a session leader would take it as its terminal)."""
+    master, slave = high_pty()
+    path, rdev = os.ttyname(slave), os.fstat(slave).st_rdev
+    os.close(slave)
+    return master, path, rdev

@@ -56,7 +56,7 @@ def pvegpu(*args, root):
 
 def test_driver_not_ready_at_boot_is_reported_then_clears(sim_node):
     """Driver not loaded: NVML error row (not 0 GPUs), the onboot container's missing nodes flagged with the unit to install, exit 8; once ready: clean."""
-    gpu = {"minor": 0, "index": 0, "stand_in": "/dev/full", "driver_ready": False}
+    gpu = {"minor": 0, "index": 0, "driver_ready": False}
     n = sim_node({"node": "s", "gpus": [gpu], "containers": [{"vmid": 129, "gpus": [0], "status": "stopped"}]})
     r = pvegpu("audit", "--json", root=n.root)
     assert r.returncode == EXIT_AUDIT_ATTENTION and "Traceback" not in r.stderr, r.stderr

@@ -105,7 +105,7 @@ def sshd_lab(tmp_path):
         p.wait(timeout=10)
 
 
-GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
+GPU = {"minor": 0, "index": 0}
 
 
 @pytest.mark.root

@@ -187,7 +187,7 @@ def pvegpu(*args, root):
     return subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", root, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
-GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full", "reserved_mib": 615}
+GPU = {"minor": 0, "index": 0, "reserved_mib": 615}
 
 
 def test_cli_writes_the_textfile_and_exits_8_on_unattributed_memory(sim_node, tmp_path):
@@ -204,15 +204,10 @@ def test_cli_writes_the_textfile_and_exits_8_on_unattributed_memory(sim_node, tm
 
 
 def test_cli_table_exit_0_when_nothing_needs_attention(sim_node):
-    """A clean node: the table, 'nothing needs attention', exit 0 (unless a foreign process on this machine holds the stand-in)."""
+    """A clean node: the table, 'nothing needs attention', exit 0 (its stand-in is its own: no foreign holder)."""
     n = sim_node({"node": "s", "gpus": [GPU], "containers": [{"vmid": 129, "gpus": [0], "workloads": []}]})
     r = pvegpu("audit", root=n.root)
-    doc = json.loads(pvegpu("audit", "--json", root=n.root).stdout)
-    foreign = {h["pid"] for g in doc["nodes"][0]["gpus"] for h in g["holders"] if h["place"] == "host"}
-    ours = [f for f in doc["nodes"][0]["flags"] if not (f["kind"] in ("host-holder", "nvml-client") and any(str(p) in f["detail"] for p in foreign))]
-    assert ours == [] and "lxc/129" in r.stdout, r.stdout + r.stderr
-    if not foreign:  # the stand-in (/dev/full) is shared with other tests on this machine
-        assert r.returncode == 0 and "nothing needs attention" in r.stdout, r.stdout
+    assert r.returncode == 0 and "nothing needs attention" in r.stdout and "lxc/129" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("name", ["no-such-dir/pvegpu.prom", "pvegpu.txt"])

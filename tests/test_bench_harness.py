@@ -10,6 +10,7 @@ import pytest
 
 from bench import pvesh_shim
 from bench import sbs_model as M
+from tests import pvelike
 
 ISSUE_SCENARIOS = {"hold-20", "hold-100", "spawn", "fork", "ignore-term", "fd-only", "two-cts", "host-proc", "respawn", "nested", "crowd"}
 
@@ -257,7 +258,7 @@ def test_event_timeline_from_pvegpu_json_lines():
 
 # -- the PVE-like containers (real cgroups and namespaces; root, no GPU) ----------------------------------
 
-FULL = os.stat("/dev/full").st_rdev
+_MASTER, GPU, GPU_RDEV = pvelike.private_device()  # a stand-in device number no other process on the machine holds
 
 
 @pytest.fixture
@@ -318,9 +319,9 @@ def test_device_holders_and_collateral_on_real_processes(vmid):
 
     from bench import sbs_node as N
 
-    N.start_ct(vmid, "exec 3<>/dev/full; exec sleep 60")
-    _wait(lambda: N.device_holders(N.ct_pids(vmid), {(os.major(FULL), os.minor(FULL))}), "holder not found")
-    holder = N.device_holders(N.ct_pids(vmid), {(os.major(FULL), os.minor(FULL))})
+    N.start_ct(vmid, f"exec 3<>{GPU}; exec sleep 60")
+    _wait(lambda: N.device_holders(N.ct_pids(vmid), {(os.major(GPU_RDEV), os.minor(GPU_RDEV))}), "holder not found")
+    holder = N.device_holders(N.ct_pids(vmid), {(os.major(GPU_RDEV), os.minor(GPU_RDEV))})
     assert [N.comm(p) for p in holder] == ["sleep"] and N.device_holders(holder, {(195, 0)}) == []
     outside = subprocess.Popen(["sleep", "60"])
     try:

@@ -25,7 +25,7 @@ from pvegpu.sim.state import SimState
 from tests import pvelike, schemas, stub_pvesh
 from tests.pvelike import REPO
 
-GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
+GPU = {"minor": 0, "index": 0}
 UPID = "UPID:pve1:0006A1F2:0B2C3D4E:66F0A1B2:{}:129:root@pam:"
 RESET = ["reset", "129", "--json"]
 

@@ -14,7 +14,7 @@ from pvegpu.frontdoor import is_gate_command, split_globals
 from tests import schemas
 from tests.pvelike import REPO
 
-GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
+GPU = {"minor": 0, "index": 0}
 
 
 def pvegpu(*args, env=None):

@@ -10,7 +10,7 @@ from pvegpu.model import Guest
 from pvegpu.sim.pve import SimPve
 from tests import pvelike
 
-GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
+GPU = {"minor": 0, "index": 0}
 
 
 def scenario(**ct):
@@ -166,7 +166,7 @@ def test_post_stop_logs_and_optionally_reclaims(sim_node, guard):
 def test_only_granted_gpus_count(sim_node, guard):
     """A lost GPU the container is not granted does not refuse its start; a lost granted one does (fail
     closed), and gate.on_unknown = allow lets that through too."""
-    gpus = [GPU, {"minor": 1, "index": 1, "stand_in": "/dev/full", "lost": True}]
+    gpus = [GPU, {"minor": 1, "index": 1, "lost": True}]
     node = sim_node({"node": "pve-sim", "gpus": gpus, "containers": [
         {"vmid": 129, "status": "stopped", "gpus": [0]}, {"vmid": 130, "status": "stopped", "gpus": [1]}]})
     r = hook(node, guard)
@@ -224,7 +224,7 @@ def test_neighbours_fork_child_is_sharing_not_leftover(sim_node, guard):
     import subprocess
     import sys
 
-    zero = dict(GPU, stand_in="/dev/zero")  # a stand-in that can be mapped, as CUDA maps /dev/nvidiaN
+    zero = dict(GPU, mappable=True)  # a stand-in that can be mapped, as CUDA maps /dev/nvidiaN
     node = sim_node({"node": "pve-sim", "gpus": [zero], "containers": [
         {"vmid": 129, "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 512}]},
         {"vmid": 131, "status": "running", "gpus": [0], "workloads": [{"kind": "orphan", "gpu": 0, "mib": 1024}]}]})

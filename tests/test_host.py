@@ -15,12 +15,13 @@ from pvegpu.model import Place, ProcIdentity
 from tests import pvelike
 
 FULL = os.stat("/dev/full").st_rdev
-TABLE = DeviceTable({(os.major(FULL), os.minor(FULL)): 0})  # /dev/full stands in for /dev/nvidia0
+_MASTER, GPU, GPU_RDEV = pvelike.private_device()  # this run's own device number stands in for /dev/nvidia0
+TABLE = DeviceTable({(os.major(GPU_RDEV), os.minor(GPU_RDEV)): 0})
 root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, PID namespaces)")
 
 
-def _holder(path: str = "/dev/full") -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", f"import os,time; fd=os.open({path!r}, os.O_RDONLY); print('ok', flush=True); time.sleep(60)"],
+def _holder(path: str = GPU) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", f"import os,time; fd=os.open({path!r}, os.O_RDONLY | os.O_NOCTTY); print('ok', flush=True); time.sleep(60)"],
                          stdout=subprocess.PIPE)
     assert p.stdout.readline().strip() == b"ok"
     return p
@@ -40,14 +41,15 @@ def test_fd_holder_found_by_device_number():
 
 @pytest.mark.root
 def test_mknod_copy_matches_like_the_original(tmp_path):
-    """A mknod copy (what PVE's devN makes) has another inode but the same rdev, so it matches."""
+    """A mknod copy (what PVE's devN makes) has another inode but the same rdev, so it matches. (Of /dev/full: a
+    copy of a pty outside devpts does not open; only this test's own holder is scanned, so others do not matter.)"""
     if os.geteuid() != 0:
         pytest.skip("mknod needs root")
     node = tmp_path / "nvidia0"
     os.mknod(node, 0o666 | 0o020000, FULL)
     p = _holder(str(node))
     try:
-        assert ProcHost(TABLE).holdings([p.pid])[p.pid].minors == {0}
+        assert ProcHost(DeviceTable({(os.major(FULL), os.minor(FULL)): 0})).holdings([p.pid])[p.pid].minors == {0}
     finally:
         p.kill()
 
@@ -79,7 +81,7 @@ def test_process_outside_the_container_is_never_signalled(sleeper):
 
 def test_self_is_never_a_holder():
     """pvegpu's own process is excluded from the scan even while it holds the device."""
-    fd = os.open("/dev/full", os.O_RDONLY)
+    fd = os.open(GPU, os.O_RDONLY | os.O_NOCTTY)
     try:
         assert os.getpid() not in ProcHost(TABLE).holdings([os.getpid()])
     finally:
@@ -92,7 +94,7 @@ def test_pid_namespace_and_cgroup_container():
     """A process in /lxc/<vmid>/ns and its own PID namespace is placed in the CT, its init recognised,
     its holders signalled through the pidfd, and the init never."""
     vmid = pvelike.claim_vmids(1)[0]  # this run's own cgroup name
-    ct = pvelike.start_ct(vmid, [sys.executable, "-c", "import os,time; fd=os.open('/dev/full', os.O_RDONLY); time.sleep(60)"])
+    ct = pvelike.start_ct(vmid, [sys.executable, "-c", f"import os,time; fd=os.open({GPU!r}, os.O_RDONLY | os.O_NOCTTY); time.sleep(60)"])
     try:
         host = ProcHost(TABLE)
         deadline = time.monotonic() + 10
@@ -189,7 +191,7 @@ def test_shared_readers_are_stdlib_leaves():
 
 def test_simulated_host_fills_the_same_fields(sim_node):
     """On the simulated node a workload is placed in its CT by session, and ppid, uid and cmdline are filled as on a node."""
-    node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/full"}], "containers": [
+    node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0}], "containers": [
         {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}]}]})
     _pve, _nvml, host = node.ports()
     pids = host.ct_pids(129)
@@ -306,9 +308,30 @@ def test_simulated_reset_is_clean_without_a_restart_where_map_files_is_unreadabl
     from pvegpu.adapters.clock import SystemClock
     from pvegpu.reset import Ports, ResetOutcome, ResetPolicy, reset
 
-    node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/zero"}], "containers": [
+    node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "mappable": True}], "containers": [
         {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}, {"kind": "fork", "gpu": 0, "mib": 32}]}]})
     _no_map_files(monkeypatch)
     pve, nvml, host = node.ports()
     rep = reset(129, Ports(pve, nvml, host, SystemClock()), ResetPolicy(grace=1, timeout=5, task_timeout=5))
     assert rep.outcome is ResetOutcome.CLEAN and not rep.restarted
+
+
+def test_private_stand_ins_are_distinct_devices_nobody_else_holds():
+    """Two private stand-ins (as the LXC lab and these tests make) have distinct device numbers, neither
+    /dev/full's, and a process holding /dev/full holds neither; one holding the stand-in is found."""
+    from tests import lxc_lab
+
+    a, b = lxc_lab.StandIn(), lxc_lab.StandIn()
+    try:
+        assert len({a.rdev, b.rdev, FULL}) == 3
+        full, mine = _holder("/dev/full"), _holder(a.path)
+        try:
+            assert ProcHost(a.table).holdings([full.pid, mine.pid]).keys() == {mine.pid}
+            assert ProcHost(b.table).holdings([full.pid, mine.pid]) == {}
+        finally:
+            for q in (full, mine):
+                q.kill()
+                q.wait()
+    finally:
+        a.close()
+        b.close()

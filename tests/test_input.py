@@ -131,7 +131,7 @@ def made_dirs(monkeypatch):
     return made
 
 
-GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
+GPU = {"minor": 0, "index": 0}
 
 
 @pytest.mark.parametrize("bad,what", [

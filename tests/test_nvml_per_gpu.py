@@ -280,7 +280,7 @@ def test_cli_reset_of_a_ct_granted_a_lost_gpu_exits_5_on_the_simulated_node(sim_
     import os
     import subprocess
 
-    gpus = [{"minor": 0, "index": 0, "stand_in": "/dev/full"}, {"minor": 1, "index": 1, "stand_in": "/dev/zero", "lost": True}]
+    gpus = [{"minor": 0, "index": 0}, {"minor": 1, "index": 1, "lost": True}]
     n = sim_node({"node": "pve-sim", "gpus": gpus, "containers": [
         {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 256}]},
         {"vmid": 130, "gpus": [0, 1], "workloads": [{"kind": "simple", "gpu": 0, "mib": 256}]}]})

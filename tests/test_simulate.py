@@ -10,7 +10,7 @@ import sys
 from pvegpu.settings import GateSettings, ResetSettings
 from tests.pvelike import REPO
 
-GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
+GPU = {"minor": 0, "index": 0}
 
 
 def _pvegpu(*args, env=None):
@@ -58,3 +58,36 @@ def test_simulate_dir_that_is_no_simulated_node_is_a_usage_error(tmp_path):
         for args in (["audit"], ["check", "129"], ["reset", "129", "--dry-run"], ["hook", "allow-once", "129"]):
             r = _pvegpu("--simulate", root, *args)
             assert r.returncode == 2 and "Hint:" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_each_simulated_node_has_its_own_stand_in_and_sees_no_other_holder(sim_node):
+    """A sim node's GPU is its own file (not /dev/full, not another node's): a second node's workload and a host
+    process holding /dev/full are no holders of it, so only its own container's process is found."""
+    from pvegpu.sim.state import SimState
+
+    ct = {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}]}
+    a, b = (sim_node({"node": "s", "gpus": [GPU], "containers": [ct]}) for _ in range(2))
+    stats = [os.stat(SimState(n.root).gpus()[0]["stand_in"]) for n in (a, b)]
+    full = os.stat("/dev/full")
+    keys = {(st.st_dev, st.st_ino) for st in stats}
+    assert len(keys) == 2 and (full.st_dev, full.st_ino) not in keys
+    assert not any(st.st_rdev == full.st_rdev for st in stats)
+    other = subprocess.Popen([sys.executable, "-c", "import os,time; fd=os.open('/dev/full', os.O_RDONLY); print('ok', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE)
+    try:
+        assert other.stdout.readline().strip() == b"ok"
+        for n in (a, b):
+            _pve, _nvml, host = n.ports()
+            held = {p: h.minors for p, h in host.holdings(None).items() if h.minors}  # (what cannot be read is no GPU here)
+            assert held and set(held) <= set(host.ct_pids(129)) and set(held.values()) == {frozenset({0})}, held
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_named_stand_in_is_still_accepted(sim_node):
+    """Scenarios that name their stand-in (the old format) keep it: a named device is used as given."""
+    from pvegpu.sim.state import SimState
+
+    node = sim_node({"node": "s", "gpus": [GPU | {"stand_in": "/dev/full"}], "containers": [{"vmid": 129, "status": "stopped", "gpus": [0]}]})
+    assert SimState(node.root).gpus()[0]["stand_in"] == "/dev/full"

@@ -17,11 +17,11 @@ from pvegpu.adapters.procfs import DeviceTable, ProcHost, ScanBudget
 from pvegpu.model import Place, Placement, SignalResult
 from tests import pvelike
 
-FULL = os.stat("/dev/full").st_rdev
 ZERO = os.stat("/dev/zero").st_rdev
-TABLE = DeviceTable({(os.major(FULL), os.minor(FULL)): 0})  # /dev/full stands in for /dev/nvidia0
+_MASTER, GPU, GPU_RDEV = pvelike.private_device()  # this run's own device number stands in for /dev/nvidia0
+TABLE = DeviceTable({(os.major(GPU_RDEV), os.minor(GPU_RDEV)): 0})
 root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, PID namespaces)")
-HOLD = "import os,sys,time; fd=os.open('/dev/full', os.O_RDONLY); print('ok', flush=True); time.sleep(120)"
+HOLD = f"import os,sys,time; fd=os.open({GPU!r}, os.O_RDONLY | os.O_NOCTTY); print('ok', flush=True); time.sleep(120)"
 
 
 def _vmid() -> int:
@@ -129,7 +129,7 @@ def test_member_with_unreadable_placement_stays_listed_but_is_never_signalled(tm
 
 _THREAD_HOLDER = r"""
 import ctypes, os, threading, time
-fd = os.open('/dev/full', os.O_RDONLY)
+fd = os.open({gpu!r}, os.O_RDONLY | os.O_NOCTTY)
 threading.Thread(target=lambda: time.sleep(120)).start()
 print('ok', flush=True)
 ctypes.CDLL(None).syscall({nr}, 0)  # SYS_exit: only the main thread ends; the leader becomes Z
@@ -151,7 +151,7 @@ def test_process_whose_main_thread_exited_is_a_live_holder():
         with open(os.path.join(cg, "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
 
-    p = subprocess.Popen([sys.executable, "-c", _THREAD_HOLDER.format(nr=nr)], preexec_fn=enter, stdout=subprocess.PIPE)
+    p = subprocess.Popen([sys.executable, "-c", _THREAD_HOLDER.format(nr=nr, gpu=GPU)], preexec_fn=enter, stdout=subprocess.PIPE)
     try:
         assert p.stdout.readline().strip() == b"ok"
         host = ProcHost(TABLE)

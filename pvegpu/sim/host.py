@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
-from ..adapters.devscan import ProcessScan
+from ..adapters.devscan import ProcessScan, ScanBudget, stat_nosync
 from ..adapters.procfs import DeviceTable, ProcHost
 from ..adapters.procstat import Stat, read_stat
 from ..model import Place, Placement, Via
@@ -62,19 +63,34 @@ class SessionBoundary:
         return [int(n) for n in os.listdir("/proc") if n.isdigit() and (st := read_stat(n)) is not None and st.sid in sids]
 
 
+PRIVATE_MAJOR = 0xFFFFF  # no kernel device number has it (majors are 12 bits): an fd of a private stand-in stats as PRIVATE_MAJOR:n
+
+
 class StandInTable(DeviceTable):
     """The stand-ins' device numbers (for open fds) and their files' (st_dev, st_ino) (for mappings).
 
-    A stand-in that is a plain file (a GPU no process holds, e.g. one that only leaks) has no device number."""
+    A stand-in that is a plain file (the default: the node's own ``DIR/dev/nvidia<minor>``) is matched by its
+    inode for open fds too: no process outside this node opens it, whatever else on the machine holds a device."""
 
     def __init__(self, gpus: list[dict[str, object]]) -> None:
         stats = [(os.stat(str(g["stand_in"])), int(str(g["minor"]))) for g in gpus]
-        super().__init__({(os.major(st.st_rdev), os.minor(st.st_rdev)): m for st, m in stats if stat.S_ISCHR(st.st_mode)})
+        self.private_paths = frozenset(os.path.realpath(str(g["stand_in"])) for g, (st, _) in zip(gpus, stats) if stat.S_ISREG(st.st_mode))
         self.files = {(st.st_dev, st.st_ino): m for st, m in stats}
+        private = [((st.st_dev, st.st_ino), m) for st, m in stats if stat.S_ISREG(st.st_mode)]
+        self.private = {key: n for n, (key, _) in enumerate(private)}  # file -> the pseudo device's minor
+        super().__init__({(os.major(st.st_rdev), os.minor(st.st_rdev)): m for st, m in stats if stat.S_ISCHR(st.st_mode)}
+                         | {(PRIVATE_MAJOR, n): m for n, (_, m) in enumerate(private)})
 
 
 class StandInScan(ProcessScan):
-    """ProcessScan whose mappings are matched by the (device, inode) in the maps line: no ``map_files`` needed."""
+    """ProcessScan whose mappings are matched by the (device, inode) in the maps line: no ``map_files`` needed;
+    an open fd of a private (plain file) stand-in stats as the pseudo device ``PRIVATE_MAJOR:<minor>``."""
+
+    def __init__(self, devices: DeviceTable, budget: ScanBudget, cache: dict[tuple[bytes, bytes], int | None],
+                 clock: Callable[[], float] = time.monotonic, stat_of: Callable[[str], tuple[int, int]] = stat_nosync) -> None:
+        super().__init__(devices, budget, cache, clock=clock, stat_of=stat_of)
+        if isinstance(devices, StandInTable) and devices.private:
+            self._stat = _private_stat(devices.private, devices.private_paths, stat_of)
 
     def _prove(self, proc: str, pid: int, leader_zombie: bool, files: dict[tuple[bytes, bytes], bytes],
                minors: set[int], via: set[str]) -> bool:
@@ -88,6 +104,21 @@ class StandInScan(ProcessScan):
                 minors.add(m)
                 via.add(Via.MAPS)
         return False  # every line is decided: a mapping is a stand-in's file or no GPU of this node
+
+
+def _private_stat(private: dict[tuple[int, int], int], paths: frozenset[str],
+                  inner: Callable[[str], tuple[int, int]]) -> Callable[[str], tuple[int, int]]:
+    """``inner``, except that an fd of a private stand-in stats as its pseudo device; only an fd whose link names a
+    stand-in is stat'ed in full (and then counts by its inode), so no other file's server is asked."""
+    def stat_of(path: str) -> tuple[int, int]:
+        mode, rdev = inner(path)
+        if stat.S_ISREG(mode) and os.readlink(path) in paths:
+            st = os.stat(path)
+            n = private.get((st.st_dev, st.st_ino))
+            if n is not None:
+                return stat.S_IFCHR | stat.S_IMODE(mode), os.makedev(PRIVATE_MAJOR, n)
+        return mode, rdev
+    return stat_of
 
 
 class SessionHost(ProcHost):

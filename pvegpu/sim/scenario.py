@@ -5,7 +5,7 @@ A scenario is JSON (or the equivalent dict)::
     {
       "node": "pve-sim",
       "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771,
-                "stand_in": "/dev/full", "leak_mib": 0, "fail": null, "hang": 0}],
+                "leak_mib": 0, "fail": null, "hang": 0}],
       "containers": [
         {"vmid": 129, "name": "llm129", "status": "running", "gpus": [0],
          "workloads": [{"kind": "simple", "gpu": 0, "mib": 2048}],
@@ -18,7 +18,11 @@ A scenario is JSON (or the equivalent dict)::
 
 ``pci`` is the simulated node's sysfs: PCI bus id -> the driver bound to it ("" none), for the VM gate and audit.
 Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn`` (see ``pvegpu.sim.workload``).
-``stand_in`` is any character device the workload processes can open; it plays ``/dev/nvidia<minor>`` (a plain file plays a GPU no process holds).
+A GPU plays ``/dev/nvidia<minor>`` with a stand-in the workload processes open: by default the node's own empty
+file ``DIR/dev/nvidia<minor>``, matched by its inode, so no other node (nor anything else on the machine) holds
+it; ``"mappable": true`` makes it one page the workloads also map, as CUDA maps the device. ``stand_in`` names
+another file or a character device (e.g. ``/dev/zero``); a device is matched by its device number, so every
+process on the machine that opens it counts as a holder.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn")
 
 DEMO: dict[str, Any] = {
     "node": "pve-sim",
-    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771, "stand_in": "/dev/full"}],
+    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771}],
     "containers": [
         {"vmid": 129, "name": "llm129", "status": "running", "gpus": [0],
          "workloads": [{"kind": "simple", "gpu": 0, "mib": 2048},
@@ -96,8 +100,8 @@ def validate(sc: dict[str, Any]) -> None:
         gpus = []
     minors: set[int] = set()
     for g in gpus:
-        if not isinstance(g, dict) or not _is_int(g.get("minor")) or not os.path.exists(str(g.get("stand_in", ""))):
-            problems.append(f"gpu {g.get('minor') if isinstance(g, dict) else g!r}: needs an integer minor and an existing stand_in device")
+        if not isinstance(g, dict) or not _is_int(g.get("minor")) or ("stand_in" in g and not os.path.exists(str(g["stand_in"]))):
+            problems.append(f"gpu {g.get('minor') if isinstance(g, dict) else g!r}: needs an integer minor (and an existing stand_in, if named)")
             continue
         if g["minor"] in minors:
             problems.append(f"gpu {g['minor']}: duplicate minor")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import tempfile
 from typing import Any
@@ -57,7 +58,19 @@ class SimState:
         return list(read_json(os.path.join(self.root, "gpus.json"), []))
 
     def set_gpus(self, gpus: list[dict[str, Any]]) -> None:
-        write_json(os.path.join(self.root, "gpus.json"), gpus)
+        """A GPU without ``stand_in`` gets the node's own: ``dev/nvidia<minor>`` under the root, made here."""
+        write_json(os.path.join(self.root, "gpus.json"),
+                   [g if "stand_in" in g else g | {"stand_in": self.private_stand_in(int(g["minor"]), bool(g.get("mappable")))} for g in gpus])
+
+    def private_stand_in(self, minor: int, mappable: bool = False) -> str:
+        """A file no process outside this node opens; empty (its holders show as fd-only, like ``/dev/full``'s)
+        or, ``mappable``, one page the workloads also map (as CUDA maps ``/dev/nvidiaN``)."""
+        path = os.path.join(self.root, "dev", f"nvidia{minor}")
+        if not os.path.exists(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.truncate(mmap.PAGESIZE if mappable else 0)
+        return path
 
     def ct(self, vmid: int) -> dict[str, Any]:
         return dict(read_json(os.path.join(self.root, "cts", f"{vmid}.json"), {}))

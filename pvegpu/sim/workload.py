@@ -46,7 +46,7 @@ def run(state: SimState, gpu: int, mib: int, kind: str, *, leak: bool = False) -
     try:  # CUDA also maps the device; a stand-in that can be mapped (/dev/zero) is mapped too, and forks inherit it
         _mapped.append(mmap.mmap(fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ))
     except (OSError, ValueError):
-        pass  # /dev/full cannot be mapped: those holders show as fd-only
+        pass  # an empty file (the default stand-in) or /dev/full cannot be mapped: those holders show as fd-only
     if kind == "ignore-term":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     me = os.getpid()
