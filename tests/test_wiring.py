@@ -10,7 +10,7 @@ import random
 from pvegpu import frontdoor, wiring
 from tests.pvelike import REPO
 
-GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
+GPU = {"minor": 0, "index": 0}
 
 
 def test_reset_asks_the_composition_root_for_its_node_once(sim_node, monkeypatch, capsys):

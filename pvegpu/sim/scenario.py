@@ -59,13 +59,13 @@ DEMO: dict[str, Any] = {
 
 IDLE: dict[str, Any] = {  # nothing holds the GPU: check allows, audit has nothing to say, hook install guards CT 129
     "node": "pve-sim",
-    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771, "stand_in": "/dev/full"}],
+    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771}],
     "containers": [{"vmid": 129, "name": "llm129", "status": "stopped", "gpus": [0], "workloads": []}],
 }
 
 LEAK: dict[str, Any] = {  # CT 129's job leaves 1 GiB behind when it dies: reset stops it, restarts, still exit 7
     "node": "pve-sim",
-    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771, "stand_in": "/dev/full"}],
+    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771}],
     "containers": [{"vmid": 129, "name": "llm129", "status": "running", "gpus": [0],
                     "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024, "leak": True}]}],
 }
