@@ -1,0 +1,53 @@
+"""Adversarial review, round 3 (review1): reset's signals, its --json contract, the settings snapshot, the gate."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from pvegpu import resetcmd
+from pvegpu.ports import Interrupted
+from pvegpu.reset import Ports, ResetPolicy, reset
+from pvegpu.reset.vocab import StepName
+from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
+
+
+@pytest.fixture
+def init_holds():
+    """CT 129 whose init holds GPU 0: only the restart (stop, verify, start) can clean it."""
+    clock = FakeClock()
+    host = FakeHost(clock)
+    probe = FakeProbe(host)
+    pve = FakePve(host)
+    pve.add_ct(129)
+    init = host.add(129, init=True, comm="init")
+    init.minors = {0}
+    probe.context(0, 700, init)
+    return clock, host, probe, pve
+
+
+def test_a_third_signal_after_the_stop_request_still_gives_the_report(init_holds):
+    """Ctrl-C three times after the stop request: reset() still returns a report saying where the CT is (never raises)."""
+    clock, host, probe, pve = init_holds
+    real_stop = pve.ct_stop
+
+    def stop(g):
+        upid = real_stop(g)
+        os.kill(os.getpid(), signal.SIGINT)  # first: recorded, the restart is to be finished
+        os.kill(os.getpid(), signal.SIGINT)  # second: abandons (Interrupted raised here)
+        return upid
+
+    pve.ct_stop = stop
+
+    def on_step(st):
+        if st.name == StepName.INTERRUPTED:
+            os.kill(os.getpid(), signal.SIGINT)  # a third, while the abandon is being reported
+
+    with resetcmd._Signals(129) as sigs:
+        try:
+            r = reset(129, Ports(pve, probe, host, clock, interrupts=sigs), ResetPolicy(timeout=1.0), on_step)
+        except Interrupted as exc:  # do_reset would then print "before any stop was requested: CT 129 was not stopped"
+            pytest.fail(f"reset() raised Interrupted({exc.signame}) after the stop request: the report is lost")
+    assert r.exit_code == 130 and r.left_stopped and r.interrupted
