@@ -51,3 +51,18 @@ def test_a_third_signal_after_the_stop_request_still_gives_the_report(init_holds
         except Interrupted as exc:  # do_reset would then print "before any stop was requested: CT 129 was not stopped"
             pytest.fail(f"reset() raised Interrupted({exc.signame}) after the stop request: the report is lost")
     assert r.exit_code == 130 and r.left_stopped and r.interrupted
+
+
+@pytest.mark.parametrize("line", [["129", "--json", "--grace"], ["129", "--json", "--bogus"], ["129", "130", "--json"],
+                                  ["129", "--json", "--timeout", "x"]])
+def test_a_reset_usage_error_with_json_is_a_pvegpu_error_document(line, capsys):
+    """`pvegpu reset ... --json` with a bad line: exit 2 and a pvegpu-error document on stdout (README: errors with --json)."""
+    import json
+
+    from pvegpu import frontdoor
+
+    code = frontdoor.main(["reset", *line])
+    out = capsys.readouterr().out
+    assert code == 2
+    doc = json.loads(out) if out.strip() else {}
+    assert doc.get("schema") == "pvegpu-error" and doc.get("exit_code") == 2, out
