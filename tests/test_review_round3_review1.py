@@ -66,3 +66,25 @@ def test_a_reset_usage_error_with_json_is_a_pvegpu_error_document(line, capsys):
     assert code == 2
     doc = json.loads(out) if out.strip() else {}
     assert doc.get("schema") == "pvegpu-error" and doc.get("exit_code") == 2, out
+
+
+def test_a_sigterm_while_the_final_report_prints_does_not_kill_it(sim_node):
+    """A SIGTERM arriving as the finished reset prints its --json report: the report still comes out whole (the
+    `done` state of the handlers exists for this), not a process killed by the default action."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.pvelike import REPO
+
+    node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/full"}],
+                     "containers": [{"vmid": 129, "status": "stopped", "gpus": [0]}]})
+    code = ("import os, signal, sys; from pvegpu import frontdoor, resetcmd; say = resetcmd._say\n"
+            "def _say(text, err=True):\n"
+            "    if not err and text.lstrip().startswith('{'): os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    say(text, err)\n"
+            "resetcmd._say = _say\n"
+            f"sys.exit(frontdoor.main(['--simulate', {node.root!r}, 'reset', '129', '--dry-run', '--json']))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert r.returncode in (0, 143) and r.returncode != -signal.SIGTERM, (r.returncode, r.stderr[-400:])
+    assert json.loads(r.stdout)["schema"] == "pvegpu-reset"
