@@ -88,3 +88,27 @@ def test_a_sigterm_while_the_final_report_prints_does_not_kill_it(sim_node):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode in (0, 143) and r.returncode != -signal.SIGTERM, (r.returncode, r.stderr[-400:])
     assert json.loads(r.stdout)["schema"] == "pvegpu-reset"
+
+
+@pytest.mark.root
+def test_the_racy_margin_counts_from_the_read_not_from_the_snapshot_write(tmp_path, monkeypatch):
+    """A file read inside the racy margin gets no snapshot even if its parse ends after the margin (a slow run):
+    a same-size second write in the same tick, after the read, would otherwise hide behind the snapshot."""
+    import time as real_time
+
+    from pvegpu.adapters import settingsfile
+
+    f = tmp_path / "pvegpu.toml"
+    f.write_text("[gate]\non_unknown = \"allow\"\n")
+    f.chmod(0o644)
+    later = type("T", (), {"time_ns": staticmethod(lambda: real_time.time_ns() + 3_000_000_000)})
+    real_parse = settingsfile._parse
+
+    def slow_parse(raw, path, problems):  # the run is descheduled for 3 s between its read and its snapshot write
+        monkeypatch.setattr(settingsfile, "time", later)
+        return real_parse(raw, path, problems)
+
+    monkeypatch.setattr(settingsfile, "_parse", slow_parse)
+    snap = tmp_path / "snap"
+    settingsfile.load(str(f), env={}, snapshot_dir=str(snap))
+    assert not (snap / "settings.json").exists()
