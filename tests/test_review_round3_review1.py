@@ -112,3 +112,22 @@ def test_the_racy_margin_counts_from_the_read_not_from_the_snapshot_write(tmp_pa
     snap = tmp_path / "snap"
     settingsfile.load(str(f), env={}, snapshot_dir=str(snap))
     assert not (snap / "settings.json").exists()
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
+def test_reset_json_gets_a_document_for_a_ctrl_c_or_an_internal_error_before_the_lock(exc, monkeypatch, capsys):
+    """Ctrl-C while the guest is located (before the handlers), or an internal error: --json still gets a pvegpu-error document."""
+    import json
+
+    from pvegpu import frontdoor, wiring
+
+    class Pve:
+        def where(self, vmid):
+            raise exc("boom")
+
+    monkeypatch.setattr(wiring, "world", lambda s: type("W", (), {"pve": Pve()})())
+    code = frontdoor.main(["reset", "129", "--json"])
+    out = capsys.readouterr().out
+    assert code in (1, 130)
+    doc = json.loads(out) if out.strip() else {}
+    assert doc.get("schema") == "pvegpu-error" and doc.get("exit_code") == code, out
