@@ -131,3 +131,44 @@ def test_reset_json_gets_a_document_for_a_ctrl_c_or_an_internal_error_before_the
     assert code in (1, 130)
     doc = json.loads(out) if out.strip() else {}
     assert doc.get("schema") == "pvegpu-error" and doc.get("exit_code") == code, out
+
+
+class _Terminal:
+    """stderr on a tty: once ``gone`` (the session hung up), every write fails with EIO, as a tty's do."""
+
+    gone = False
+
+    def write(self, text):
+        if self.gone:
+            raise OSError(5, "Input/output error")
+        return len(text)
+
+    def flush(self):
+        if self.gone:
+            raise OSError(5, "Input/output error")
+
+
+def test_with_v_a_dropped_session_does_not_crash_the_restart(init_holds, monkeypatch):
+    """`reset -v`: the terminal goes away (SIGHUP) after the stop request; the event log's writes fail, yet the
+    restart is finished and a report comes back (the log must not raise into the reset)."""
+    import sys
+
+    from pvegpu.logs import configure
+
+    clock, host, probe, pve = init_holds
+    tty = _Terminal()
+    monkeypatch.setattr(sys, "stderr", tty)
+    log = configure(verbose=True, json_lines=False)
+    real_stop = pve.ct_stop
+
+    def stop(g):
+        upid = real_stop(g)
+        tty.gone = True  # the session dropped while the stop ran
+        return upid
+
+    pve.ct_stop = stop
+    try:
+        r = reset(129, Ports(pve, probe, host, clock, log=log), ResetPolicy(timeout=1.0))
+    except OSError as exc:
+        pytest.fail(f"the reset crashed after the stop request ({exc}); CT 129 left {pve.status[129]['status']}")
+    assert r.restarted and pve.status[129]["status"] == "running"
