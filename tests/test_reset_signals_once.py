@@ -57,7 +57,7 @@ def test_a_signal_escaping_after_the_stop_request_never_says_not_stopped(monkeyp
     monkeypatch.setattr(wiring, "journal_line", journal.append)
     s = type("S", (), {"reset": type("R", (), {"lock_wait": 1.0})()})()
     with resetcmd._Signals(129) as sigs, pytest.raises(E.SignalledError) as err:
-        resetcmd._ct_reset(s, 129, World(), sigs, dry_run=False, json_out=True, verbose=False)
+        resetcmd._guarded(sigs, lambda: resetcmd._ct_reset(s, 129, World(), sigs, dry_run=False, json_out=True, verbose=False))
     assert err.value.exit_code == 143
     assert "may be STOPPED" in err.value.message and "not stopped" not in err.value.message
     assert journal and "not stopped" not in journal[0]
@@ -80,3 +80,23 @@ def test_json_lines_on_a_closed_pipe_do_not_raise(monkeypatch):
     log = configure(verbose=True, json_lines=True)
     log.info("reset.signal", vmid=129, signal="SIGTERM")
     log.warning("reset.restart", vmid=129)
+
+
+def test_a_sigint_while_the_guest_is_located_is_the_handlers_and_gets_a_json_error(monkeypatch, capsys):
+    """SIGINT during where() (the handlers are already in place): exit 130, a pvegpu-error document, "not stopped" journalled."""
+    import json
+
+    from pvegpu import frontdoor
+
+    class Pve:
+        def where(self, vmid):
+            os.kill(os.getpid(), signal.SIGINT)
+            raise AssertionError("the handler raises at the signal")
+
+    journal: list[str] = []
+    monkeypatch.setattr(wiring, "world", lambda s: type("W", (), {"pve": Pve()})())
+    monkeypatch.setattr(wiring, "journal_line", journal.append)
+    code = frontdoor.main(["reset", "129", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 130 and doc["schema"] == "pvegpu-error" and doc["exit_code"] == 130
+    assert journal and "was not stopped" in journal[0]
