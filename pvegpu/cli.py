@@ -376,8 +376,11 @@ def run(args: list[str], opts: wiring.GlobalOptions) -> int:
         return int(exc.exit_code)
     except click_exc.NoArgsIsHelpError as exc:
         return int(exc.exit_code) if exc.exit_code else 0
-    except click_exc.ClickException as exc:
-        return E.UsageError(exc.format_message(), "`pvegpu --help`, or `pvegpu COMMAND --help`").show(sys.stderr)
+    except click_exc.ClickException as exc:  # a bad line; with --json its consumer still gets a pvegpu-error document
+        err = E.UsageError(exc.format_message(), "`pvegpu --help`, or `pvegpu COMMAND --help`")
+        if json_out:
+            _echo_json(contract.error_document(err, _command(args)))
+        return err.show(sys.stderr)
     except typer_exc.Abort:
         sys.stderr.write("aborted\n")
         return 130

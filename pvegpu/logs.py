@@ -21,7 +21,30 @@ class WarningsOnly:
     debug = info
 
     def warning(self, event: str, **kw: Any) -> None:
-        sys.stderr.write(f"warning: {event} " + " ".join(f"{k}={v!r}" for k, v in kw.items()) + "\n")
+        _write(sys.stderr, f"warning: {event} " + " ".join(f"{k}={v!r}" for k, v in kw.items()) + "\n")
+
+
+def _write(stream: Any, text: str) -> None:
+    """Write and flush, ignoring a stream that fails (the session dropped: EIO; a closed pipe: EPIPE): the event
+    log is information, and a reset must finish (and report) whatever happens to the terminal."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):  # ValueError: the stream was closed
+        pass
+
+
+class QuietPrintLogger:
+    """structlog's final logger: one rendered line per event on ``file`` (stderr when None, looked up at each
+    write), never raising when the write fails (structlog's own PrintLogger passes the OSError on)."""
+
+    def __init__(self, file: Any = None) -> None:
+        self._file = file
+
+    def msg(self, message: str) -> None:
+        _write(self._file if self._file is not None else sys.stderr, message + "\n")
+
+    log = debug = info = warn = warning = err = error = critical = exception = fatal = failure = msg
 
 
 def _stdlib_to_stderr() -> None:
@@ -44,7 +67,7 @@ def configure(*, verbose: bool, json_lines: bool) -> Any:
     structlog.configure(
         processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"), renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *_: QuietPrintLogger(sys.stderr),
         cache_logger_on_first_use=False,
     )
     return structlog.get_logger("pvegpu")

@@ -114,34 +114,68 @@ def main(args: list[str], opts: wiring.GlobalOptions) -> int | None:
     values = parse(args)
     if values is None:
         return None
+    json_out = bool(values["json_out"])
     try:
         return run(values, opts)
     except E.PvegpuError as exc:  # as cli.run: the JSON consumer gets JSON; the person watching still gets the message
-        if values["json_out"]:
+        if json_out:
             _say(json.dumps(contract.error_document(exc, "reset"), indent=2), err=False)
         return exc.show(sys.stderr)
+    except KeyboardInterrupt:  # before the handlers were in place: the front door says so on stderr (exit 130)
+        if json_out:
+            _say(json.dumps(contract.error_document(E.SignalledError("interrupted", None, 130), "reset"), indent=2), err=False)
+        raise
+    except Exception as exc:  # noqa: BLE001 - the front door renders it (one line); --json still gets its document
+        if json_out:
+            _say(json.dumps(contract.error_document(E.PvegpuError(f"internal error: {type(exc).__name__}: {exc}"), "reset"),
+                            indent=2), err=False)
+        raise
 
 
 def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool = False) -> int:
     """A VM: its holders are found and stopped inside the guest, through the guest agent (pvegpu/vmreset.py)."""
-    from .logs import configure
+    with _Signals(vmid, "VM") as signals:
+        return _guarded(signals, lambda: _vm_reset(s, vmid, signals, dry_run=dry_run, json_out=json_out, verbose=verbose))
+
+
+def _guarded(signals: _Signals, body: Any) -> int:
+    """``body()`` under the handlers: a signal that ends it (before the stop request, or one escaping at its very
+    start) is one error line and the journal's, saying what was, or may have been, stopped."""
     from .ports import Interrupted
+
+    try:
+        return int(body())
+    except Interrupted as exc:  # after the stop request, reset() / reset_vm() report the signal themselves
+        signals.done = True
+        kind, vmid = signals.kind, signals.vmid
+        if signals.in_critical:  # the stop (a VM's shutdown) may have been requested: never claim it was not
+            line = (f"pvegpu reset of {kind} {vmid} interrupted by {exc.signame} as it asked for the "
+                    f"{'stop' if kind == 'CT' else 'shutdown'}: {kind} {vmid} may be STOPPED")
+            hint = (f"check `{'pct' if kind == 'CT' else 'qm'} status {vmid}`; `pvegpu reset {vmid}` again finishes it")
+        elif kind == "VM":
+            line = (f"pvegpu reset of VM {vmid} interrupted by {exc.signame} before any power action: VM {vmid} was not stopped "
+                    "(guest processes may have been signalled)")
+            hint = f"run `pvegpu reset {vmid}` again to finish"
+        else:
+            line = f"pvegpu reset of CT {vmid} interrupted by {exc.signame} before any stop was requested: CT {vmid} was not stopped"
+            hint = f"run `pvegpu reset {vmid}` again to finish; `pvegpu check {vmid}` says whether it may start"
+        wiring.journal_line(line)
+        raise E.SignalledError(line, hint, exc.exit_code) from None
+
+
+def _vm_reset(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
+    """A VM's reset, under the handlers; the report is printed before they go (``done``: a signal is then recorded)."""
+    from .logs import configure
     from .vmreset import reset_vm, vm_human
 
+    signals.kind = "VM"
     log = configure(verbose=verbose, json_lines=json_out and verbose)
     on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
     on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
-    with _Signals(vmid, "VM") as signals:  # the container path's handling: see do_reset
-        try:
-            with wiring.ct_lock(s, vmid, s.reset.lock_wait):
-                report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log,
-                                  interrupts=signals, on_progress=on_wait)
-                signals.done = True
-        except Interrupted as exc:  # before any power action (after it, reset_vm() reports the signal itself)
-            line = (f"pvegpu reset of VM {vmid} interrupted by {exc.signame} before any power action: VM {vmid} was not stopped "
-                    "(guest processes may have been signalled)")
-            wiring.journal_line(line)
-            raise E.SignalledError(line, f"run `pvegpu reset {vmid}` again to finish", exc.exit_code) from None
+    with wiring.ct_lock(s, vmid, s.reset.lock_wait):
+        report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log,
+                          interrupts=signals, on_progress=on_wait)
+        signals.done = True
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of VM {vmid}: VM {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
@@ -158,7 +192,7 @@ class _Signals:
 
     def __init__(self, vmid: int, kind: str = "CT") -> None:
         self.vmid, self.kind = vmid, kind
-        self.in_critical = self.done = False
+        self.in_critical = self.done = self.raised = False
         self.got: tuple[str, int] | None = None
         self.previous: dict[int, Any] = {}
 
@@ -184,7 +218,11 @@ class _Signals:
         if self.done:  # the report is being printed: let it finish
             self.got = self.got or (name, code)
             return
+        if self.raised:  # it raised once already (the run is ending, or the abandon is being reported): record only
+            self.got = self.got or (name, code)
+            return
         if not self.in_critical:
+            self.raised = True
             raise Interrupted(name, code)
         if self.got is None:
             self.got = (name, code)
@@ -194,6 +232,7 @@ class _Signals:
             return
         if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
             return
+        self.raised = True  # at most once: a third signal must not break the abandon's report
         raise Interrupted(name, code, abandoned=True)
 
 
@@ -209,29 +248,31 @@ def _say(text: str, err: bool = True) -> None:
 
 
 def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
+    with _Signals(vmid) as signals:  # from before the guest is located: a Ctrl-C anywhere is one of ours
+        return _guarded(signals, lambda: _located(s, vmid, signals, dry_run=dry_run, json_out=json_out, verbose=verbose))
+
+
+def _located(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     world = wiring.world(s)  # one node world for the whole run: the same PVE port locates the guest and resets it
     guest = world.pve.where(vmid)
     if guest is not None and guest.type == "qemu":
-        return do_vm_reset(s, vmid, dry_run=dry_run, json_out=json_out, verbose=verbose)
+        return _vm_reset(s, vmid, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
+    return _ct_reset(s, vmid, world, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
+
+
+def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
+    """A container's reset, under the handlers; the report is printed before they go (``done``: a signal is then recorded)."""
     from .logs import configure
-    from .ports import Interrupted
     from .render import reset_human, reset_json
     from .reset import reset
 
     log = configure(verbose=verbose, json_lines=json_out and verbose)
     on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
     on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
-    with _Signals(vmid) as signals:
-        try:
-            with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log) as ports:
-                ports.lock, ports.interrupts = lock, signals
-                report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
-                signals.done = True  # the report is final: a later signal must not turn it into another message
-        except Interrupted as exc:  # before any stop was requested (after it, reset() reports the signal itself)
-            line = f"pvegpu reset of CT {vmid} interrupted by {exc.signame} before any stop was requested: CT {vmid} was not stopped"
-            wiring.journal_line(line)
-            raise E.SignalledError(line, f"run `pvegpu reset {vmid}` again to finish; `pvegpu check {vmid}` says whether it may start",
-                                     exc.exit_code) from None
+    with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log) as ports:
+        ports.lock, ports.interrupts = lock, signals
+        report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
+        signals.done = True  # the report is final: a later signal must not turn it into another message
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")

@@ -115,7 +115,10 @@ class _Run:
         s = Step(name, outcome, {"msg": escape(msg, 2000), **detail})  # agent errors carry the guest's own text
         self.report.steps.append(s)
         if self.log is not None:
-            self.log.info(f"reset.{name}", vmid=self.vmid, type="qemu", outcome=outcome, **s.detail)
+            try:  # the log is information: whatever it raises must not end a reset (as ResetRun.event)
+                self.log.info(f"reset.{name}", vmid=self.vmid, type="qemu", outcome=outcome, **s.detail)
+            except Exception:  # noqa: BLE001
+                pass
         if self.on_step:
             self.on_step(s)
 

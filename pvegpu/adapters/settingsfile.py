@@ -101,12 +101,13 @@ def read_snapshot(snapshot_dir: str, path: str, ident: list[int]) -> dict[str, A
     return data if isinstance(data, dict) else None
 
 
-def write_snapshot(snapshot_dir: str, path: str, ident: list[int], data: dict[str, Any]) -> bool:
+def write_snapshot(snapshot_dir: str, path: str, ident: list[int], data: dict[str, Any], read_ns: int) -> bool:
     """Write the snapshot (root only; atomically: a new file, then rename). False when it was not written: it is
-    a cache, and the next run parses the TOML again."""
+    a cache, and the next run parses the TOML again. ``read_ns``: the wall time when the file was opened and
+    stat'ed (before its content was read); the racy margin counts from it, not from now (a slow parse)."""
     import json
 
-    if os.geteuid() != 0 or time.time_ns() - max(ident[3], ident[4]) < RACY_NS:
+    if os.geteuid() != 0 or read_ns - max(ident[3], ident[4]) < RACY_NS:
         return False
     try:
         text = json.dumps({"version": SNAPSHOT_VERSION, "path": path, "file": ident, "data": data}, allow_nan=False)
@@ -150,6 +151,7 @@ def _parse(raw: bytes, path: str, problems: list[str]) -> dict[str, Any] | None:
 def read_file(path: str, problems: list[str], snapshot_dir: str | None) -> dict[str, Any]:
     """The settings file's data ({} when there is none); what is wrong with it goes to ``problems``. With
     ``snapshot_dir``, a snapshot of this very file stands in for parsing it, and a parse refreshes it (as root)."""
+    read_ns = time.time_ns()  # before the fstat and the read: the racy margin counts from here
     try:
         fd, st = _open_checked(path)
     except _UnsafeFile as exc:
@@ -177,7 +179,7 @@ def read_file(path: str, problems: list[str], snapshot_dir: str | None) -> dict[
     if data is None:
         return {}
     if snapshot_dir is not None:
-        write_snapshot(snapshot_dir, path, ident, data)
+        write_snapshot(snapshot_dir, path, ident, data, read_ns)
     return data
 
 

@@ -56,9 +56,17 @@ class ResetRun:
         word = str(outcome.value if isinstance(outcome, enum.Enum) else outcome)
         s = Step(name.value, word, {"msg": msg, **detail})
         self.report.steps.append(s)
-        self.p.log.info(f"reset.{name.value}", vmid=self.vmid, outcome=word, msg=msg, **detail)
+        self.event(f"reset.{name.value}", outcome=word, msg=msg, **detail)
         if self.on_step:
             self.on_step(s)
+
+    def event(self, event: str, **detail: object) -> None:
+        """One event on the EventLog. The log is information: whatever it raises (a terminal gone, a closed pipe,
+        a broken renderer) must not end a reset, above all not between the stop request and the start."""
+        try:
+            self.p.log.info(event, vmid=self.vmid, **detail)
+        except Exception:  # noqa: BLE001 - see above; the report still has every step
+            pass
 
     def progress(self, what: str, since: float, deadline: Deadline) -> None:
         """A wait still going on: after its first second, and then every 5 s, say what is awaited and how long is

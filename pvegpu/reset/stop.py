@@ -115,7 +115,7 @@ def send(run: ResetRun, targets: list[Holder], sig: int) -> list[Holder]:
         res = SignalResult(run.p.host.signal(h.info.ident, sig, run.vmid))
         entry = describe(h) | {"signal": name, "result": res.value, "t": round(run.clock.monotonic(), 3)}
         run.report.signalled.append(entry)
-        run.p.log.info("reset.signal", vmid=run.vmid, **entry)
+        run.event("reset.signal", **entry)
         run.step(StepName.SIGNAL, res.value, f"{name} → pid {h.pid} ({h.info.comm}, CT pid {h.info.ns_pid}): {res.value}",
                  pid=h.pid, signal=name)
         if res is SignalResult.SENT:
