@@ -13,12 +13,10 @@ import unicodedata
 import pytest
 
 from pvegpu.render_audit import audit_table
-from pvegpu.sim import scenario as sc
 from tests import schemas
 from tests.pvelike import REPO
 from tests.test_columns import _doc, _holder
 
-IDLE = {"containers": [{"vmid": 129, "gpus": [0]}], "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/full"}]}
 
 
 def _pvegpu(*args, timeout=90):
@@ -77,5 +75,43 @@ def test_man_page_and_completion_know_check_wide(tmp_path):
     assert "--wide" in p.stdout.split(), p.stdout
 
 
-def _uses(sc_unused=sc):  # keep the import used for later tests
-    return sc_unused
+def test_sim_create_with_a_fifo_scenario_ends_with_exit_2_not_a_hang(tmp_path):
+    """`sim create DIR --scenario FILE` (and `demo --scenario`) opens the file with a plain open(): a FIFO hangs it
+    forever and /dev/zero is read until the OOM killer ends it; the settings file's rule (a regular file of bounded
+    size, else exit 2) should hold for a scenario too."""
+    fifo = tmp_path / "scenario.json"
+    os.mkfifo(fifo)
+    try:
+        r = _pvegpu("sim", "create", str(tmp_path / "node"), "--scenario", str(fifo), timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("sim create hung on a FIFO scenario")
+    assert r.returncode == 2 and not (tmp_path / "node").exists()
+
+
+def test_hook_uninstall_keeps_the_guard_a_vm_hookscript_still_runs(tmp_path):
+    """README 'VMs': a VM is guarded with `qm set VMID --hookscript local:snippets/pvegpu-guard`; `hook uninstall` of
+    the last guarded container deletes that snippet anyway (it counts containers only), so the VM no longer starts.
+    (packaging/debian/prerm likewise names only lxc/*.conf as still guarded, and install.refresh only containers'
+    storages.)"""
+    from pvegpu import install as ins
+    from tests.pvelike import etc_pve
+
+    pve = etc_pve(str(tmp_path / "pve"), "pve1", {129: "arch: amd64\ndev0: /dev/nvidia0\nhookscript: local:snippets/pvegpu-guard\n"},
+                  vms=(200,))
+    with open(os.path.join(pve, "nodes", "pve1", "qemu-server", "200.conf"), "w") as f:
+        f.write("hostpci0: 0000:01:00.0\nhookscript: local:snippets/pvegpu-guard\n")
+    vz = tmp_path / "vz"
+    (vz / "snippets").mkdir(parents=True)
+    (vz / "snippets" / "pvegpu-guard").write_text(ins.guard_text(ins.template()))
+    with open(os.path.join(pve, "storage.cfg"), "w") as f:
+        f.write(f"dir: local\n\tpath {vz}\n\tcontent snippets\n")
+
+    def run(argv):  # `pct set 129 --delete hookscript`
+        conf = os.path.join(pve, "nodes", "pve1", "lxc", f"{argv[2]}.conf")
+        text = open(conf).read()
+        open(conf, "w").write("".join(ln for ln in text.splitlines(True) if not ln.startswith("hookscript:")))
+        return 0, ""
+
+    plan = ins.uninstall([129], pve_root=pve, node="pve1", run=run)
+    assert plan.ok
+    assert (vz / "snippets" / "pvegpu-guard").exists(), plan.done  # fails: removed while VM 200's hookscript names it
