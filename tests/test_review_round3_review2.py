@@ -18,7 +18,6 @@ from tests.pvelike import REPO
 from tests.test_columns import _doc, _holder
 
 
-
 def _pvegpu(*args, timeout=90):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
     r = subprocess.run([sys.executable, "-m", "pvegpu", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout,
