@@ -114,3 +114,29 @@ def test_hook_uninstall_keeps_the_guard_a_vm_hookscript_still_runs(tmp_path):
     plan = ins.uninstall([129], pve_root=pve, node="pve1", run=run)
     assert plan.ok
     assert (vz / "snippets" / "pvegpu-guard").exists(), plan.done  # fails: removed while VM 200's hookscript names it
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="the settings snapshot is written by root only")
+def test_simulate_writes_no_settings_snapshot_into_the_real_run_pvegpu(tmp_path, monkeypatch):
+    """On a real node with /etc/pvegpu/pvegpu.toml, `pvegpu --simulate DIR ...` as root loads the default file with
+    its snapshot, so it writes /run/pvegpu/settings.json: --simulate touches the node's real /run/pvegpu (README:
+    "touches nothing real"). Fix: wiring.settings passes snapshot_dir=None (or one under DIR) when simulating."""
+    from pvegpu import wiring
+    from pvegpu.adapters import settingsfile
+
+    conf = tmp_path / "etc" / "pvegpu.toml"
+    conf.parent.mkdir()
+    conf.write_text("[reset]\ngrace = 5\n")
+    conf.chmod(0o644)
+    monkeypatch.setattr(settingsfile, "RACY_NS", 0)  # the file counts as settled (on a node it is days old)
+    real_run = tmp_path / "run-pvegpu"  # stands for the node's real /run/pvegpu
+    monkeypatch.setattr(settingsfile, "DEFAULT_PATH", str(conf))
+    monkeypatch.setattr(settingsfile, "SNAPSHOT_DIR", str(real_run))
+    monkeypatch.delenv("PVEGPU_CONFIG", raising=False)
+    sim = tmp_path / "node"
+    sim.mkdir()
+    (sim / "scenario.json").write_text("{}")
+    s = wiring.settings(wiring.GlobalOptions(simulate=str(sim)))
+    assert s.reset.grace == 5
+    assert not real_run.exists() or not os.listdir(real_run), os.listdir(real_run)
