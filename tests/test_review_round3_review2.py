@@ -140,3 +140,28 @@ def test_simulate_writes_no_settings_snapshot_into_the_real_run_pvegpu(tmp_path,
     s = wiring.settings(wiring.GlobalOptions(simulate=str(sim)))
     assert s.reset.grace == 5
     assert not real_run.exists() or not os.listdir(real_run), os.listdir(real_run)
+
+
+def test_simulate_without_a_value_hints_a_directory_not_a_settings_file():
+    """`pvegpu --simulate` (no value) hints `pvegpu --simulate /etc/pvegpu/pvegpu.toml check 129`: the --config
+    example pasted for --simulate, which takes a simulated node's DIR (frontdoor's "needs a value" hint)."""
+    r = _pvegpu("--simulate")
+    assert r.returncode == 2
+    assert ".toml" not in r.stderr, r.stderr
+
+
+def test_completion_after_simulate_offers_the_simulated_nodes_vmids(tmp_path):
+    """`pvegpu --simulate DIR reset <TAB>` completes the real node's VMIDs (/etc/pve/.vmlist), not DIR's
+    (DIR/etc-pve/.vmlist), though every command after --simulate acts on DIR."""
+    node = tmp_path / "node"
+    (node / "etc-pve").mkdir(parents=True)
+    (node / "etc-pve" / ".vmlist").write_text('{"version": 1, "ids": {"555": {"node": "pve-sim", "type": "lxc", "version": 1}}}\n')
+    real = tmp_path / "real.vmlist"
+    real.write_text('{"version": 1, "ids": {"129": {"node": "pve1", "type": "lxc", "version": 1}}}\n')
+    script = tmp_path / "c.bash"
+    script.write_text(_clidoc().completion())
+    prog = (f"source {script}; COMP_WORDS=(pvegpu --simulate {node} reset ''); COMP_CWORD=4; _pvegpu; "
+            "printf '%s\\n' \"${COMPREPLY[@]}\"")
+    p = subprocess.run(["bash", "--norc", "--noprofile", "-c", prog], capture_output=True, text=True, timeout=30,
+                       env={"PATH": os.environ["PATH"], "PVEGPU_VMLIST": str(real)})
+    assert p.stdout.split() == ["555"], p.stdout
