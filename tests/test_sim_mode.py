@@ -172,3 +172,16 @@ def test_teardown_never_kills_a_session_the_state_file_names_but_the_node_did_no
     finally:
         other.send_signal(signal.SIGKILL)
         other.wait()
+
+
+def test_scenario_that_is_a_json_array_or_a_fifo_is_a_usage_error_with_a_hint(tmp_path):
+    """A scenario holding a JSON array, or a FIFO given to `demo --scenario`, ends with exit 2, an Error and a Hint line."""
+    arr = tmp_path / "list.json"
+    arr.write_text("[1, 2]")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for argv in (["sim", "create", str(tmp_path / "n1"), "--scenario", str(arr)], ["demo", "--scenario", str(fifo)]):
+        r = _pvegpu(*argv, timeout=30)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith("Error: ") and "\nHint: " in r.stderr, r.stderr
+    assert not (tmp_path / "n1").exists()
