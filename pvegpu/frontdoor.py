@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`pvegpu check 129 | head -1`): exit quietly, as SIGPIPE would
+        return 141
     except E.PvegpuError as exc:
         return exc.show(sys.stderr)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
