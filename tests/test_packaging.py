@@ -312,3 +312,12 @@ def test_prerm_names_this_nodes_guarded_containers_and_vms_only(tmp_path):
     assert p.returncode == 0, p.stderr
     named = p.stderr.splitlines()[0]
     assert "CT 129" in named and "VM 200" in named and "130" not in named and "140" not in named, p.stderr
+
+
+def test_license_is_mit_and_the_deb_copyright_carries_its_text():
+    """The checkout has the MIT LICENSE the package metadata claims, and build-deb puts its text into the .deb's copyright."""
+    text = open(os.path.join(REPO, "LICENSE"), encoding="utf-8").read()
+    assert text.startswith("MIT License") and "Copyright (c) 2026 the pvegpu developers" in text
+    assert "Permission is hereby granted, free of charge" in text
+    build = open(os.path.join(PACKAGING, "build-deb"), encoding="utf-8").read()
+    assert '"$S/LICENSE"' in build and "Copyright: 2026 the pvegpu developers" in build
