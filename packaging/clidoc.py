@@ -74,8 +74,10 @@ def commands() -> Cmd:
     tree = walk(root, ["pvegpu"])
     tree.options = []  # the global options are the front door's (GLOBAL), not typer's callback
     for c in tree.subcommands:
-        if c.path[-1] == "check":  # the light path: `pvegpu check VMID [--json]`
-            c.args, c.options = ["VMID"], [("--json", None, "the decision as JSON")]
+        if c.path[-1] == "check":  # the light path: `pvegpu check VMID [--json] [--wide]` (as `check --help` says)
+            c.args, c.options = ["VMID"], [("--json", None, "print the decision as JSON (errors too)"),
+                                           ("--wide, -v", None, "the decision as one line, as the task log shows it "
+                                                                "(default: 80 columns)")]
         if c.path[-1] == "hook":  # as PVE calls it
             c.args = ["VMID", "PHASE"]
     return tree
@@ -156,18 +158,21 @@ def completion() -> str:
     glob_val = "|".join(n for names, m, _t in GLOBAL if m for n in names.split(", "))
     # every option that takes a value (global or a command's): its value is no command word
     vals = "|".join(dict.fromkeys([glob_val] + [n for c in cmds for names, m, _t in c.options if m for n in names.split(", ")]))
-    lines = ["# bash completion for pvegpu (generated from the CLI by packaging/clidoc.py; VMIDs from /etc/pve/.vmlist)",
+    lines = ["# bash completion for pvegpu (generated from the CLI by packaging/clidoc.py; VMIDs from /etc/pve/.vmlist,",
+             "# or from DIR/etc-pve/.vmlist after --simulate DIR: every command then acts on the simulated node)",
              "_pvegpu_vmids() {",
              '    local f=${PVEGPU_VMLIST:-/etc/pve/.vmlist}',
+             '    [ -n "$1" ] && f=${1/#\\~/$HOME}/etc-pve/.vmlist',
              '    [ -r "$f" ] || return 0',
              "    grep -o '\"[0-9][0-9]*\"[[:space:]]*:[[:space:]]*{' \"$f\" 2>/dev/null | tr -dc '0-9\\n'",
              "}",
              "_pvegpu() {",
-             '    local cur prev i w cmd="" sub="" nargs=0 opts="" valopts="" vmid=0',
+             '    local cur prev i w cmd="" sub="" nargs=0 opts="" valopts="" vmid=0 sim=""',
              '    cur=${COMP_WORDS[COMP_CWORD]}; prev=${COMP_WORDS[COMP_CWORD-1]}',
              f'    case "$prev" in {glob_val}) COMPREPLY=($(compgen -f -- "$cur")); return 0 ;; esac',
              "    for ((i = 1; i < COMP_CWORD; i++)); do",
              '        w=${COMP_WORDS[i]}',
+             '        case "$w" in --simulate) sim=${COMP_WORDS[i+1]} ;; --simulate=*) sim=${w#--simulate=} ;; esac',
              f'        case "$w" in {vals}) i=$((i + 1)); continue ;; -*) continue ;; esac',
              '        if [ -z "$cmd" ]; then cmd=$w; elif [[ " ' + groups + ' " == *" $cmd "* ]] && [ -z "$sub" ]; then sub=$w; else nargs=$((nargs + 1)); fi',
              "    done",
@@ -184,11 +189,11 @@ def completion() -> str:
               f'    case "$prev" in {vals}) return 0 ;; esac  # a number, a storage name: nothing to offer\n    if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$opts ' + glob_opts + '" -- "$cur")); return 0; fi',
               '    if [ "$cmd" = hook ] && [ -z "$sub" ]; then',
               '        COMPREPLY=($(compgen -W "' + " ".join(s.path[-1] for c in cmds if c.path[-1] == "hook" for s in c.subcommands) +
-              ' $(_pvegpu_vmids)" -- "$cur")); return 0',
+              ' $(_pvegpu_vmids "$sim")" -- "$cur")); return 0',
               "    fi",
               *[f'    [ "$cmd" = {c.path[-1]} ] && [ -z "$sub" ] && {{ COMPREPLY=($(compgen -W "' + " ".join(s.path[-1] for s in c.subcommands)
                 + '" -- "$cur")); return 0; }' for c in tree.subcommands if c.subcommands and c.path[-1] != "hook"],
-              '    [ "$vmid" = 1 ] && COMPREPLY=($(compgen -W "$(_pvegpu_vmids)" -- "$cur"))',
+              '    [ "$vmid" = 1 ] && COMPREPLY=($(compgen -W "$(_pvegpu_vmids "$sim")" -- "$cur"))',
               "    return 0",
               "}",
               "complete -F _pvegpu pvegpu", ""]

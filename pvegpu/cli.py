@@ -16,6 +16,7 @@ from typing import Any
 import typer
 import typer.exceptions as typer_exc
 from typer._click import exceptions as click_exc
+from typer._click.utils import PacifyFlushWrapper
 from typer.core import TyperCommand, TyperGroup
 
 from . import contract, resetcmd, wiring
@@ -384,6 +385,10 @@ def run(args: list[str], opts: wiring.GlobalOptions) -> int:
     except typer_exc.Abort:
         sys.stderr.write("aborted\n")
         return 130
+    except SystemExit as exc:  # typer turns a closed stdout pipe (`pvegpu demo | head -1`) into a quiet exit 1
+        if isinstance(sys.stdout, PacifyFlushWrapper):
+            return 141  # as a shell reports a writer that SIGPIPE ended; nothing more to say
+        raise exc
     except E.PvegpuError as exc:  # the JSON consumer gets JSON; the person watching still gets the message
         if json_out:
             _echo_json(contract.error_document(exc, _command(args)))

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     pass
 
 WITH_VALUE = ("--config", "--simulate")
+_EXAMPLES = {"--config": "e.g. `pvegpu --config /etc/pvegpu/pvegpu.toml check 129`",
+             "--simulate": "e.g. `pvegpu --simulate /tmp/node check 129` (a simulated node's directory: `pvegpu sim create /tmp/node`)"}
 HOOK_SUBCOMMANDS = ("install", "uninstall", "status", "allow-once")
 
 
@@ -38,7 +40,7 @@ def split_globals(argv: list[str]) -> tuple[dict[str, str | bool], list[str]]:
         if name in WITH_VALUE:
             if not eq:
                 if i + 1 >= len(argv):
-                    raise E.UsageError(f"{name} needs a value", f"e.g. `pvegpu {name} /etc/pvegpu/pvegpu.toml check 129`")
+                    raise E.UsageError(f"{name} needs a value", _EXAMPLES.get(name, f"e.g. `pvegpu {name} VALUE check 129`"))
                 i += 1
                 value = argv[i]
             found[name[2:]] = value
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`pvegpu check 129 | head -1`): exit quietly, as SIGPIPE would
+        return 141
     except E.PvegpuError as exc:
         return exc.show(sys.stderr)
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 
 from .adapters import safefile
-from .adapters.etcpve import ct_confs, node_names
+from .adapters.etcpve import ct_confs, node_names, vm_confs
 from .adapters.storagecfg import Storage, read_storage
 from .errors import PvegpuError, UsageError
 from .lxcconf import parse_config
@@ -248,7 +248,7 @@ def chain_text(vmid: int, original: str, guard_path: str, original_path: str) ->
 
 def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "local", run: Runner = run_command) -> Plan:
     """Take the guard off ``vmids`` (default: every guarded CT of this node); restore chained originals;
-    delete the snippet once no container in the cluster refers to it."""
+    delete the snippet once no guest in the cluster (container or VM) refers to it."""
     plan = Plan()
     st = read_storage(pve_root, storage_name)
     confs = _ct_confs(pve_root, node)
@@ -269,14 +269,15 @@ def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str =
         if rc == 0 and "-chain-" in str(current) and os.path.lexists(cpath):
             os.unlink(cpath)
             plan.done.append(f"removed {cpath}")
-    # the guard stays while any container uses it, directly or through its chain script
-    still = [v for v, (_, t) in _ct_confs(pve_root).items() if _is_ours(parse_config(t).hookscript, st.name)]
+    # the guard stays while any container or VM uses it, directly or through its chain script
+    still = [f"CT {v}" for v, (_, t) in _ct_confs(pve_root).items() if _is_ours(parse_config(t).hookscript, st.name)]
+    still += [f"VM {v}" for v, (_, t) in vm_confs(pve_root).items() if _is_ours(parse_config(t).hookscript, st.name)]
     path = os.path.join(st.path, "snippets", GUARD)
     if os.path.lexists(path) and not still and plan.ok:
         os.unlink(path)
         plan.done.append(f"removed {path}")
     elif still:
-        plan.warnings.append(f"{path} kept: still used by CT {', '.join(map(str, still))}")
+        plan.warnings.append(f"{path} kept: still used by {', '.join(still)}")
     return plan
 
 
@@ -370,11 +371,12 @@ def refresh(pve_root: str) -> Plan:
 
     Only a regular file at ``<storage>/snippets/pvegpu-guard`` that root (or this user) owns, that no group or other
     may write, and that begins like a guard pvegpu wrote is rewritten (what ``hook install`` would write there);
-    anything else is left alone and named. Storages: ``local`` and every storage a container's hookscript names.
+    anything else is left alone and named. Storages: ``local`` and every storage a container's or VM's hookscript
+    names.
     """
     plan = Plan()
     names = {"local"}
-    for _n, (_node, text) in _ct_confs(pve_root).items():
+    for _n, (_node, text) in [*_ct_confs(pve_root).items(), *vm_confs(pve_root).items()]:
         hs = parse_config(text).hookscript
         if _is_ours(hs):
             names.add(str(hs).split(":", 1)[0])

@@ -46,18 +46,30 @@ def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None)
     """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides.
 
     A simulated node keeps its run-time state (reset locks, allow-once tokens, any ``*_dir`` of the settings)
-    in its own directory, unless a setting says otherwise: ``--simulate`` never touches this node's real state.
+    in its own directory, unless a setting says otherwise: ``--simulate`` never touches this node's real state,
+    nor reads or writes the settings snapshot in ``/run/pvegpu``.
     """
     extra = dict(overrides or {})
     if opts.simulate:
         if not os.path.isfile(os.path.join(opts.simulate, "scenario.json")):
-            raise E.UsageError(f"--simulate {opts.simulate}: not a simulated node (no scenario.json there)",
-                               f"`pvegpu sim create {opts.simulate}` builds one (README: Simulated node); `pvegpu demo` builds and removes one")
+            raise E.UsageError(f"--simulate {opts.simulate}: not a simulated node (no scenario.json there)", _sim_hint(opts.simulate))
         extra["simulate"] = opts.simulate
     from .adapters.settingsfile import load
 
-    s = load(opts.config, overrides=extra)
+    s = load(opts.config, overrides=extra, **({"snapshot_dir": None} if opts.simulate else {}))
     return simulated_state(s) if s.simulate else s
+
+
+def _sim_hint(directory: str) -> str:
+    """What to run instead: ``sim create`` of that directory only when it could be one (absent or empty), else of
+    a new directory (``sim create`` never builds into a directory already holding files: ``/etc`` is no node)."""
+    try:
+        fresh = not os.path.lexists(directory) or (os.path.isdir(directory) and not os.listdir(directory))
+    except OSError:
+        fresh = False
+    where = directory if fresh else "/tmp/pvegpu-node"
+    return (f"`pvegpu sim create {where}` builds one{'' if fresh else ' in a new directory'} (README: Simulated node); "
+            "`pvegpu demo` builds and removes one")
 
 
 SIM_STATE = {"lock_dir": "lock", "override_dir": "allow-once"}  # where under the simulated node's dir; else the key's stem

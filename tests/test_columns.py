@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import unicodedata
 
 from pvegpu.adapters.users import user_name
 from pvegpu.render_audit import audit_table
@@ -17,8 +18,13 @@ from tests.pvelike import REPO
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)")
 
 
+def _columns(line: str) -> int:
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 0 if unicodedata.combining(c) else 1 for c in line)
+
+
 def _width(text: str) -> int:
-    return max((len(ANSI.sub("", line)) for line in text.splitlines()), default=0)
+    """The widest line in terminal columns (wide/full-width characters 2, combining marks 0), colour codes removed."""
+    return max((_columns(ANSI.sub("", line)) for line in text.splitlines()), default=0)
 
 
 def _pvegpu(*args):
@@ -105,3 +111,12 @@ def test_fit_keeps_a_quoted_command_whole():
     """Wrapping breaks at spaces, never inside a `quoted command` that fits a line."""
     lines = fit("fix: " + "word " * 12 + "`nvidia-smi -r -i 0` and more words after it", "", "  ", width=40)
     assert any("`nvidia-smi -r -i 0`" in ln for ln in lines) and all(len(ln) <= 40 for ln in lines)
+
+
+def test_elide_and_fit_count_terminal_columns_not_characters():
+    """Wide (CJK) characters take two columns and combining marks none: elide and fit stay within their width."""
+    wide = "\u8bad\u7ec3" * 30
+    assert _columns(elide(wide, 21)) <= 21 and "..." in elide(wide, 21)
+    assert elide("e\u0301" * 10, 10) == "e\u0301" * 10  # ten columns, twenty characters: nothing to cut
+    lines = fit("run " + wide + " `a b` end", "  ", "    ", 30)
+    assert all(_columns(line) <= 30 for line in lines) and "`a b`" in "".join(lines)

@@ -156,3 +156,19 @@ def test_hook_error_sites_use_the_error_rendering():
 
     src = inspect.getsource(hook)
     assert "exc.hint" not in src and "E.render(" not in src and "E.to_json(" not in src
+
+
+def test_simulate_on_an_existing_directory_that_is_no_node_hints_a_new_directory(tmp_path):
+    """`--simulate DIR` where DIR holds files but no node (e.g. /etc): the hint never says `sim create DIR`; an absent
+    DIR is hinted as itself."""
+    from pvegpu import wiring
+
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "passwd").write_text("x\n")
+    with pytest.raises(E.UsageError) as exc:
+        wiring.settings(wiring.GlobalOptions(simulate=str(full)))
+    assert f"sim create {full}`" not in (exc.value.hint or "") and "sim create " in (exc.value.hint or "")
+    with pytest.raises(E.UsageError) as exc:
+        wiring.settings(wiring.GlobalOptions(simulate=str(tmp_path / "new")))
+    assert f"sim create {tmp_path / 'new'}`" in (exc.value.hint or "")

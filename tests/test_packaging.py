@@ -273,3 +273,51 @@ def test_readme_install_section_names_this_version_and_one_venv_command():
     assert f"    apt install ./pvegpu_{__version__}_bookworm_amd64.deb" in sec and f"./pvegpu_{__version__}_trixie_amd64.deb" in sec
     venv = [ln for ln in text.splitlines() if re.fullmatch(r"    apt-get update.*python3 -m venv /opt/pvegpu.*", ln)]
     assert len(venv) == 1 and "pip install -q ." in venv[0]
+
+
+def test_refresh_rewrites_the_guard_on_a_storage_only_a_vm_names(node):
+    """A storage named only by a VM's hookscript (qemu-server/*.conf) is refreshed too, not only containers' storages."""
+    pve, local, fast = node
+    os.unlink(os.path.join(pve, "nodes", "pve1", "lxc", "129.conf"))
+    os.makedirs(os.path.join(pve, "nodes", "pve1", "qemu-server"), exist_ok=True)
+    with open(os.path.join(pve, "nodes", "pve1", "qemu-server", "200.conf"), "w") as f:
+        f.write("hostpci0: 0000:01:00.0\nhookscript: fast:snippets/pvegpu-guard\n")
+    _write(fast, OLD_GUARD_BODY)
+    plan = ins.refresh(pve)
+    assert plan.ok and fast.read_text() == ins.guard_text(ins.template())
+
+
+def test_prerm_names_this_nodes_guarded_containers_and_vms_only(tmp_path):
+    """prerm names this node's guests whose current config runs the guard (CTs and VMs); a guard only in a snapshot
+    section, or on another node, is not named."""
+    pve = tmp_path / "pve"
+    local = pve / "nodes" / "pve1"
+    for sub in ("lxc", "qemu-server"):
+        (local / sub).mkdir(parents=True)
+        (pve / "nodes" / "pve2" / sub).mkdir(parents=True)
+    (pve / "local").symlink_to(local)
+    guard = "hookscript: local:snippets/pvegpu-guard\n"
+    (local / "lxc" / "129.conf").write_text("arch: amd64\n" + guard)
+    (local / "lxc" / "130.conf").write_text("arch: amd64\n\n[snap1]\n" + guard)  # only an old snapshot had it
+    (local / "qemu-server" / "200.conf").write_text("hostpci0: 0000:01:00.0\n" + guard + "\n[snap]\nmemory: 1\n")
+    (pve / "nodes" / "pve2" / "lxc" / "140.conf").write_text(guard)  # another node's container
+    script = tmp_path / "prerm"
+    script.write_text(open(os.path.join(PACKAGING, "debian", "prerm")).read().replace("/etc/pve", str(pve)))
+    tools = tmp_path / "bin"  # no systemctl: the units are left alone
+    tools.mkdir()
+    for t in ("sed", "grep", "tr", "cat"):
+        (tools / t).symlink_to(shutil.which(t))
+    p = subprocess.run([shutil.which("sh"), str(script), "remove"], capture_output=True, text=True, timeout=30,
+                       env={"PATH": str(tools)})
+    assert p.returncode == 0, p.stderr
+    named = p.stderr.splitlines()[0]
+    assert "CT 129" in named and "VM 200" in named and "130" not in named and "140" not in named, p.stderr
+
+
+def test_license_is_mit_and_the_deb_copyright_carries_its_text():
+    """The checkout has the MIT LICENSE the package metadata claims, and build-deb puts its text into the .deb's copyright."""
+    text = open(os.path.join(REPO, "LICENSE"), encoding="utf-8").read()
+    assert text.startswith("MIT License") and "Copyright (c) 2026 the pvegpu developers" in text
+    assert "Permission is hereby granted, free of charge" in text
+    build = open(os.path.join(PACKAGING, "build-deb"), encoding="utf-8").read()
+    assert '"$S/LICENSE"' in build and "Copyright: 2026 the pvegpu developers" in build

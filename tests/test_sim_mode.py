@@ -172,3 +172,31 @@ def test_teardown_never_kills_a_session_the_state_file_names_but_the_node_did_no
     finally:
         other.send_signal(signal.SIGKILL)
         other.wait()
+
+
+def test_scenario_that_is_a_json_array_or_a_fifo_is_a_usage_error_with_a_hint(tmp_path):
+    """A scenario holding a JSON array, or a FIFO given to `demo --scenario`, ends with exit 2, an Error and a Hint line."""
+    arr = tmp_path / "list.json"
+    arr.write_text("[1, 2]")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    for argv in (["sim", "create", str(tmp_path / "n1"), "--scenario", str(arr)], ["demo", "--scenario", str(fifo)]):
+        r = _pvegpu(*argv, timeout=30)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.startswith("Error: ") and "\nHint: " in r.stderr, r.stderr
+    assert not (tmp_path / "n1").exists()
+
+
+def test_demo_into_a_closed_pipe_exits_quietly(tmp_path):
+    """`pvegpu demo | head -1`: the reader is gone; pvegpu exits 141 (as SIGPIPE would) with nothing on stderr, not 1,
+    and still removes its simulated node."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
+    rfd, wfd = os.pipe()
+    os.close(rfd)  # the reader went away before the first line: every write fails with EPIPE, deterministically
+    try:
+        r = subprocess.run([sys.executable, "-m", "pvegpu", "demo"], stdout=wfd, stderr=subprocess.PIPE, cwd=REPO,
+                           env=clean | {"TMPDIR": str(tmp_path)}, timeout=120)
+    finally:
+        os.close(wfd)
+    assert r.returncode == 141 and r.stderr == b"", (r.returncode, r.stderr)
+    assert not [d for d in os.listdir(tmp_path) if d.startswith("pvegpu-sim-")]  # the demo still removed its node

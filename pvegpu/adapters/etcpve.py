@@ -44,17 +44,26 @@ def node_names(root: str) -> list[str]:
     return sorted(os.listdir(nodes_dir)) if os.path.isdir(nodes_dir) else []
 
 
-def ct_confs(root: str, node: str | None = None) -> dict[int, tuple[str, str]]:
-    """vmid -> (node, conf text) for every container (of one node, or the cluster)."""
+def _guest_confs(root: str, node: str | None, kind: str) -> dict[int, tuple[str, str]]:
     out: dict[int, tuple[str, str]] = {}
     for n in node_names(root):
         if node and n != node:
             continue
-        d = os.path.join(root, "nodes", n, "lxc")
+        d = os.path.join(root, "nodes", n, kind)
         for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
             if f.endswith(".conf") and f[:-5].isdigit():
-                out[int(f[:-5])] = (n, read_pve(root, os.path.join("nodes", n, "lxc", f)))
+                out[int(f[:-5])] = (n, read_pve(root, os.path.join("nodes", n, kind, f)))
     return out
+
+
+def ct_confs(root: str, node: str | None = None) -> dict[int, tuple[str, str]]:
+    """vmid -> (node, conf text) for every container (of one node, or the cluster)."""
+    return _guest_confs(root, node, "lxc")
+
+
+def vm_confs(root: str, node: str | None = None) -> dict[int, tuple[str, str]]:
+    """vmid -> (node, conf text) for every VM (qemu-server; of one node, or the cluster)."""
+    return _guest_confs(root, node, "qemu-server")
 
 
 class EtcPve:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 from typing import Any
 
@@ -231,12 +232,38 @@ def named(name_or_path: str) -> dict[str, Any]:
     return load(name_or_path)
 
 
-def load(path: str) -> dict[str, Any]:
+MAX_SCENARIO = 4 * 1024 * 1024  # a scenario is a few KiB of JSON; anything this big is not one
+_HINT = "a scenario is a regular JSON file holding an object; see `pydoc pvegpu.sim.scenario`"
+
+
+def _read_scenario(path: str) -> bytes:
+    """The bytes of the regular file ``path`` (as the settings file is read: never blocking on a FIFO, never
+    reading a device or an endless file); raises OSError saying why not."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read scenario {path}: {exc}", "a scenario is a JSON file; see `pydoc pvegpu.sim.scenario`") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError("not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, min(1 << 16, MAX_SCENARIO + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_SCENARIO:
+                raise OSError(f"larger than {MAX_SCENARIO // (1024 * 1024)} MiB: not a scenario")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def load(path: str) -> dict[str, Any]:
+    """The scenario in the JSON file ``path``; UsageError (exit 2, with a hint) when it is no regular file of
+    bounded size, no JSON, or no JSON object."""
+    try:
+        data = json.loads(_read_scenario(path).decode("utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read scenario {path}: {exc.strerror or exc}", _HINT) from None
+    except ValueError as exc:
+        raise UsageError(f"cannot read scenario {path}: {exc}", _HINT) from None
     if not isinstance(data, dict):
-        raise UsageError(f"scenario {path} must be a JSON object", None)
+        raise UsageError(f"scenario {path} must be a JSON object, not {type(data).__name__}", _HINT)
     return data
