@@ -25,6 +25,10 @@ def map_files_readable() -> bool:
 
 
 def pytest_runtest_setup(item):
+    root = item.get_closest_marker("root")
+    if root and os.geteuid() != 0:
+        pytest.skip(root.kwargs.get("reason", "needs root: it reads or changes what only root may (every process's /proc, "
+                                              "the root-only settings snapshot)"))
     if item.get_closest_marker("map_files") and not map_files_readable():
         pytest.skip("needs root: the real /proc adapter proves a mapping by stat of /proc/<pid>/map_files, "
                     "which the kernel allows only with CAP_SYS_ADMIN")

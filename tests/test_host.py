@@ -316,6 +316,7 @@ def test_simulated_reset_is_clean_without_a_restart_where_map_files_is_unreadabl
     assert rep.outcome is ResetOutcome.CLEAN and not rep.restarted
 
 
+@pytest.mark.root(reason="needs root: as a user another user's process reads as unreadable, so a holder of anything")
 def test_private_stand_ins_are_distinct_devices_nobody_else_holds():
     """Two private stand-ins (as the LXC lab and these tests make) have distinct device numbers, neither
     /dev/full's, and a process holding /dev/full holds neither; one holding the stand-in is found."""

@@ -104,6 +104,7 @@ ADVERSARIAL = [
 ]
 
 
+@pytest.mark.root(reason="needs root: a user reads few processes' maps, too few texts to compare")
 def test_maps_parse_equals_the_regex_on_every_real_maps_text_of_this_machine():
     """The split-based maps parse gives the same files (dev, inode -> first range) as the old regex, on every
     readable /proc/*/maps of this machine, whole and cut into odd pieces."""
@@ -365,6 +366,7 @@ def test_forked_workers_give_the_serial_answer_on_a_still_tree(small_shares, tmp
         assert list(par.items()) == list(serial.items())
 
 
+@pytest.mark.root(reason="needs root: as a user the whole-node scan reads only the user's own processes")
 def test_forked_workers_find_real_holders(small_shares, holders):
     """On this machine's live /proc, a whole-node scan over 2 and 4 shares finds every stand-in holder, by fd,
     and not the /dev/null one; every process seen by both scans with the same start time gets the same answer."""
