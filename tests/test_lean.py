@@ -223,7 +223,7 @@ def test_a_root_run_writes_the_snapshot_and_the_next_reads_it_without_tomllib(co
     """The first load parses and writes the snapshot; a fresh process then gets the same settings without tomllib."""
     f, snap = conf
     first = _load(f, snap)
-    assert os.stat(os.path.join(snap, "settings.json")).st_uid == 0
+    assert os.stat(os.path.join(snap, "settings-other.json")).st_uid == 0
     code = (f"import sys; sys.path.insert(0, {REPO!r}); from pvegpu.adapters.settingsfile import load; "
             f"s = load({str(f)!r}, env={{}}, snapshot_dir={snap!r}); print(s.reset.grace, s.gate.exclusive, 'tomllib' in sys.modules)")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
@@ -254,7 +254,7 @@ def test_a_snapshot_a_non_root_user_could_write_is_ignored(conf):
     """A snapshot owned by another uid, writable by others, or in a directory others may write is never used."""
     f, snap = conf
     _load(f, snap)
-    path = os.path.join(snap, "settings.json")
+    path = os.path.join(snap, "settings-other.json")
     doc = json.loads(open(path).read())
     doc["data"]["reset"]["grace"] = 1  # a forged snapshot of the very same file
     for fix in ("chown", "chmod", "dir"):
@@ -282,7 +282,7 @@ def test_an_unreadable_or_foreign_snapshot_falls_back_to_the_toml(conf, junk):
     """Garbage, another version or another file's snapshot: the TOML is parsed, and the snapshot rewritten."""
     f, snap = conf
     os.makedirs(snap, mode=0o700)
-    path = os.path.join(snap, "settings.json")
+    path = os.path.join(snap, "settings-other.json")
     with open(path, "w") as fh:
         fh.write(junk)
     assert _load(f, snap).reset.grace == 4.0
@@ -299,14 +299,27 @@ def test_a_bad_file_gets_no_snapshot_and_the_same_errors(conf):
     f.write_text("when = 1979-05-27\n")
     with pytest.raises(ConfigError):
         _load(f, snap)
-    assert not os.path.exists(os.path.join(snap, "settings.json"))
+    assert not os.path.exists(os.path.join(snap, "settings-other.json"))
 
 
-def test_only_the_default_file_has_a_snapshot():
-    """``--config FILE`` and ``PVEGPU_CONFIG`` never read or write /run/pvegpu (the hook reads the default file)."""
+@pytest.mark.root
+def test_a_config_file_and_the_default_file_keep_separate_snapshots(tmp_path, monkeypatch):
+    """``--config FILE`` gets a snapshot of its own slot: it neither evicts the default file's (the hook's) nor is
+    taken for it, and each is used only for its own path."""
     from pvegpu.adapters import settingsfile as sf
 
-    assert sf.snapshot_dir_for("/etc/pvegpu/pvegpu.toml") == "/run/pvegpu" and sf.snapshot_dir_for("/tmp/x.toml") is None
+    monkeypatch.setattr(sf, "RACY_NS", 0)
+    default, other = tmp_path / "default.toml", tmp_path / "other.toml"
+    default.write_text("[reset]\ngrace = 4\n")
+    other.write_text("[reset]\ngrace = 6\n")
+    for f in (default, other):
+        f.chmod(0o644)
+    monkeypatch.setattr(sf, "DEFAULT_PATH", str(default))
+    snap = str(tmp_path / "snap")
+    assert _load(default, snap).reset.grace == 4.0 and _load(other, snap).reset.grace == 6.0
+    assert sorted(os.listdir(snap)) == ["settings-other.json", "settings.json"]
+    monkeypatch.setattr(sf, "_parse", lambda raw, path, problems: pytest.fail("parsed although a snapshot exists"))
+    assert _load(default, snap).reset.grace == 4.0 and _load(other, snap).reset.grace == 6.0
 
 
 @pytest.mark.root
@@ -316,4 +329,4 @@ def test_a_file_changed_just_now_gets_no_snapshot(tmp_path):
     f.write_text("[reset]\ngrace = 4\n")
     f.chmod(0o644)
     assert _load(f, str(tmp_path / "snap")).reset.grace == 4.0
-    assert not os.path.exists(tmp_path / "snap" / "settings.json")
+    assert not os.path.exists(tmp_path / "snap" / "settings-other.json")

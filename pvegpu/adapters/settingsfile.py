@@ -6,9 +6,11 @@ regular file of sane size (a FIFO, a device or an endless file would hang the st
 starts counting), owned by root or the user running pvegpu, and not writable by group or others: whoever can
 write it can turn the gate off (``gate.on_unknown = "allow"``).
 
-**Snapshot** (the default file only, ``/etc/pvegpu/pvegpu.toml``): its parsed TOML as JSON in
-``/run/pvegpu/settings.json``, written by a pvegpu run as root (``hook install``, the gate itself, any command)
-after it parsed the file, and used instead of parsing only while the file is the same one: device, inode, size,
+**Snapshot**: the parsed TOML as JSON in ``/run/pvegpu/settings.json`` for the default file
+(``/etc/pvegpu/pvegpu.toml``, the one the hookscript reads) and in ``/run/pvegpu/settings-other.json`` for the
+latest other one (``--config``, ``PVEGPU_CONFIG``), written by a pvegpu run as root (``hook install``, the gate
+itself, any command) after it parsed the file, and used instead of parsing only while the path is the same and
+the file is the same one: device, inode, size,
 mtime and ctime (any write, rename, chmod or chown changes the ctime; a file changed in the last 2 s gets no
 snapshot, so two writes inside one timestamp tick cannot hide behind it). The ownership checks of the file are made
 on every run; the snapshot is trusted only if it and its directory are root's and writable by nobody else, and
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
 
 MAX_FILE = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is not one
 SNAPSHOT_DIR = "/run/pvegpu"
-SNAPSHOT_NAME = "settings.json"
+SNAPSHOT_NAME = "settings.json"  # the default file's
+OTHER_NAME = "settings-other.json"  # the latest other file's: one slot, so a temporary --config leaves no trail
 SNAPSHOT_VERSION = 1
 RACY_NS = 2_000_000_000  # no snapshot of a file changed this recently: a second write in the same timestamp tick,
 # of the same size, would leave mtime and ctime as they were (git's "racy" entries); the next run writes it
@@ -79,6 +82,11 @@ def _root_only(st: os.stat_result, *, directory: bool) -> bool:
     return kind and st.st_uid == 0 and not st.st_mode & 0o022
 
 
+def snapshot_name(path: str) -> str:
+    """The snapshot's file name in the snapshot directory: one for the default file, one for the latest other."""
+    return SNAPSHOT_NAME if path == DEFAULT_PATH else OTHER_NAME
+
+
 def read_snapshot(snapshot_dir: str, path: str, ident: list[int]) -> dict[str, Any] | None:
     """The parsed file's data from a trustworthy snapshot of this very file, or None (then the TOML is parsed)."""
     import json
@@ -86,7 +94,7 @@ def read_snapshot(snapshot_dir: str, path: str, ident: list[int]) -> dict[str, A
     try:
         if not _root_only(os.stat(snapshot_dir, follow_symlinks=False), directory=True):
             return None
-        fd = os.open(os.path.join(snapshot_dir, SNAPSHOT_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(os.path.join(snapshot_dir, snapshot_name(path)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             if not _root_only(os.fstat(fd), directory=False):
                 return None
@@ -122,13 +130,14 @@ def write_snapshot(snapshot_dir: str, path: str, ident: list[int], data: dict[st
             return False
         dfd = os.open(snapshot_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            tmp = f".{SNAPSHOT_NAME}.{os.getpid()}"
+            name = snapshot_name(path)
+            tmp = f".{name}.{os.getpid()}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
             try:
                 os.write(fd, text.encode())
             finally:
                 os.close(fd)
-            os.replace(tmp, SNAPSHOT_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         finally:
             os.close(dfd)
     except OSError:
@@ -184,14 +193,14 @@ def read_file(path: str, problems: list[str], snapshot_dir: str | None) -> dict[
 
 
 def snapshot_dir_for(path: str) -> str | None:
-    """Only the default file has a snapshot (the one the hookscript reads: PVE passes it no ``--config``)."""
-    return SNAPSHOT_DIR if path == DEFAULT_PATH else None
+    """Where the snapshot of ``path`` lives: every file has one (``snapshot_name`` says which slot)."""
+    return SNAPSHOT_DIR
 
 
 def load(path: str | None = None, env: Mapping[str, str] | None = None, overrides: dict[str, Any] | None = None,
          *, snapshot_dir: str | None = "") -> Settings:
     """Settings from file (missing default file is fine), environment and overrides ("reset.grace": 3).
-    ``snapshot_dir``: "" for the default (``/run/pvegpu`` for the default file only), None for no snapshot."""
+    ``snapshot_dir``: "" for the default (``/run/pvegpu``), None for no snapshot."""
     env = os.environ if env is None else env
     path = path or env.get("PVEGPU_CONFIG") or DEFAULT_PATH
     problems: list[str] = []
