@@ -1,11 +1,13 @@
 """Where the start gate's time goes, layer by layer, as whole processes next to ``nvidia-smi`` (root, GPU node).
 
-    python3 bench/gate_parts.py [N]
+    python3 bench/gate_parts.py [N] [--compare DIR]
 
 Each row is a whole process, run N times interleaved with the others (so all see the same machine), median in ms.
 The rows add one layer at a time: the interpreter, ctypes, loading libnvidia-ml, ``nvmlInit_v2``, the gate's NVML
 reads, pvegpu's imports, the hook without its shell, the hookscript as PVE runs it. Then one ``-X importtime``
-run of the hook (the slowest modules by their own time).
+run of the hook (the slowest modules by their own time). The hook rows read the settings as an installed node
+does: ``/etc/pvegpu/pvegpu.toml`` (made for the run when absent, removed after), through its snapshot.
+``--compare DIR``: the hook rows also from another checkout (e.g. ``git archive`` of an older commit), same run.
 """
 
 from __future__ import annotations
@@ -49,37 +51,74 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
     return (time.perf_counter() - t) * 1000, p.returncode, p.stderr
 
 
+def guard_for(tmp: str, tree: str, name: str) -> str:
+    """The hookscript with its fast path pointing at checkout ``tree``."""
+    path = pvelike.guard(tmp, pvelike.launcher(tmp))
+    with open(path) as f:
+        text = f.read().replace(f"PVEGPU_PYTHONPATH={REPO}", f"PVEGPU_PYTHONPATH={tree}")
+    out = os.path.join(tmp, name)
+    with open(out, "w") as f:
+        f.write(text)
+    os.chmod(out, 0o755)
+    return out
+
+
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 25
+    args = sys.argv[1:]
+    trees = {"this": REPO}
+    if "--compare" in args:
+        i = args.index("--compare")
+        trees["other"] = os.path.abspath(args[i + 1])
+        del args[i:i + 2]
+    n = int(args[0]) if args else 25
     tmp = tempfile.mkdtemp()
     conf = "arch: amd64\ndev0: /dev/nvidia0,gid=44\ndev1: /dev/nvidiactl,gid=44\nhostname: bench\n"
     root = pvelike.etc_pve(os.path.join(tmp, "pve"), "bench", {129: conf})
     cfg = os.path.join(tmp, "pvegpu.toml")
+    text = f'pve_root = "{root}"\n[reset]\nlock_dir = "{tmp}/locks"\n[gate]\noverride_dir = "{tmp}/allow"\n'
     with open(cfg, "w") as f:
-        f.write(f'pve_root = "{root}"\n[reset]\nlock_dir = "{tmp}/locks"\n[gate]\noverride_dir = "{tmp}/allow"\n')
-    guard = pvelike.guard(tmp, pvelike.launcher(tmp))
-    env = {"PATH": pvelike.PVE_PATH, "LC_ALL": "C", "PVEGPU_CONFIG": cfg}
+        f.write(text)
+    default = "/etc/pvegpu/pvegpu.toml"
+    made_default = not os.path.exists(default) and os.geteuid() == 0
+    if made_default:
+        os.makedirs(os.path.dirname(default), exist_ok=True)
+        with open(default, "w") as f:
+            f.write(text)
+        os.chmod(default, 0o644)
+        time.sleep(2.1)  # a file changed in the last 2 s gets no snapshot (adapters/settingsfile)
+    env = {"PATH": pvelike.PVE_PATH, "LC_ALL": "C"} | ({} if made_default or os.path.exists(default) else {"PVEGPU_CONFIG": cfg})
+    env_cfg = {"PATH": pvelike.PVE_PATH, "LC_ALL": "C", "PVEGPU_CONFIG": cfg}
     imports = "import os, sys; sys.path[:0] = [%r]; " % REPO + "; ".join(f"import {m}" for m in GATE_MODULES) + "; os._exit(0)"
-    rows = {
-        "nvidia-smi --query-gpu=index,memory.used": ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-        "python -I -S -c pass": [PY, "-I", "-S", "-c", "pass"],
-        "python -I -S -c 'import os; os._exit(0)'": [PY, "-I", "-S", "-c", "import os; os._exit(0)"],
-        "/bin/sh -c 'exec python -I -S -c pass'": ["/bin/sh", "-c", f"exec {PY} -I -S -c pass"],
-        "+ import ctypes": [PY, "-I", "-S", "-c", "import ctypes, os; os._exit(0)"],
-        "+ CDLL(libnvidia-ml.so.1)": [PY, "-I", "-S", "-c", "import ctypes, os; ctypes.CDLL('libnvidia-ml.so.1'); os._exit(0)"],
-        "+ nvmlInit_v2": [PY, "-I", "-S", "-c", "import ctypes, os; ctypes.CDLL('libnvidia-ml.so.1').nvmlInit_v2(); os._exit(0)"],
-        "+ the gate's NVML reads (every GPU)": [PY, "-I", "-S", "-c", NVML_READS],
-        "pvegpu's gate imports only": [PY, "-I", "-S", "-c", imports],
-        "hook 129 pre-start, no shell (TOML parsed)": [PY, "-I", "-S", "-c", GUARD, REPO, "hook", "129", "pre-start"],
-        "the hookscript as PVE runs it (TOML parsed)": [guard, "129", "pre-start"],
+    rows: dict[str, tuple[list[str], dict[str, str]]] = {
+        "nvidia-smi --query-gpu=index,memory.used": (["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"], env),
+        "python -I -S -c pass": ([PY, "-I", "-S", "-c", "pass"], env),
+        "python -I -S -c 'import os; os._exit(0)'": ([PY, "-I", "-S", "-c", "import os; os._exit(0)"], env),
+        "/bin/sh -c 'exec python -I -S -c pass'": (["/bin/sh", "-c", f"exec {PY} -I -S -c pass"], env),
+        "+ import ctypes": ([PY, "-I", "-S", "-c", "import ctypes, os; os._exit(0)"], env),
+        "+ CDLL(libnvidia-ml.so.1)": ([PY, "-I", "-S", "-c", "import ctypes, os; ctypes.CDLL('libnvidia-ml.so.1'); os._exit(0)"], env),
+        "+ nvmlInit_v2": ([PY, "-I", "-S", "-c", "import ctypes, os; ctypes.CDLL('libnvidia-ml.so.1').nvmlInit_v2(); os._exit(0)"], env),
+        "+ the gate's NVML reads (every GPU)": ([PY, "-I", "-S", "-c", NVML_READS], env),
+        "pvegpu's gate imports only": ([PY, "-I", "-S", "-c", imports], env),
     }
+    for label, tree in trees.items():
+        rows[f"hook 129 pre-start, no shell [{label}]"] = ([PY, "-I", "-S", "-c", GUARD, tree, "hook", "129", "pre-start"], env)
+        rows[f"the hookscript as PVE runs it [{label}]"] = ([guard_for(tmp, tree, f"guard-{label}"), "129", "pre-start"], env)
+    rows["the hookscript, PVEGPU_CONFIG=FILE [this]"] = ([guard_for(tmp, REPO, "guard-cfg"), "129", "pre-start"], env_cfg)
+    try:
+        _run(rows, n)
+    finally:
+        if made_default:
+            os.unlink(default)
+
+
+def _run(rows: dict[str, tuple[list[str], dict[str, str]]], n: int) -> None:
     if not shutil.which("nvidia-smi"):  # no GPU here: only the rows without NVML (the ratio is then to the bare interpreter)
         rows = {k: v for k, v in rows.items() if "nvidia-smi" not in k and "CDLL" not in k and "nvml" not in k.lower()}
-    for argv in rows.values():  # warm the page cache
+    for argv, env in rows.values():  # warm the page cache (and write the settings snapshots)
         timed(argv, env)
     got: dict[str, list[float]] = {k: [] for k in rows}
     for _ in range(n):
-        for name, argv in rows.items():
+        for name, (argv, env) in rows.items():
             ms, rc, err = timed(argv, env)
             if rc != 0:
                 print(f"{name}: exit {rc}: {err.strip()[:300]}", file=sys.stderr)
@@ -89,13 +128,14 @@ def main() -> None:
     for name, v in got.items():
         med = statistics.median(v)
         print(f"{name:52s} {med:7.1f} {min(v):7.1f} {med / smi:6.2f}")
-    _, _, err = timed([PY, "-I", "-S", "-X", "importtime", "-c", GUARD, REPO, "hook", "129", "pre-start"], env)
+    argv, env = rows["hook 129 pre-start, no shell [this]"]
+    _, _, err = timed([PY, "-I", "-S", "-X", "importtime", *argv[3:]], env)
     mods = []
     for line in err.splitlines():
         parts = line.removeprefix("import time:").split("|")
         if len(parts) == 3 and parts[0].strip().isdigit():
             mods.append((int(parts[0]), int(parts[1]), parts[2].rstrip()))
-    print(f"\n-X importtime of the hook: {len(mods)} modules, {sum(m[0] for m in mods) / 1000:.1f} ms in all (own time); the slowest:")
+    print(f"\n-X importtime of the hook (before its fork and after, not its child's): {len(mods)} modules, {sum(m[0] for m in mods) / 1000:.1f} ms in all (own time); the slowest:")
     for own, cum, name in sorted(mods, reverse=True)[:25]:
         print(f"  {own / 1000:6.2f} ms own {cum / 1000:7.2f} ms cumulative  {name.strip()}")
 

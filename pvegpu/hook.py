@@ -9,18 +9,19 @@ the hook's ``pre-start`` are one code path: the same parse rules, the same bound
 
 from __future__ import annotations
 
-import json
 import sys
 
 from . import errors as E
 from . import wiring
-from .gate import evaluate, paragraph
 from .locate import check_vmid
-from .settings import Settings
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the check itself (gate, holders, adapters) is imported in its forked child, beside NVML's start
     from typing import Any, TextIO
+
+    from .adapters.child import Child
+    from .adapters.nvml_warm import NvmlWarmup
+    from .settings import Settings
 
 PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
 
@@ -45,11 +46,12 @@ HOOK_USAGE = """Usage: pvegpu [--config FILE] hook VMID PHASE
   Also: pvegpu hook install | uninstall | status | allow-once (see `pvegpu hook --help`)."""
 
 
-def _verdict(vmid: int, s: Settings) -> dict[str, Any]:
+def _verdict(vmid: int, s: Settings, warm: NvmlWarmup | None = None) -> dict[str, Any]:
     """The check as plain data, so it can cross the pipe from the bounded child."""
+    from .gate import evaluate, paragraph
     from .vmgate import vm_verdict
 
-    ports = wiring.gate_ports(s)
+    ports = wiring.gate_ports(s, warm)
     vm = vm_verdict(vmid, ports, wiring.gate_policy(s), lambda: wiring.gate_files(s))  # a VM: pvegpu/vmgate.py
     if vm is not None:
         return vm
@@ -57,11 +59,22 @@ def _verdict(vmid: int, s: Settings) -> dict[str, Any]:
     return {"allow": res.decision.allow, "text": paragraph(vmid, res.decision), "json": res.to_json()}
 
 
-def bounded_verdict(vmid: int, s: Settings) -> dict[str, Any]:
-    """The check under ``gate.deadline`` in a forked child: a verdict, or a PvegpuError for what went wrong."""
-    from .adapters.child import call_in_child
+def start_check(vmid: int, opts: wiring.GlobalOptions) -> Child:
+    """The check, started now in a forked child, before this process reads its settings: the child starts NVML
+    in a thread at once (``adapters/nvml_warm.py``), beside its own imports, settings, ``/etc/pve`` and ``/proc``
+    reads; ``gate.deadline`` counts from this fork (``collect``). The same settings are read on both sides."""
+    from .adapters.child import Child
 
-    done, ans = call_in_child(lambda: _verdict(vmid, s), s.gate.deadline)
+    def check() -> dict[str, Any]:
+        warm = wiring.warm_nvml(opts)
+        return _verdict(vmid, wiring.settings(opts), warm)
+
+    return Child(check)
+
+
+def collect(child: Child, s: Settings) -> dict[str, Any]:
+    """The started check's verdict within ``gate.deadline``, or a PvegpuError for what went wrong."""
+    done, ans = child.result(s.gate.deadline)
     if not done or ans is None:
         raise E.GpuQueryError(f"the GPU check did not finish within {s.gate.deadline:g} s",
                               "NVML hung? see `nvidia-smi`, `dmesg | grep -i xid`; raise gate.deadline if the node is just slow")
@@ -70,6 +83,13 @@ def bounded_verdict(vmid: int, s: Settings) -> dict[str, Any]:
     if "crash" in ans:
         raise E.PvegpuError(f"internal error: {ans['crash']}", "please report it; the start is refused meanwhile (fail closed)")
     return dict(ans["ok"])
+
+
+def bounded_verdict(vmid: int, s: Settings) -> dict[str, Any]:
+    """The check under ``gate.deadline`` in a forked child, with settings already read (post-stop)."""
+    from .adapters.child import Child
+
+    return collect(Child(lambda: _verdict(vmid, s)), s)
 
 
 def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: TextIO) -> int:
@@ -85,10 +105,17 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         if len(words) != 1 or words[0].startswith("-"):
             raise E.UsageError("usage: pvegpu check VMID [--json] [--wide]", "e.g. `pvegpu check 129`; `pvegpu check --help`")
         vmid = check_vmid(words[0])
-        s = wiring.settings(opts)
-        v = bounded_verdict(vmid, s)
+        child = start_check(vmid, opts)
+        try:
+            s = wiring.settings(opts)
+        except E.PvegpuError:
+            child.cancel()
+            raise
+        v = collect(child, s)
     except E.PvegpuError as exc:
         if json_out:  # the JSON consumer gets JSON (a check that says allow: false); the person watching still gets the message
+            import json
+
             from .contract import check_error_document
 
             print(json.dumps(check_error_document(exc, vmid), indent=2), file=out)
@@ -100,6 +127,8 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         note = f"pvegpu: note: an allow-once token is waiting: the next start of CT {vmid} passes the gate once anyway"
         v["json"]["allow_once_pending"] = True
     if json_out:
+        import json
+
         from .contract import document
 
         print(json.dumps(document("check", {**v["json"], "error": None}), indent=2), file=out)
@@ -146,22 +175,24 @@ def hook_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: 
         return exc.show(err, prefix="pvegpu: ")
     if args[1] not in ("pre-start", "post-stop"):
         return E.EXIT_OK
+    out.flush()
+    err.flush()
+    child = start_check(vmid, opts) if args[1] == "pre-start" else None  # the check runs from now on
     try:
         s = wiring.settings(opts)
     except E.PvegpuError as exc:  # broken settings: pre-start fails closed with the gate's code, post-stop never fails a stop
-        if args[1] == "pre-start":
+        if child is not None:
+            child.cancel()
             print(f"pvegpu: refusing to start CT {vmid}: {exc.inline('fix')}", file=err)
             return E.EXIT_REFUSED
         print(f"pvegpu: post-stop check of CT {vmid} not done: {exc.inline('fix')}", file=err)
         return E.EXIT_OK
-    out.flush()
-    err.flush()
-    if args[1] == "post-stop":
+    if child is None:
         return _post_stop(vmid, s, out, err)
-    return _pre_start(vmid, s, out, err)
+    return _pre_start(vmid, s, child, out, err)
 
 
-def _pre_start(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
+def _pre_start(vmid: int, s: Settings, child: Child, out: TextIO, err: TextIO) -> int:
     from .adapters.override import take
 
     own = wiring.own_start(s, vmid)
@@ -173,7 +204,7 @@ def _pre_start(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
     for why in dropped:  # a token that was there but is not honoured is never dropped without a word
         print(f"pvegpu: an allow-once token for CT {vmid} was not used and was removed: {why}", file=out)
     try:
-        v = bounded_verdict(vmid, s)
+        v = collect(child, s)
         allow, text = bool(v["allow"]), str(v["text"])
         kind = "VM" if v.get("kind") == "qemu" else "CT"
     except E.PvegpuError as exc:

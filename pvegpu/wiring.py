@@ -13,11 +13,7 @@ from __future__ import annotations
 import os
 
 from . import errors as E
-from .gate import GatePolicy, GatePorts
-from .leftover import LeftoverRule
-from .model import MIB
 from .record import record
-from .settings import Settings
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -26,11 +22,15 @@ if TYPE_CHECKING:
     from .adapters.agent import ProxmoxerVm
     from .adapters.bounded import BoundedProbe
     from .adapters.locks import ct_lock as CtLock
+    from .adapters.nvml_warm import NvmlWarmup
     from .adapters.pve import ProxmoxerPve
     from .adapters.ssh import SshAudits
+    from .gate import GatePolicy, GatePorts
+    from .leftover import LeftoverRule
     from .model import GpuInfo, GpuSample
     from .ports import EventLog, GpuProbe, Host, NodeFiles, PveApi, WallClock
     from .reset.report import Ports, ResetPolicy
+    from .settings import Settings
     from .vmreset import VmPolicy
 
 
@@ -106,6 +106,9 @@ def no_pve(pve_root: str) -> E.PvegpuError:
 
 def leftover_rule(s: Settings) -> LeftoverRule:
     """``[leftover]``: the one rule reset's verify, the gate, audit and the diagnosis judge leftover memory by."""
+    from .leftover import LeftoverRule
+    from .model import MIB
+
     return LeftoverRule(s.leftover.threshold_mib * MIB, int(s.leftover.per_context_mib * MIB))
 
 
@@ -113,9 +116,9 @@ def reset_policy(s: Settings, *, dry_run: bool = False) -> ResetPolicy:
     """``[reset]`` as the state machine's policy."""
     from .reset.report import ResetPolicy
 
-    r = s.reset
+    r, rule = s.reset, leftover_rule(s)
     return ResetPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, poll=r.poll, settle=r.settle, rounds=r.rounds,
-                       threshold_bytes=s.leftover.threshold_mib * MIB, per_context_bytes=leftover_rule(s).per_context_bytes, restart=r.restart, dry_run=dry_run, task_timeout=r.task_timeout)
+                       threshold_bytes=rule.threshold_bytes, per_context_bytes=rule.per_context_bytes, restart=r.restart, dry_run=dry_run, task_timeout=r.task_timeout)
 
 
 def post_stop_policy(s: Settings) -> ResetPolicy:
@@ -128,6 +131,8 @@ def post_stop_policy(s: Settings) -> ResetPolicy:
 
 def gate_policy(s: Settings) -> GatePolicy:
     """``[gate]`` as the start gate's policy."""
+    from .gate import GatePolicy
+
     g = s.gate
     return GatePolicy(leftover_rule(s), g.on_unknown, frozenset(g.exclusive), g.exclusive_tag, g.host_users)
 
@@ -150,9 +155,19 @@ class UnreadableGpus:
         return {m: GpuSample(m, None, None, self.error.message) for m in minors}
 
 
-def gate_ports(s: Settings) -> GatePorts:
-    """``/etc/pve``, the ctypes NVML reader and ``/proc``: what the hookscript may touch."""
+def warm_nvml(opts: GlobalOptions) -> NvmlWarmup | None:
+    """NVML started in a thread now, for the gate's reader to take over (``gate_ports``); None on a simulated node."""
+    if opts.simulate:
+        return None
+    from .adapters.nvml_warm import NvmlWarmup
+
+    return NvmlWarmup()
+
+
+def gate_ports(s: Settings, warm: NvmlWarmup | None = None) -> GatePorts:
+    """``/etc/pve``, the ctypes NVML reader (taking over ``warm``) and ``/proc``: what the hookscript may touch."""
     from .adapters.locks import reset_running
+    from .gate import GatePorts
 
     def running(vmid: int) -> bool:
         return reset_running(s.reset.lock_dir, vmid)
@@ -168,7 +183,7 @@ def gate_ports(s: Settings) -> GatePorts:
     from .adapters.procfs import ScanBudget
 
     # each of the (at most two) process scans gets under a third of the deadline: a verdict, not a timeout
-    return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(), ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3)), running)
+    return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(warm), ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3)), running)
 
 
 def gate_files(s: Settings) -> NodeFiles:
@@ -182,11 +197,11 @@ def gate_files(s: Settings) -> NodeFiles:
     return LocalNodeFiles(s.pve_root)
 
 
-def _lite_nvml() -> GpuProbe:
+def _lite_nvml(warm: NvmlWarmup | None = None) -> GpuProbe:
     try:
         from .adapters.nvml_lite import NvmlLite
 
-        return NvmlLite()
+        return NvmlLite(warm=warm)
     except E.GpuQueryError as exc:
         return UnreadableGpus(exc)
 

@@ -54,8 +54,9 @@ def _torch_ok() -> bool:
 def _probes():
     from pvegpu.adapters.nvml import NvmlProbe
     from pvegpu.adapters.nvml_lite import NvmlLite
+    from pvegpu.adapters.nvml_warm import NvmlWarmup
 
-    return [NvmlProbe(), NvmlLite()]
+    return [NvmlProbe(), NvmlLite(), NvmlLite(warm=NvmlWarmup())]
 
 
 @pytest.mark.parametrize("n", [1, 4])

@@ -17,12 +17,11 @@ from pvegpu import errors as E
 from pvegpu.adapters.bounded import BoundedProbe
 from pvegpu.audit import audit_document, run_audit
 from pvegpu.audit_model import FlagKind
-from pvegpu.gate import GatePorts, evaluate
+from pvegpu.gate import GatePolicy, GatePorts, evaluate
 from pvegpu.model import MIB
 from pvegpu.prom import render
 from pvegpu.render_audit import audit_table
 from pvegpu.reset import Ports, ResetPolicy, reset
-from pvegpu.wiring import GatePolicy
 from tests.fakes import FakeClock, FakeHost, FakePve
 from tests.test_audit import NODES, FakeFiles
 from tests.test_audit_outputs import samples
@@ -155,7 +154,16 @@ def lite_probe(monkeypatch, gpus=GPUS):
     return NvmlLite()
 
 
-ADAPTERS = pytest.mark.parametrize("make", [full_probe, lite_probe], ids=["nvidia-ml-py", "ctypes"])
+def warm_probe(monkeypatch, gpus=GPUS):
+    """The ctypes reader taking over NVML started in a thread (the start gate's way)."""
+    from pvegpu.adapters.nvml_lite import NvmlLite
+    from pvegpu.adapters.nvml_warm import NvmlWarmup
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLib(gpus))
+    return NvmlLite(warm=NvmlWarmup())
+
+
+ADAPTERS = pytest.mark.parametrize("make", [full_probe, lite_probe, warm_probe], ids=["nvidia-ml-py", "ctypes", "ctypes-warm"])
 
 
 @ADAPTERS

@@ -6,7 +6,6 @@ pvegpu nor PVE's output pipe: on expiry the parent answers, kills the child, and
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import time
@@ -22,48 +21,82 @@ if TYPE_CHECKING:
 def call_in_child(fn: Callable[[], Any], deadline: float) -> tuple[bool, dict[str, Any] | None]:
     """(finished, answer). The answer is ``{"ok": result}`` (JSON-able), ``{"error": PvegpuError.to_json()}``
     for a PvegpuError, or ``{"crash": "Type: text"}``. The child's stdio goes to /dev/null."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 0
+    return Child(fn).result(deadline)
+
+
+class Child:
+    """``fn`` running in a forked child from now on; ``result(deadline)`` collects its answer, the deadline
+    counted from the fork. The start gate forks first and reads its settings meanwhile (``pvegpu/hook.py``)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.started = time.monotonic()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            _run_child(fn, r, w)
+        os.close(w)
+        self.pid, self.fd = pid, r
+
+    def cancel(self) -> None:
+        """Not needed after all: killed (never waited for: it may sit in the driver; init reaps it)."""
+        if self.fd < 0:
+            return
         try:
-            os.close(r)
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            try:
-                out: dict[str, Any] = {"ok": fn()}
-            except PvegpuError as exc:
-                out = {"error": exc.to_json()}
-            except BaseException as exc:  # noqa: BLE001 - reported by the parent
-                out = {"crash": f"{type(exc).__name__}: {exc}"}
-            os.write(w, json.dumps(out).encode())
-        except BaseException:  # noqa: BLE001
-            code = 1
+            os.kill(self.pid, 9)
+        except ProcessLookupError:
+            pass
+        os.close(self.fd)
+        self.fd = -1
+
+    def result(self, deadline: float) -> tuple[bool, dict[str, Any] | None]:
+        """(finished, answer) as ``call_in_child`` gives them; on expiry the child is killed."""
+        r, pid = self.fd, self.pid
+        chunks: list[bytes] = []
+        end = self.started + deadline
+        try:
+            while True:
+                left = end - time.monotonic()
+                if left <= 0 or not select.select([r], [], [], left)[0]:
+                    try:
+                        os.kill(pid, 9)
+                    except ProcessLookupError:
+                        pass
+                    return False, None
+                data = os.read(r, 65536)
+                if not data:
+                    break
+                chunks.append(data)
         finally:
-            os._exit(code)
-    os.close(w)
-    chunks: list[bytes] = []
-    end = time.monotonic() + deadline
+            os.close(r)
+            self.fd = -1
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        if not chunks:
+            return True, {"crash": "the check ended without an answer"}
+        import json  # after the fork: the start gate forks before it imports more than it must
+
+        return True, dict(json.loads(b"".join(chunks)))
+
+
+def _run_child(fn: Callable[[], Any], r: int, w: int) -> None:
+    code = 0
     try:
-        while True:
-            left = end - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                try:
-                    os.kill(pid, 9)
-                except ProcessLookupError:
-                    pass
-                return False, None
-            data = os.read(r, 65536)
-            if not data:
-                break
-            chunks.append(data)
-    finally:
         os.close(r)
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-    if not chunks:
-        return True, {"crash": "the check ended without an answer"}
-    return True, dict(json.loads(b"".join(chunks)))
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        try:
+            out: dict[str, Any] = {"ok": fn()}
+        except PvegpuError as exc:
+            out = {"error": exc.to_json()}
+        except BaseException as exc:  # noqa: BLE001 - reported by the parent
+            out = {"crash": f"{type(exc).__name__}: {exc}"}
+        import json
+
+        os.write(w, json.dumps(out).encode())
+    except BaseException:  # noqa: BLE001
+        code = 1
+    finally:
+        os._exit(code)

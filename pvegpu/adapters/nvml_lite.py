@@ -19,6 +19,8 @@ TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays
 if TYPE_CHECKING:
     from typing import Any
 
+    from .nvml_warm import NvmlWarmup
+
 SUCCESS, NOT_SUPPORTED, INSUFFICIENT_SIZE = 0, 3, 7
 NOT_AVAILABLE = 2**64 - 1
 _HINT = "is the NVIDIA driver loaded on the host? try `nvidia-smi`"
@@ -48,13 +50,24 @@ MEM_V2 = ctypes.sizeof(_MemV2) | (2 << 24)  # nvmlMemory_v2, as nvidia-ml-py def
 class NvmlLite:
     """GpuProbe over libnvidia-ml.so.1 with ctypes; raises GpuQueryError when NVML cannot start."""
 
-    def __init__(self, library: str = "libnvidia-ml.so.1") -> None:
+    def __init__(self, library: str = "libnvidia-ml.so.1", warm: NvmlWarmup | None = None) -> None:
+        """``warm``: NVML already being started in a thread (``adapters/nvml_warm.py``): waited for, taken over."""
+        if warm is not None:
+            library = warm.library
+            warm.join()
         try:
-            self.lib: Any = ctypes.CDLL(library)
+            if warm is not None and warm.error is not None:
+                raise warm.error
+            self.lib: Any = warm.lib if warm is not None and warm.lib is not None else ctypes.CDLL(library)
+            self.lib.nvmlErrorString.restype = ctypes.c_char_p
         except OSError as exc:
             raise GpuQueryError(f"NVML library not found ({library})", _HINT) from exc
-        self.lib.nvmlErrorString.restype = ctypes.c_char_p
-        self._check(self.lib.nvmlInit_v2(), "NVML could not start")
+        except AttributeError as exc:
+            raise GpuQueryError(f"the driver's NVML lacks {exc.name or 'a call'}", "driver too old for pvegpu") from exc
+        except Exception as exc:  # noqa: BLE001 - whatever the warm-up thread met: NVML did not start
+            raise GpuQueryError(f"NVML could not start: {type(exc).__name__}: {exc}", _HINT) from exc
+        rc = warm.init_rc if warm is not None and warm.init_rc is not None else self.lib.nvmlInit_v2()
+        self._check(rc, "NVML could not start")
         self._handles: dict[int, ctypes.c_void_p] = {}
         self.lost: dict[int, str] = {}  # NVML index -> why: GPUs the last gpus() could not name (no handle, no minor)
         self._broken: dict[int, str] = {}  # minor -> why: listed, but an identity read failed: every sample is unknown

@@ -1,0 +1,55 @@
+"""NVML started in a thread for the start gate (adapters/nvml_warm.py): what the reader makes of it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pvegpu.errors import GpuQueryError
+
+
+def test_a_missing_library_is_the_readers_error_not_a_crash():
+    """A warm-up that cannot load libnvidia-ml leaves the reader raising the same GpuQueryError as without it."""
+    from pvegpu.adapters.nvml_lite import NvmlLite
+    from pvegpu.adapters.nvml_warm import NvmlWarmup
+
+    with pytest.raises(GpuQueryError) as direct:
+        NvmlLite("libnvidia-ml-does-not-exist.so.1")
+    with pytest.raises(GpuQueryError) as warm:
+        NvmlLite(warm=NvmlWarmup("libnvidia-ml-does-not-exist.so.1"))
+    assert warm.value.exit_code == direct.value.exit_code and warm.value.message == direct.value.message
+
+
+def test_no_scan_worker_is_forked_while_the_warm_up_runs(monkeypatch):
+    """While NVML is being started in its thread, scanpool.forkable() is False (fork copies one thread); after
+    the reader took it over (join), a scan may fork again."""
+    import ctypes
+
+    from pvegpu.adapters import scanpool
+    from pvegpu.adapters.nvml_warm import NvmlWarmup
+
+    release = threading.Event()
+
+    class StuckLib:  # nvmlInit_v2 sits in the driver until the test lets it go
+        def nvmlInit_v2(self):
+            release.wait(30)
+            return 9  # NVML_ERROR_DRIVER_NOT_LOADED
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: StuckLib())
+    warm = NvmlWarmup()
+    try:
+        assert not scanpool.forkable()
+    finally:
+        release.set()
+    warm.join()
+    assert warm.init_rc == 9 and warm.error is None
+    assert scanpool.forkable() == (threading.active_count() == 1)
+
+
+def test_the_warm_up_thread_ends_with_its_answer():
+    """After join the thread is gone and exactly one of lib (started) or error (why not) is set."""
+    from pvegpu.adapters.nvml_warm import NvmlWarmup
+
+    warm = NvmlWarmup("libnvidia-ml-does-not-exist.so.1").join()
+    assert not warm._thread.is_alive() and warm.lib is None and isinstance(warm.error, OSError)
