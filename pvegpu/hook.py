@@ -66,7 +66,7 @@ def start_check(vmid: int, opts: wiring.GlobalOptions) -> Child:
     from .adapters.child import Child
 
     def check() -> dict[str, Any]:
-        warm = wiring.warm_nvml(opts)
+        warm = wiring.warm_nvml(opts.simulate)
         return _verdict(vmid, wiring.settings(opts), warm)
 
     return Child(check)

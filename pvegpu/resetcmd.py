@@ -257,6 +257,8 @@ def _located(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: b
     guest = world.pve.where(vmid)
     if guest is not None and guest.type == "qemu":
         return _vm_reset(s, vmid, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
+    if guest is not None:  # a container: NVML starts now, beside the imports, the lock and the locate below
+        world.warm_up()
     return _ct_reset(s, vmid, world, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
 
 

@@ -155,9 +155,10 @@ class UnreadableGpus:
         return {m: GpuSample(m, None, None, self.error.message) for m in minors}
 
 
-def warm_nvml(opts: GlobalOptions) -> NvmlWarmup | None:
-    """NVML started in a thread now, for the gate's reader to take over (``gate_ports``); None on a simulated node."""
-    if opts.simulate:
+def warm_nvml(simulate: str | None) -> NvmlWarmup | None:
+    """NVML started in a thread now, for a reader to take over (``gate_ports``, ``LazyNvml``); None on a simulated
+    node (``simulate``: its directory)."""
+    if simulate:
         return None
     from .adapters.nvml_warm import NvmlWarmup
 
@@ -302,12 +303,13 @@ def open_nvml() -> GpuProbe:
     return NvmlProbe()
 
 
-def open_nvml_lite() -> GpuProbe:
+def open_nvml_lite(warm: NvmlWarmup | None = None) -> GpuProbe:
     """The ctypes NVML reader (``pvegpu reset``, the gate): the same structs and rules as nvidia-ml-py
-    (a GPU test checks they agree), without its ~50 ms import; raises GpuQueryError when NVML cannot start."""
+    (a GPU test checks they agree), without its ~50 ms import; raises GpuQueryError when NVML cannot start.
+    ``warm``: NVML already being started in a thread (``warm_nvml``), taken over."""
     from .adapters.nvml_lite import NvmlLite
 
-    return NvmlLite()
+    return NvmlLite(warm=warm)
 
 
 PROC_SCAN_TOTAL = 15.0  # seconds one process scan of reset/audit may take (audit's unit allows 50 s in all)
@@ -326,11 +328,19 @@ class LazyNvml:
 
     def __init__(self, s: Settings) -> None:
         self._probe: BoundedProbe | None = None
+        self._warm: NvmlWarmup | None = None
         self._s = s
+
+    def warm_up(self) -> None:
+        """Start NVML now in a thread (the guest is known to be a container), so that the first reading finds it
+        started: its ~20 ms go by beside the reset's imports, lock and ``/etc/pve`` reads."""
+        if self._probe is None and self._warm is None:
+            self._warm = warm_nvml(None)
 
     def _open(self) -> BoundedProbe:
         if self._probe is None:
-            self._probe = bounded(open_nvml_lite(), self._s)
+            warm, self._warm = self._warm, None  # one warm-up, one NVML start: a reopen after close starts afresh
+            self._probe = bounded(open_nvml_lite(warm), self._s)
         return self._probe
 
     def gpus(self) -> list[GpuInfo]:
@@ -385,12 +395,14 @@ class NodeWorld:
     ``audit_probe``: GPU readings and health for audit (bounded; on a node nvidia-ml-py). A plain class, not a
     dataclass: the gate's path imports this module and pays for each class it builds."""
 
-    __slots__ = ("settings", "simulated", "pve", "host", "files", "clock", "reset_probe", "audit_probe")
+    __slots__ = ("settings", "simulated", "pve", "host", "files", "clock", "reset_probe", "audit_probe", "warm_up")
 
     def __init__(self, settings: Settings, simulated: bool, pve: PveApi, host: Host, files: NodeFiles, clock: WallClock,
-                 reset_probe: Callable[[], GpuProbe], audit_probe: Callable[[], GpuProbe]) -> None:
+                 reset_probe: Callable[[], GpuProbe], audit_probe: Callable[[], GpuProbe],
+                 warm_up: Callable[[], None] = lambda: None) -> None:
         self.settings, self.simulated, self.pve, self.host, self.files, self.clock = settings, simulated, pve, host, files, clock
         self.reset_probe, self.audit_probe = reset_probe, audit_probe
+        self.warm_up = warm_up  # reset's NVML started now in a thread (``LazyNvml.warm_up``); nothing on a simulated node
 
     def reset_ports(self, log: EventLog | None = None) -> Node:
         """Ports for ``pvegpu reset`` (and the post-stop reclaim); NVML is closed when the ``with`` ends."""
@@ -417,8 +429,9 @@ def world(s: Settings) -> NodeWorld:
         return NodeWorld(s, True, pve, host, SimNodeFiles(s.simulate), system_clock(), lambda: sim_probe, lambda: bounded(probe, s))
     from .adapters.nodefiles import LocalNodeFiles
 
+    lazy = LazyNvml(s)  # one per run: the warm-up it may have started is the one its first reading takes over
     return NodeWorld(s, False, pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), system_clock(),
-                     lambda: LazyNvml(s), lambda: bounded(open_nvml(), s))
+                     lambda: lazy, lambda: bounded(open_nvml(), s), lazy.warm_up)
 
 
 def user_names() -> Callable[[int], str | None]:

@@ -53,3 +53,35 @@ def test_the_warm_up_thread_ends_with_its_answer():
 
     warm = NvmlWarmup("libnvidia-ml-does-not-exist.so.1").join()
     assert not warm._thread.is_alive() and warm.lib is None and isinstance(warm.error, OSError)
+
+
+def test_resets_reader_takes_the_warm_up_over_once(monkeypatch):
+    """LazyNvml.warm_up starts NVML once; the first reading takes it over (no second nvmlInit), and a reopen
+    after close starts NVML afresh: every start has its one shutdown."""
+    import ctypes
+
+    from pvegpu import wiring
+    from pvegpu.settings import Settings
+    from tests.test_nvml_per_gpu import FakeLib
+
+    calls = {"init": 0, "shutdown": 0}
+
+    class Counting(FakeLib):
+        def nvmlInit_v2(self):
+            calls["init"] += 1
+            return 0
+
+        def nvmlShutdown(self):
+            calls["shutdown"] += 1
+            return 0
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Counting())
+    lazy = wiring.LazyNvml(Settings())
+    lazy.warm_up()
+    lazy.warm_up()  # a second call starts nothing more
+    assert [g.minor for g in lazy.gpus()] and calls["init"] == 1
+    lazy.close()
+    assert calls == {"init": 1, "shutdown": 1}
+    lazy.gpus()
+    lazy.close()
+    assert calls == {"init": 2, "shutdown": 2}
