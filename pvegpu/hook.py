@@ -49,12 +49,15 @@ HOOK_USAGE = """Usage: pvegpu [--config FILE] hook VMID PHASE
 def _verdict(vmid: int, s: Settings, warm: NvmlWarmup | None = None) -> dict[str, Any]:
     """The check as plain data, so it can cross the pipe from the bounded child."""
     from .gate import evaluate, paragraph
-    from .vmgate import vm_verdict
 
     ports = wiring.gate_ports(s, warm)
-    vm = vm_verdict(vmid, ports, wiring.gate_policy(s), lambda: wiring.gate_files(s))  # a VM: pvegpu/vmgate.py
-    if vm is not None:
-        return vm
+    guest = ports.pve.where(vmid)
+    if guest is not None and guest.type == "qemu":  # a VM: pvegpu/vmgate.py (imported for VMs only)
+        from .vmgate import vm_verdict
+
+        vm = vm_verdict(vmid, ports, wiring.gate_policy(s), lambda: wiring.gate_files(s))
+        if vm is not None:
+            return vm
     res = evaluate(vmid, ports, wiring.gate_policy(s))
     return {"allow": res.decision.allow, "text": paragraph(vmid, res.decision), "json": res.to_json()}
 

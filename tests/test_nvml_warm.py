@@ -48,11 +48,13 @@ def test_no_scan_worker_is_forked_while_the_warm_up_runs(monkeypatch):
 
 
 def test_the_warm_up_thread_ends_with_its_answer():
-    """After join the thread is gone and exactly one of lib (started) or error (why not) is set."""
+    """After join the warm-up is done, no longer counted as running, and says why it did not start."""
     from pvegpu.adapters.nvml_warm import NvmlWarmup
 
     warm = NvmlWarmup("libnvidia-ml-does-not-exist.so.1").join()
-    assert not warm._thread.is_alive() and warm.lib is None and isinstance(warm.error, OSError)
+    from pvegpu.adapters import nvml_warm
+
+    assert warm.finished and not nvml_warm.running() and warm.lib is None and isinstance(warm.error, OSError)
 
 
 def test_resets_reader_takes_the_warm_up_over_once(monkeypatch):

@@ -4,20 +4,28 @@ Loading ``libnvidia-ml.so.1``, ``nvmlInit_v2`` and attaching each GPU (``nvmlDev
 about 20 ms on the H200 (BENCHMARKS.md), all of it in C: ctypes releases the GIL for each call, so the thread
 runs beside Python code on another core. ``NvmlLite(warm=...)`` waits for it (``join``) and goes on from its
 state: the same reader, the same error texts; nothing is read here but the GPU count and the handles, and a
-failure is kept for the reader to report (never a zero). This module imports only ``threading`` at import: the
-thread starts before the caller imports anything else. A hang inside the driver stays a hang of this process,
-so it is for code already under a deadline (the gate's forked child, ``adapters/child.py``).
+failure is kept for the reader to report (never a zero). This module imports only the built-in ``_thread`` (no
+``threading``: 3-5 ms before the thread could start): the thread starts before the caller imports anything else.
+``running()`` says whether one is still at work: ``scanpool.forkable`` asks it (fork copies one thread). A hang
+inside the driver stays a hang of this process, so it is for code already under a deadline (the gate's forked
+child, ``adapters/child.py``; a reset's reads are bounded by ``adapters/bounded.py``).
 """
 
 from __future__ import annotations
 
-import threading
+import _thread
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
     from typing import Any
 
 LIBRARY = "libnvidia-ml.so.1"
+_running = [0]  # warm-ups started and not finished (``running``)
+
+
+def running() -> bool:
+    """A warm-up thread is at work in this process (no fork now: it would copy a process with it mid-call)."""
+    return _running[0] > 0
 
 
 class NvmlWarmup:
@@ -28,8 +36,15 @@ class NvmlWarmup:
         self.lib: Any = None
         self.init_rc: int | None = None  # nvmlInit_v2's return code (0: started)
         self.error: BaseException | None = None  # the library could not be loaded (OSError), or lacks a call
-        self._thread = threading.Thread(target=self._run, name="pvegpu-nvml-warmup", daemon=True)
-        self._thread.start()
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        _running[0] += 1
+        try:
+            _thread.start_new_thread(self._run, ())
+        except BaseException:
+            _running[0] -= 1
+            self._done.release()
+            raise
 
     def _run(self) -> None:
         try:
@@ -45,8 +60,16 @@ class NvmlWarmup:
                         lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(ctypes.c_void_p()))
         except BaseException as exc:  # noqa: BLE001 - kept for the reader, which reports it
             self.error = exc
+        finally:
+            _running[0] -= 1
+            self._done.release()  # the thread's last step
 
     def join(self) -> NvmlWarmup:
-        """Wait until the thread is gone (no deadline here: the caller's process is under one)."""
-        self._thread.join()
+        """Wait until the thread has done its work (no deadline here: the caller's process is under one)."""
+        with self._done:
+            pass
         return self
+
+    @property
+    def finished(self) -> bool:
+        return not self._done.locked()

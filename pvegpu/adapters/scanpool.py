@@ -55,10 +55,14 @@ def shares(count: int, limit: int | None = None) -> int:
 
 
 def forkable() -> bool:
-    """This process may fork scan workers now: main thread, no other Python thread."""
+    """This process may fork scan workers now: main thread, no other Python thread (``threading``'s, or NVML's
+    warm-up, ``nvml_warm.running``)."""
+    import sys
     import threading
 
-    return threading.current_thread() is threading.main_thread() and threading.active_count() == 1
+    warm = sys.modules.get(__package__ + ".nvml_warm")  # only a process that imported it can have one running
+    busy = warm is not None and warm.running()
+    return threading.current_thread() is threading.main_thread() and threading.active_count() == 1 and not busy
 
 
 def scan(host: Scanner, todo: list[int], deep: bool, end: float, n: int) -> dict[int, Holding]:
