@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU measurement behind BENCHMARKS.md in one go, as root on an NVIDIA node, from the repo root:
-#   OUT=/tmp/pvegpu-gpu bash bench/gpu_batch.sh
+#   OUT=/tmp/pvegpu-gpu bash bench/gpu_batch.sh        (COMPARE=DIR: gate_parts also times another checkout)
 # On a machine without a package registry, put the wheels in .whl/ first (BENCHMARKS.md says how).
 set -u
 OUT=${OUT:-/tmp/pvegpu-gpu}
@@ -28,6 +28,8 @@ echo "== GPU tests"; date +%s
 PVEGPU_RESULTS="$OUT/gpu.jsonl" timeout "${T_TESTS:-300}" $PY -m pytest -q -p no:cacheprovider -rA -m gpu tests/ 2>&1 | tail -40 | tee "$OUT/gpu-tests.log"
 echo "== gate vs nvidia-smi"; date +%s
 timeout "${T_GATE:-90}" $PY bench/bench_gate.py "${GATE_N:-40}" 2>&1 | tee "$OUT/gate.txt"
+echo "== gate, layer by layer (COMPARE=DIR: the hook rows from another checkout too)"; date +%s
+timeout "${T_PARTS:-120}" $PY bench/gate_parts.py "${PARTS_N:-25}" ${COMPARE:+--compare "$COMPARE"} 2>&1 | grep -v "exit 10" | tee "$OUT/gate_parts.txt"
 echo "== side by side"; date +%s
 timeout "${T_SBS:-200}" $PY bench/side_by_side.py --out "$OUT" --name "${SBS_NAME:-side_by_side}" --methods manual,pvegpu,floor ${SBS_PVEGPU:+--pvegpu "$SBS_PVEGPU"} \
   --scenarios "${SBS_SCENARIOS:-hold-20,ignore-term,two-cts}" --reps "${SBS_REPS:-3}" 2>&1 | tail -30
