@@ -20,7 +20,7 @@ from pvegpu.sim.state import SimState
 
 if __name__ == "__main__":
     root = os.environ["FAULTCLI_SIM_ROOT"]
-    wiring.open_nvml = wiring.open_nvml_lite = lambda: SimNvml(SimState(root))  # type: ignore[assignment]
+    wiring.open_nvml = wiring.open_nvml_lite = lambda warm=None: SimNvml(SimState(root))  # type: ignore[assignment]
     wiring.proc_host = lambda: SessionHost(SimState(root))  # type: ignore[assignment]
     if os.environ.get("FAULTCLI_DEVLOG"):  # the system log's socket, for tests that read what pvegpu logged
         from pvegpu.adapters import journal
