@@ -73,6 +73,17 @@ def launcher_for_checkout(tmp: str, python: str) -> str:
     return out
 
 
+def _shebang(path: str) -> list[str]:
+    """The interpreter and flags of a launcher's ``#!`` line (packaging/launcher.py: ``#!PYTHON -IS``), else []."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256).decode("utf-8", "replace")
+    except OSError:
+        return []
+    words = first[2:].split() if first.startswith("#!") else []
+    return words if len(words) == 2 and words[1] == "-IS" else []
+
+
 def smi() -> str:
     return subprocess.run(M.SMI_QUERY, capture_output=True, text=True, timeout=30).stdout
 
@@ -213,8 +224,8 @@ class Bench:
         if profile and argv[0] == self.python:
             argv.insert(1, "-X")
             argv.insert(2, "importtime")
-        elif profile and self.launcher and argv[0] == self.launcher:  # the launcher's own #! line, plus -X importtime
-            argv[:1] = [self.python, "-X", "importtime", "-I", "-S", self.launcher]
+        elif profile and (line := _shebang(argv[0])):  # a launcher (packaging/launcher.py): its own #! line, plus -X importtime
+            argv[:1] = [line[0], "-X", "importtime", *line[1:], argv[0]]
         t0, t0_epoch = time.monotonic(), time.time()
         t = time.perf_counter()
         p = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=300)
