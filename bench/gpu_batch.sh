@@ -16,6 +16,10 @@ if [ -d .whl ] && [ ! -x "$VENV/bin/pvegpu" ]; then
   $PY -m venv --without-pip "$VENV" && $PY -m pip --python "$VENV/bin/python" install -q --no-index --find-links .whl . >>"$OUT/pip.log" 2>&1 \
     || tail -5 "$OUT/pip.log"
 fi
+# ... with the .deb's launcher (packaging/launcher.py: the interpreter -IS, site-packages named), not pip's console script
+if [ -x "$VENV/bin/python3" ] && [ -x "$VENV/bin/pvegpu" ] && ! head -1 "$VENV/bin/pvegpu" | grep -q -- ' -IS$'; then
+  "$VENV/bin/python3" packaging/launcher.py "$VENV/bin/pvegpu" || echo "gpu_batch: $VENV keeps pip's console script" >&2
+fi
 SBS_PVEGPU=${SBS_PVEGPU:-$( [ -x "$VENV/bin/pvegpu" ] && echo "$VENV/bin/pvegpu" )}
 if [ -d .qga ] && ! command -v qemu-ga >/dev/null; then  # the VM tests' guest agent, from Debian .debs put there
   for d in .qga/*.deb; do dpkg -x "$d" /opt/qga; done

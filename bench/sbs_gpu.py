@@ -61,6 +61,29 @@ class Nvml:
                 "total_mib": round(nv.nvmlDeviceGetMemoryInfo(self.h).total / MIB)}
 
 
+def launcher_for_checkout(tmp: str, python: str) -> str:
+    """pvegpu as the .deb starts it (packaging/launcher.py: ``python -IS``, paths named), for this checkout: the path
+    of the launcher written in ``tmp``, or "" when it cannot be written (then ``python -m pvegpu`` is timed)."""
+    out = os.path.join(tmp, "pvegpu")
+    p = subprocess.run([python, os.path.join(REPO, "packaging", "launcher.py"), out, "--path", REPO, "--ignore-pth"],
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        print(f"sbs: timing python -m pvegpu ({p.stderr.strip()})", file=sys.stderr)
+        return ""
+    return out
+
+
+def _shebang(path: str) -> list[str]:
+    """The interpreter and flags of a launcher's ``#!`` line (packaging/launcher.py: ``#!PYTHON -IS``), else []."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256).decode("utf-8", "replace")
+    except OSError:
+        return []
+    words = first[2:].split() if first.startswith("#!") else []
+    return words if len(words) == 2 and words[1] == "-IS" else []
+
+
 def smi() -> str:
     return subprocess.run(M.SMI_QUERY, capture_output=True, text=True, timeout=30).stdout
 
@@ -85,7 +108,8 @@ class Bench:
         self.pvesh_log = os.path.join(self.tmp, "pvesh.log")
         self.env = dict(os.environ, PATH=shim_dir + os.pathsep + os.environ.get("PATH", ""), SBS_PVESH_LOG=self.pvesh_log,
                         SBS_PYTHON=python, PYTHONPATH=REPO)
-        self.pvegpu_argv = pvegpu or [python, "-m", "pvegpu"]
+        self.launcher = "" if pvegpu else launcher_for_checkout(self.tmp, python)
+        self.pvegpu_argv = pvegpu or ([self.launcher] if self.launcher else [python, "-m", "pvegpu"])
         self.kill = M.PKILL if shutil.which("pkill") else M.KILL_LOOP
         self.host_procs: list[subprocess.Popen] = []
         self.teardown()
@@ -200,6 +224,8 @@ class Bench:
         if profile and argv[0] == self.python:
             argv.insert(1, "-X")
             argv.insert(2, "importtime")
+        elif profile and (line := _shebang(argv[0])):  # a launcher (packaging/launcher.py): its own #! line, plus -X importtime
+            argv[:1] = [line[0], "-X", "importtime", *line[1:], argv[0]]
         t0, t0_epoch = time.monotonic(), time.time()
         t = time.perf_counter()
         p = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=300)

@@ -34,7 +34,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--grace", type=float, default=3.0, help="pvegpu's reset.grace (SIGTERM → SIGKILL)")
     ap.add_argument("--name", default="", help="file name stem of the results (default side_by_side-<date>)")
     ap.add_argument("--profile", action="store_true", help="one more pvegpu run of the first scenario under -X importtime")
-    ap.add_argument("--pvegpu", default="", help="the pvegpu command to time, e.g. /opt/pvegpu/bin/pvegpu (default: this python -m pvegpu)")
+    ap.add_argument("--pvegpu", default="", help="the pvegpu command to time, e.g. /opt/pvegpu/bin/pvegpu (default: the .deb's launcher "
+                    "for this checkout: this python -IS, the checkout and this python's site-packages named)")
     a = ap.parse_args(argv)
     methods = [m for m in a.methods.split(",") if m]
     if bad := [m for m in methods if m not in M.METHODS]:

@@ -2,14 +2,19 @@
 
 With ``-v`` or ``--json`` every reset event goes through structlog (console lines, or JSON lines on stderr).
 Without them only warnings are shown, and structlog is not even imported: it costs ~75 ms of start-up, a
-seventh of a whole reset (BENCHMARKS.md). Adapters warn through the stdlib ``logging`` logger ``pvegpu``.
+seventh of a whole reset (BENCHMARKS.md). Adapters warn through the stdlib ``logging`` logger ``pvegpu``
+(``adapters.stdlog``); nor is ``logging`` (with ``traceback``, ``string``...) imported before a warning needs it.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
-from typing import Any
+
+from .adapters import stdlog
+
+TYPE_CHECKING = False  # typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class WarningsOnly:
@@ -47,19 +52,12 @@ class QuietPrintLogger:
     log = debug = info = warn = warning = err = error = critical = exception = fatal = failure = msg
 
 
-def _stdlib_to_stderr() -> None:
-    log = logging.getLogger("pvegpu")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("warning: %(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-
-
 def configure(*, verbose: bool, json_lines: bool) -> Any:
-    _stdlib_to_stderr()
+    stdlog.to_stderr()
     if not verbose and not json_lines:
         return WarningsOnly()
+    import logging
+
     import structlog
 
     level = logging.DEBUG if verbose and not json_lines else logging.INFO

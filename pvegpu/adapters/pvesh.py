@@ -227,8 +227,7 @@ class PveshSession:
 
 
 def _warn(call: str, err: str) -> None:
-    import logging
-
     from ..safetext import escape
+    from .stdlog import logger
 
-    logging.getLogger("pvegpu").warning("pvesh %s wrote to stderr (its answer is used): %s", call, escape(err.replace("\n", " | "), 500))
+    logger().warning("pvesh %s wrote to stderr (its answer is used): %s", call, escape(err.replace("\n", " | "), 500))

@@ -10,7 +10,7 @@ from .. import errors as E
 from ..holders import GpuFacts
 from ..locate import locate
 from .targets import describe, planned_action
-from .vocab import StepName, StepOutcome
+from .vocab import Diagnosis, Kind, StepName, StepOutcome
 
 TYPE_CHECKING = False  # types only: a phase acts on the run it is handed (``run.ResetRun``), not its module
 if TYPE_CHECKING:
@@ -52,3 +52,22 @@ def plan(run: ResetRun, facts: dict[int, GpuFacts]) -> None:
     for h, why in decided.spared:
         r.plan.append(describe(h) | {"action": why.action(run.vmid), "spared": why.value})
     run.step(StepName.DRY_RUN, StepOutcome.OK, f"would signal {len(decided.signalled)} process(es); nothing was signalled")
+
+
+def note_earlier(run: ResetRun) -> None:
+    """An earlier reset asked for this CT's stop and ended before it ran again (killed, abandoned): say so, with
+    the CT's state now (it may have been started since; then the mark is cleared)."""
+    earlier = run.p.lock.earlier()
+    if not earlier:
+        return
+    try:
+        state = run.p.pve.ct_status(run.guest).status
+    except E.PvegpuError:
+        state = "unknown"
+    if state == "running":
+        run.p.lock.running_again()
+        run.report.notes.append(f"{earlier}; CT {run.vmid} is running again now")
+        return
+    problem = f"{earlier}: CT {run.vmid} is {'STOPPED' if state == 'stopped' else 'in an unknown state'} now"
+    run.step(StepName.EARLIER, state, problem, state=state)
+    run.report.diagnosis.append(Diagnosis(Kind.EARLIER_STOP, problem, f"start it with `pct start {run.vmid}` once `pvegpu check {run.vmid}` allows it"))

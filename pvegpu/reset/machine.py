@@ -16,9 +16,8 @@ from ..model import MIB, Step
 from ..ports import Interrupted
 from .conclude import Conclusion, conclude
 from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, foreign_leftover, restart_would_not_help
-from .find import find, plan
+from .find import find, note_earlier, plan
 from .report import Ports, ResetPolicy, ResetReport
-from .restart import interrupted, note_earlier, restart
 from .results import Ended, Verified
 from .run import ResetRun
 from .stop import stop_and_verify
@@ -40,6 +39,8 @@ def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step]
     except Interrupted as exc:
         if not run.ct.stop_requested:
             raise
+        from .restart import interrupted  # the restart phase (and its waits) is imported only when a reset needs it
+
         interrupted(run, exc.signame, abandoned=True)
         signal_exit = exc.exit_code
     finally:
@@ -47,6 +48,8 @@ def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step]
     ct = run.ct
     got = ports.interrupts.received()
     if got and signal_exit is None and ct.stop_requested:
+        from .restart import interrupted
+
         interrupted(run, got[0], abandoned=False)
         signal_exit = got[1]
     if ct.stop_requested and ct.ct_state == "running" and not ct.left_stopped:
@@ -75,6 +78,8 @@ def _reset(run: ResetRun) -> Ended:
     stopped = stop_and_verify(run, facts)
     facts, verdict = stopped.facts, stopped.verdict
     if verdict is Verified.NOT_CLEAN and may_restart(run):
+        from .restart import restart
+
         restarted = restart(run, facts)
         facts, verdict = restarted.facts, restarted.verdict or verdict
     return finish(run, facts, verdict)

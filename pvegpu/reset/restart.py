@@ -255,25 +255,6 @@ def failed(run: ResetRun, exc: E.PvegpuError, upid: str | None = None) -> None:
                             f"the whole log: `pvesh get /nodes/{run.guest.node}/tasks/{upid or '<UPID>'}/log`"))
 
 
-def note_earlier(run: ResetRun) -> None:
-    """An earlier reset asked for this CT's stop and ended before it ran again (killed, abandoned): say so, with
-    the CT's state now (it may have been started since; then the mark is cleared)."""
-    earlier = run.p.lock.earlier()
-    if not earlier:
-        return
-    try:
-        state = run.p.pve.ct_status(run.guest).status
-    except E.PvegpuError:
-        state = "unknown"
-    if state == "running":
-        run.p.lock.running_again()
-        run.report.notes.append(f"{earlier}; CT {run.vmid} is running again now")
-        return
-    problem = f"{earlier}: CT {run.vmid} is {'STOPPED' if state == 'stopped' else 'in an unknown state'} now"
-    run.step(StepName.EARLIER, state, problem, state=state)
-    run.report.diagnosis.append(Diagnosis(Kind.EARLIER_STOP, problem, f"start it with `pct start {run.vmid}` once `pvegpu check {run.vmid}` allows it"))
-
-
 def interrupted(run: ResetRun, signame: str, *, abandoned: bool) -> None:
     """A signal arrived after the stop request: the report says what pvegpu did and where the CT is (its exit
     code, 128+n, is ``conclude``'s)."""

@@ -12,6 +12,7 @@ from ..locate import Located
 from ..model import MIB, Guest, SignalResult, Step
 from ..ports import Clock
 from ..record import replace
+from .poll import Pace
 from .report import Ports, ResetPolicy, ResetReport
 from .results import CtTrack
 from .targets import Targets, targets
@@ -39,6 +40,7 @@ class ResetRun:
         self.deadline = Deadline(ports.clock, ports.clock.monotonic() + policy.budget)
         self.ct = CtTrack()  # where the restart phase has taken the CT (the report copies it at the end)
         self.first = FirstReading()  # the first reading's listed pids (whose ghost is whose) and leftover baseline
+        self.read_cost = 0.0  # seconds the latest reading of the container's GPUs took (``Pace``: fast polls only while cheap)
 
     @property
     def clock(self) -> Clock:
@@ -117,6 +119,7 @@ class ResetRun:
         """One reading of the container's GPUs (``nvidia-smi`` + ``fuser -v /dev/nvidia*``)."""
         assert self.located is not None
         first = self.first.done
+        t = self.clock.monotonic()
         facts = inspect_gpus(self.vmid, self.located.gpus, host=self.p.host, probe=self.p.probe, whole_host=whole_host,
                              first=self.first)
         if not first:
@@ -125,7 +128,12 @@ class ResetRun:
             f.baseline_bytes = self.first.baseline.get(m, 0)
         if not whole_host:
             self.last_facts = facts
+            self.read_cost = self.clock.monotonic() - t
         return facts
+
+    def pace(self) -> Pace:
+        """The pacing of a wait that starts now, right after signals: fast while its readings are cheap, then ``poll``."""
+        return Pace(self.clock, self.policy.poll, self.policy.fast_poll, self.policy.fast_for)
 
     def targets(self, facts: dict[int, GpuFacts]) -> Targets:
         """Who this reading says gets which signal (``targets.targets``: the one rule; never its init, never pvegpu)."""

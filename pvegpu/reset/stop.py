@@ -126,11 +126,14 @@ def send(run: ResetRun, targets: list[Holder], sig: int) -> list[Holder]:
 def wait_gone(run: ResetRun, live: list[Holder], seconds: float) -> list[Holder]:
     """Those of ``live`` still alive after at most ``seconds`` (never past the overall deadline)."""
     deadline = run.deadline.within(seconds)
+    pace = run.pace()  # a holder that exits on SIGTERM goes within ms: look again every 5 ms at first, while that is cheap
+    clock = run.clock
     while True:
+        t = clock.monotonic()
         live = [h for h in live if run.p.host.alive(h.info.ident)]
         if not live or deadline.expired():
             return live
-        deadline.pause(run.policy.poll)
+        deadline.pause(pace.after(clock.monotonic() - t))
 
 
 def report_respawns(run: ResetRun, fresh: list[Holder], after_round: int) -> None:

@@ -43,9 +43,12 @@ def verify(run: ResetRun, facts: dict[int, GpuFacts], deadline: Deadline) -> tup
 
     Clean counts from the end of the first clean reading to the start of the latest one, so a slow read
     never stretches it; the deadline is checked after every read. Memory that comes back inside the last
-    settle window is UNSETTLED, never CLEAN.
+    settle window is UNSETTLED, never CLEAN. While not clean, readings are paced by ``run.pace()`` (every 5 ms
+    for the first 0.5 s while a reading is cheap, then every ``poll``); once clean, every ``poll``, and the
+    reading that closes the window starts when the window ends (``clean_since + settle``), not up to a poll later.
     """
     clock, pol = run.clock, run.policy
+    pace = run.pace()
     t0 = read_start = read_end = clock.monotonic()
     clean_since: float | None = None
     while True:
@@ -69,7 +72,11 @@ def verify(run: ResetRun, facts: dict[int, GpuFacts], deadline: Deadline) -> tup
                 return facts, Verified.UNSETTLED
             run.step(StepName.VERIFY, StepOutcome.TIMEOUT, f"not clean after {waited:.3f} s", seconds=round(waited, 3))
             return facts, Verified.NOT_CLEAN
-        deadline.pause(pol.poll)
+        if clean_since is None:
+            wait = pace.after(run.read_cost)  # waiting for the release: fast while readings are cheap
+        else:
+            wait = min(pol.poll, clean_since + pol.settle - clock.monotonic())  # the closing reading starts as the window ends
+        deadline.pause(max(0.0, wait))
         read_start = clock.monotonic()
         facts = run.inspect()
         read_end = clock.monotonic()
