@@ -148,7 +148,11 @@ def _guarded(signals: _Signals, body: Any) -> int:
     except Interrupted as exc:  # after the stop request, reset() / reset_vm() report the signal themselves
         signals.done = True
         kind, vmid = signals.kind, signals.vmid
-        if signals.in_critical:  # the stop (a VM's shutdown) may have been requested: never claim it was not
+        if kind is None:  # before the guest was located: pvegpu does not know yet whether it is a CT or a VM
+            line = (f"pvegpu reset of guest {vmid} interrupted by {exc.signame} before it was located: "
+                    f"guest {vmid} was not stopped and nothing in it was signalled")
+            hint = f"run `pvegpu reset {vmid}` again to finish"
+        elif signals.in_critical:  # the stop (a VM's shutdown) may have been requested: never claim it was not
             line = (f"pvegpu reset of {kind} {vmid} interrupted by {exc.signame} as it asked for the "
                     f"{'stop' if kind == 'CT' else 'shutdown'}: {kind} {vmid} may be STOPPED")
             hint = (f"check `{'pct' if kind == 'CT' else 'qm'} status {vmid}`; `pvegpu reset {vmid}` again finishes it")
@@ -190,8 +194,8 @@ class _Signals:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, vmid: int, kind: str = "CT") -> None:
-        self.vmid, self.kind = vmid, kind
+    def __init__(self, vmid: int, kind: str | None = "CT") -> None:
+        self.vmid, self.kind = vmid, kind  # kind None: not located yet ("guest VMID" until it is "CT" or "VM")
         self.in_critical = self.done = self.raised = False
         self.got: tuple[str, int] | None = None
         self.previous: dict[int, Any] = {}
@@ -226,7 +230,7 @@ class _Signals:
             raise Interrupted(name, code)
         if self.got is None:
             self.got = (name, code)
-            _say(f"pvegpu: {name}: {self.kind} {self.vmid}'s {'stop' if self.kind == 'CT' else 'shutdown'} was requested, "
+            _say(f"pvegpu: {name}: {self.kind or 'guest'} {self.vmid}'s {'shutdown' if self.kind == 'VM' else 'stop'} was requested, "
                  "so pvegpu finishes the restart first "
                  f"(then exits {code}); a second Ctrl-C or SIGTERM abandons it")
             return
@@ -248,7 +252,7 @@ def _say(text: str, err: bool = True) -> None:
 
 
 def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
-    with _Signals(vmid) as signals:  # from before the guest is located: a Ctrl-C anywhere is one of ours
+    with _Signals(vmid, None) as signals:  # from before the guest is located: a Ctrl-C anywhere is one of ours
         return _guarded(signals, lambda: _located(s, vmid, signals, dry_run=dry_run, json_out=json_out, verbose=verbose))
 
 
@@ -257,6 +261,8 @@ def _located(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: b
     guest = world.pve.where(vmid)
     if guest is not None and guest.type == "qemu":
         return _vm_reset(s, vmid, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
+    if guest is not None:
+        signals.kind = "CT"  # located: from here on the wording is a container's
     return _ct_reset(s, vmid, world, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
 
 
