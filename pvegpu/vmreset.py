@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import errors as E
+from .deadline import Deadline, deadline_in
 from .model import Guest, Step
 from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
@@ -122,7 +123,7 @@ class _Run:
         if self.on_step:
             self.on_step(s)
 
-    def look(self, deadline: float | None = None) -> GuestView:
+    def look(self, deadline: Deadline | None = None) -> GuestView:
         """One look inside the guest, its commands capped at ``deadline``; a look over a second is said (progress)."""
         assert self.guestside is not None
         t0 = self.clock.monotonic()
@@ -133,12 +134,9 @@ class _Run:
             if took > 1.0 and self.on_progress:
                 self.on_progress(f"looking inside VM {self.vmid} took {took:.1f} s (a slow guest)")
 
-    def fits(self, end: float) -> bool:
+    def fits(self, end: Deadline) -> bool:
         """Whether a look started now may end by ``end``, judged by the last look's duration."""
-        return self.clock.monotonic() + self.last_look <= end
-
-    def pause(self, seconds: float) -> None:
-        self.clock.sleep(max(0.0, seconds))
+        return end.fits(self.last_look)
 
 
 def reset_vm(vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None = None,
@@ -357,7 +355,7 @@ def _send(run: _Run, sig: str, targets: list[GuestHolder]) -> None:
 def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]], last: GuestView) -> GuestView:
     """Look until the signalled holders are gone or ``seconds`` passed. A look that cannot end in the time left is
     not started (nor one past it finished): the last view stands, and the next signal's script checks identities."""
-    end = run.clock.monotonic() + seconds
+    end = deadline_in(run.clock, seconds)
     view = last
     while True:
         if not run.fits(end):
@@ -365,19 +363,19 @@ def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]], last
         try:
             view = run.look(end)
         except GuestTimeout:
-            if run.clock.monotonic() < end:
+            if not end.expired():
                 raise
             return view
-        if not ids & {(h.pid, h.start) for h in view.killable} or run.clock.monotonic() >= end:
+        if not ids & {(h.pid, h.start) for h in view.killable} or end.expired():
             return view
-        run.pause(min(run.policy.poll, max(0.0, end - run.clock.monotonic())))
+        end.pause(run.policy.poll)
 
 
 def _verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
     """Clean (no holder that may own a context, nothing NVML lists without a process) held for ``settle``."""
     pol = run.policy
-    end = run.clock.monotonic() + pol.timeout
-    since: float | None = None
+    end = deadline_in(run.clock, pol.timeout)
+    since: float | None = None  # when clean began (a point in clock time: the settle window is measured from it)
     while True:
         now = run.clock.monotonic()
         if view.clean:
@@ -388,14 +386,14 @@ def _verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
                 return view, True
         else:
             since = None
-        if now >= end or not run.fits(end):
+        if end.expired() or not run.fits(end):
             run.step("verify", "not clean", f"the guest still shows GPU holders after {pol.timeout:g} s")
             return view, False
-        run.pause(min(pol.poll if since is None else max(pol.settle - (now - since), 0.01), max(0.0, end - now)))
+        end.pause(pol.poll if since is None else max(pol.settle - (now - since), 0.01))
         try:
             view = run.look(end)
         except GuestTimeout:
-            if run.clock.monotonic() < end:
+            if not end.expired():
                 raise
             run.step("verify", "not clean", f"the guest did not show clean within {pol.timeout:g} s (its last look did not finish)")
             return view, False
@@ -429,9 +427,8 @@ def _state(run: _Run) -> str:
 
 def _await_state(run: _Run, want: str, seconds: float) -> str:
     """The VM's state once it is ``want``, or when ``seconds`` have passed (``reset.poll.until``, as a CT's waits)."""
-    end = run.clock.monotonic() + seconds
-    _, state = until(lambda: _state(run), lambda s: s if s == want else None,
-                     expired=lambda: run.clock.monotonic() >= end, pause=lambda: run.pause(STATE_POLL))
+    end = deadline_in(run.clock, seconds)
+    _, state = until(lambda: _state(run), lambda s: s if s == want else None, expired=end.expired, pause=lambda: end.pause(STATE_POLL))
     return state
 
 
@@ -510,17 +507,17 @@ def _verify_after_boot(run: _Run) -> None:
     if run.blind is not None:
         r.add(f"VM {run.vmid} was rebooted, but its GPU could not be verified: {run.blind.message}", run.blind.hint or "")
         return _finish(run, None, VmOutcome.NOT_VERIFIED, run.blind.exit_code)
-    end = run.clock.monotonic() + pol.task_timeout
+    end = deadline_in(run.clock, pol.task_timeout)
     while True:
         try:
             run.api.agent_ping(run.guest)
             break
         except E.PvegpuError as exc:
-            if run.clock.monotonic() >= end:
+            if end.expired():
                 r.add(f"VM {run.vmid} was rebooted, but its guest agent did not answer within {pol.task_timeout:g} s: "
                                     f"{exc.message}", f"`qm agent {run.vmid} ping`; is qemu-guest-agent enabled in the guest?")
                 return _finish(run, None, VmOutcome.NOT_VERIFIED, E.EXIT_PVE)
-            run.pause(1.0)
+            end.pause(1.0)
     try:
         view, clean = _verify(run, _look(run))
     except E.PvegpuError as exc:

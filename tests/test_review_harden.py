@@ -51,3 +51,81 @@ def test_a_signal_once_the_guest_is_located_uses_its_kind(monkeypatch, capsys, t
     """SIGINT after the guest was located (before any stop): the wording is the guest's kind, CT or VM."""
     msg = _interrupted_reset(monkeypatch, capsys, Guest(129, "pve1", type_))
     assert f"{word} 129" in msg and f"{other} 129" not in msg and "guest 129 was" not in msg and "not stopped" in msg
+
+
+# -- the VM reset's waits: Deadline on the Clock port --------------------------------------------------------
+
+
+def test_vm_reset_computes_no_deadline_with_float_arithmetic():
+    """vmreset.py and vmguest.py hold no `monotonic() + x` nor `x - monotonic()` (a deadline or the time left by
+    hand): every wait there is a Deadline on the Clock port (a duration, `monotonic() - t0`, is fine)."""
+    import ast
+
+    from tests.pvelike import REPO
+
+    def is_now(node):
+        return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "monotonic"
+
+    for name in ("vmreset.py", "vmguest.py"):
+        tree = ast.parse(open(os.path.join(REPO, "pvegpu", name), encoding="utf-8").read())
+        bad = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.BinOp)
+               and ((isinstance(n.op, ast.Add) and (is_now(n.left) or is_now(n.right))) or (isinstance(n.op, ast.Sub) and is_now(n.right)))]
+        assert bad == [], (name, bad)
+
+
+def test_agent_silent_after_the_reboot_is_given_up_at_task_timeout():
+    """After the reboot the agent never answers: its pings stop at task_timeout exactly (never a 1 s pause past it)."""
+    from pvegpu import errors as E
+    from pvegpu.testing import FakeClock
+    from pvegpu.vmguest import AgentUnavailable
+    from pvegpu.vmreset import VmOutcome, VmPolicy, reset_vm
+    from tests.test_review_vm import FakeVm
+
+    clock = FakeClock()
+    vm = FakeVm(clock, kill_ignored=True)
+    pings: list[float] = []
+
+    def ping(g):
+        pings.append(clock.t)
+        raise AgentUnavailable("the guest agent of VM 200 does not answer", None)
+
+    vm.agent_ping = ping
+    pol = VmPolicy(grace=1, kill_wait=1, timeout=1, task_timeout=2.5)
+    rep = reset_vm(200, vm, clock, pol)
+    assert rep.outcome is VmOutcome.NOT_VERIFIED and rep.exit_code == E.EXIT_PVE and rep.restarted
+    assert len(pings) >= 3 and pol.task_timeout - 1.0 < pings[-1] - pings[0] <= pol.task_timeout
+
+
+def test_every_command_in_the_guest_ends_by_its_deadline():
+    """A command that never exits in the guest: given up at exec_timeout, or at the phase's deadline when that
+    comes first, on the clock (GuestTimeout), never later."""
+    from pvegpu.deadline import deadline_in
+    from pvegpu.testing import FakeClock
+    from pvegpu.vmguest import GuestTimeout, Guestside
+    from tests.test_review_vm import FakeVm
+
+    clock = FakeClock()
+    vm = FakeVm(clock)
+    vm.agent_exec_status = lambda g, pid: {"exited": 0}
+    gs = Guestside(vm, vm.guest, clock, exec_timeout=3.0, poll=0.7)
+    for phase, bound in ((None, 3.0), (1.25, 1.25), (10.0, 3.0)):
+        t0 = clock.t
+        with pytest.raises(GuestTimeout):
+            gs.run(["true"], what="true", deadline=None if phase is None else deadline_in(clock, phase))
+        assert bound - 0.7 < clock.t - t0 <= bound + 1e-9
+
+
+def test_a_holder_that_never_goes_ends_the_vm_reset_by_its_deadlines():
+    """A guest holder that ignores every signal, --no-restart: the waits (grace, kill_wait, the verify timeout)
+    end by their deadlines on the fake clock, so the reset takes no more than their sum; exit 6."""
+    from pvegpu import errors as E
+    from pvegpu.testing import FakeClock
+    from pvegpu.vmreset import VmPolicy, reset_vm
+    from tests.test_review_vm import FakeVm
+
+    clock = FakeClock()
+    vm = FakeVm(clock, kill_ignored=True)
+    pol = VmPolicy(restart=False, grace=1.5, kill_wait=1.0, timeout=2.0, poll=0.3)
+    rep = reset_vm(200, vm, clock, pol)
+    assert rep.exit_code == E.EXIT_HOLDERS_LEFT
+    assert pol.timeout <= rep.elapsed <= pol.grace + pol.kill_wait + pol.timeout + 0.01, rep.elapsed
