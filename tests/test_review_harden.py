@@ -101,7 +101,7 @@ def test_every_command_in_the_guest_ends_by_its_deadline():
     comes first, on the clock (GuestTimeout), never later."""
     from pvegpu.deadline import deadline_in
     from pvegpu.testing import FakeClock
-    from pvegpu.vmguest import GuestTimeout, Guestside
+    from pvegpu.vmguest import Guestside, GuestTimeout
     from tests.test_review_vm import FakeVm
 
     clock = FakeClock()
@@ -129,3 +129,146 @@ def test_a_holder_that_never_goes_ends_the_vm_reset_by_its_deadlines():
     rep = reset_vm(200, vm, clock, pol)
     assert rep.exit_code == E.EXIT_HOLDERS_LEFT
     assert pol.timeout <= rep.elapsed <= pol.grace + pol.kill_wait + pol.timeout + 0.01, rep.elapsed
+
+
+# -- storage probes under a deadline (hook install | uninstall | status, the postinst's refresh) -------------
+
+OLD_GUARD = ("#!/bin/sh\n# pvegpu start gate for Proxmox VE containers (an older pvegpu's text)\n"
+             "PVEGPU=/opt/pvegpu/bin/pvegpu\nexec \"$PVEGPU\" hook \"$1\" \"$2\"\n")
+SLOW = 0.5  # the probe deadline in these tests (the product's is install.STORAGE_DEADLINE)
+BOUND = SLOW + 2.5  # what a refresh may take with one hung storage: the deadline, a fork, a loaded machine
+
+
+def _node(tmp_path, dead_path=None, confs=None):
+    """A PVE-like tree: storage `local` (a directory) and `nfs` (a directory, or ``dead_path``); CT 129 guarded
+    on nfs, CT 130 unguarded."""
+    from tests.pvelike import etc_pve
+
+    vz, nfs = tmp_path / "vz", tmp_path / "nfs"
+    for d in (vz, nfs):
+        (d / "snippets").mkdir(parents=True)
+        d.chmod(0o755)
+        (d / "snippets").chmod(0o755)
+    pve = etc_pve(str(tmp_path / "pve"), "pve1", confs or {129: "dev0: /dev/nvidia0\nhookscript: nfs:snippets/pvegpu-guard\n",
+                                                           130: "dev0: /dev/nvidia0\n"})
+    with open(os.path.join(pve, "storage.cfg"), "w") as f:
+        f.write(f"dir: local\n\tpath {vz}\n\tcontent snippets\n\nnfs: nfs\n\tpath {dead_path or nfs}\n\tcontent snippets\n")
+    return pve, vz / "snippets", nfs / "snippets"
+
+
+def _hang_under(monkeypatch, where, *names):
+    """The named probes of pvegpu.install block (a dead NFS server) for any path under ``where``."""
+    import time
+
+    from pvegpu import install as ins
+
+    for name in names:
+        real = getattr(ins, name)
+
+        def slow(path, *a, _real=real, **k):
+            if str(path).startswith(str(where)):
+                time.sleep(60)
+            return _real(path, *a, **k)
+
+        monkeypatch.setattr(ins, name, slow)
+
+
+def _timed(fn, *a, **k):
+    import time
+
+    t = time.monotonic()
+    out = fn(*a, **k)
+    return out, time.monotonic() - t
+
+
+def test_refresh_with_a_storage_that_never_answers_ends_in_time_and_names_it(tmp_path, monkeypatch):
+    """The postinst's refresh: the guard on a storage whose probe blocks is left as it is and named in a warning
+    within the deadline; the guard on the storage that answers is still rewritten; the refresh does not fail."""
+    from pvegpu import install as ins
+
+    pve, local, nfs = _node(tmp_path)
+    for d in (local, nfs):
+        (d / "pvegpu-guard").write_text(OLD_GUARD)
+        (d / "pvegpu-guard").chmod(0o755)
+    _hang_under(monkeypatch, nfs, "read_nofollow")
+    plan, took = _timed(ins.refresh, pve, deadline=SLOW)
+    assert took < BOUND and plan.ok
+    assert [w for w in plan.warnings if "storage nfs" in w and "0.5 s" in w and str(nfs) in w]
+    assert (local / "pvegpu-guard").read_text() == ins.guard_text(ins.template())
+    assert (nfs / "pvegpu-guard").read_text() == OLD_GUARD
+
+
+def test_install_onto_a_storage_that_never_answers_is_refused_in_time(tmp_path, monkeypatch):
+    """`hook install --storage nfs` on a dead mount: refused within the deadline, naming the storage; no `pct set`."""
+    from pvegpu import install as ins
+
+    pve, _, nfs = _node(tmp_path)
+    _hang_under(monkeypatch, nfs, "_check_dir")
+    ran: list[list[str]] = []
+    plan, took = _timed(ins.install, [130], pve_root=pve, node="pve1", storage_name="nfs", run=lambda a: (ran.append(a), (0, ""))[1],
+                        guard="#!/bin/sh\n", deadline=SLOW)
+    assert took < BOUND and not plan.ok and ran == []
+    assert any("storage nfs" in r for r in plan.refused)
+
+
+def test_status_of_a_guard_on_a_storage_that_never_answers_is_unknown(tmp_path, monkeypatch):
+    """`hook status`: a CT whose guard's storage does not answer is `unknown` (never guarded), named, in time;
+    the document still validates."""
+    from pvegpu import contract
+    from pvegpu import install as ins
+    from tests.schemas import validate
+
+    pve, _, nfs = _node(tmp_path)
+    text = "#!/bin/sh\n"
+    (nfs / "pvegpu-guard").write_text(text)
+    (nfs / "pvegpu-guard").chmod(0o755)
+    _hang_under(monkeypatch, nfs, "read_nofollow")
+    st, took = _timed(ins.status, pve_root=pve, node="pve1", guard=text, deadline=SLOW)
+    assert took < BOUND and not st.ok
+    assert {r.vmid: r.state for r in st.containers}[129] is ins.GuardState.UNKNOWN
+    assert any(p.startswith("CT 129:") and "storage nfs" in p for p in st.problems)
+    validate(contract.document("hook-status", st.to_json() | {"attention": True}), "hook-status")
+
+
+def test_uninstall_of_a_chain_on_a_storage_that_never_answers_leaves_the_hookscript(tmp_path, monkeypatch):
+    """`hook uninstall` of a chained CT whose chain script's storage does not answer: refused in time, naming the
+    storage, and its hookscript is not touched (its original is never dropped unread)."""
+    from pvegpu import install as ins
+
+    pve, _, nfs = _node(tmp_path, confs={129: "dev0: /dev/nvidia0\nhookscript: nfs:snippets/pvegpu-guard-chain-129\n"})
+    (nfs / "pvegpu-guard-chain-129").write_text("#!/bin/sh\n# original: local:snippets/mine.pl\n")
+    _hang_under(monkeypatch, nfs, "read_nofollow")
+    ran: list[list[str]] = []
+    plan, took = _timed(ins.uninstall, [129], pve_root=pve, node="pve1", run=lambda a: (ran.append(a), (0, ""))[1], deadline=SLOW)
+    assert took < BOUND and not plan.ok and ran == []
+    assert any(r.startswith("CT 129:") and "storage nfs" in r for r in plan.refused)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"), reason="needs root and /dev/fuse")
+def test_refresh_with_a_hung_fuse_storage_ends_in_time(tmp_path):
+    """A real hung mount (a FUSE server that never answers, as a dead NFS server): the refresh's probe of it waits
+    in the kernel, past SIGKILL, yet the refresh returns within its deadline, naming the storage, and the other
+    storage's guard is rewritten."""
+    import subprocess
+    import sys
+
+    from pvegpu import install as ins
+    from tests.test_fuse_scan import DAEMON
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(mnt), "-", "/dev/zero"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert daemon.stdout is not None and daemon.stdout.readline().strip() == "ready"
+        dead = f"/proc/{daemon.pid}/root{mnt}"  # the mount lives in the server's own mount namespace
+        pve, local, _ = _node(tmp_path, dead_path=dead)
+        (local / "pvegpu-guard").write_text(OLD_GUARD)
+        (local / "pvegpu-guard").chmod(0o755)
+        plan, took = _timed(ins.refresh, pve, deadline=SLOW)
+        assert took < BOUND and plan.ok
+        assert [w for w in plan.warnings if "storage nfs" in w and dead in w]
+        assert (local / "pvegpu-guard").read_text() == ins.guard_text(ins.template())
+    finally:
+        daemon.kill()  # aborts the connection: the probe stuck on it ends
+        daemon.wait(10)
