@@ -170,12 +170,13 @@ def _guarded(signals: _Signals, body: Any) -> int:
 def _vm_reset(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     """A VM's reset, under the handlers; the report is printed before they go (``done``: a signal is then recorded)."""
     from .logs import configure
+    from .render import step_line
     from .vmreset import reset_vm, vm_human
 
     signals.kind = "VM"
     log = configure(verbose=verbose, json_lines=json_out and verbose)
-    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
-    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
+    on_step = None if json_out else (lambda st: _say(step_line(st.name, str(st.detail.get("msg", st.outcome)), verbose), err=False))
+    on_wait = None if json_out else (lambda text: _say(step_line("wait", text, verbose), err=False))
     with wiring.ct_lock(s, vmid, s.reset.lock_wait):
         report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log,
                           interrupts=signals, on_progress=on_wait)
@@ -183,7 +184,7 @@ def _vm_reset(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: 
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of VM {vmid}: VM {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(contract.document("reset", report.to_json()), indent=2) if json_out else "\n" + vm_human(report), err=False)
+    _say(json.dumps(contract.document("reset", report.to_json()), indent=2) if json_out else "\n" + vm_human(report, verbose), err=False)
     return int(report.exit_code)
 
 
@@ -230,9 +231,11 @@ class _Signals:
             raise Interrupted(name, code)
         if self.got is None:
             self.got = (name, code)
-            _say(f"pvegpu: {name}: {self.kind or 'guest'} {self.vmid}'s {'shutdown' if self.kind == 'VM' else 'stop'} was requested, "
-                 "so pvegpu finishes the restart first "
-                 f"(then exits {code}); a second Ctrl-C or SIGTERM abandons it")
+            from .textfit import said
+
+            _say(said(f"{name}: {self.kind or 'guest'} {self.vmid}'s {'shutdown' if self.kind == 'VM' else 'stop'} was requested, "
+                      f"so pvegpu finishes the restart first (then exits {code}); a second Ctrl-C or SIGTERM abandons it",
+                      "pvegpu: ", "    "))
             return
         if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
             return
@@ -269,12 +272,12 @@ def _located(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: b
 def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     """A container's reset, under the handlers; the report is printed before they go (``done``: a signal is then recorded)."""
     from .logs import configure
-    from .render import reset_human, reset_json
+    from .render import reset_human, reset_json, step_line
     from .reset import reset
 
-    log = configure(verbose=verbose, json_lines=json_out and verbose)
-    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
-    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
+    log = configure(verbose=verbose, json_lines=json_out and verbose)  # -v: also one line per item (as check's)
+    on_step = None if json_out else (lambda st: _say(step_line(st.name, str(st.detail.get("msg", st.outcome)), verbose), err=False))
+    on_wait = None if json_out else (lambda text: _say(step_line("wait", text, verbose), err=False))
     with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log) as ports:
         ports.lock, ports.interrupts = lock, signals
         report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
@@ -282,5 +285,5 @@ def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(contract.document("reset", reset_json(report)), indent=2) if json_out else "\n" + reset_human(report), err=False)
+    _say(json.dumps(contract.document("reset", reset_json(report)), indent=2) if json_out else "\n" + reset_human(report, verbose), err=False)
     return int(report.exit_code)

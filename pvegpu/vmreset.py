@@ -24,6 +24,7 @@ from .record import field, record
 from .reset.interruption import interruption
 from .reset.poll import until
 from .safetext import escape
+from .textfit import said
 from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, GuestHolder, Guestside, GuestTimeout, GuestView, VmApi
 
 EVIDENCE = "the guest's own nvidia-smi and /proc, read through the QEMU guest agent (host NVML cannot see a vfio-pci GPU)"
@@ -533,8 +534,10 @@ def _verify_after_boot(run: _Run) -> None:
 # -- rendering -------------------------------------------------------------------------------------------------
 
 
-def vm_human(r: VmReport) -> str:
-    """The report for people: a table per look (before / after) and the verdict, saying the evidence is the guest's."""
+def vm_human(r: VmReport, wide: bool = False) -> str:
+    """The report for people: a table per look (before / after) and the verdict, saying the evidence is the guest's;
+    in 80 columns (the guest's text wrapped, never cut), or one line per item when ``wide`` (``-v``)."""
+
     lines = []
     if r.before is not None or r.after is not None:
         lines.append(f"{'GPU':<4} {'bus id (guest)':<18} {'used before':>11}  {'used after':>11}  holders")
@@ -547,19 +550,19 @@ def vm_human(r: VmReport) -> str:
             lines.append(f"{'?' if idx is None else idx:<4} {escape(str(b.get('bus_id') or a.get('bus_id') or '?'), 18):<18} "
                          f"{_mib(b.get('used_mib')):>11}  {_mib(a.get('used_mib')):>11}  {nb} -> {na}")
     for problem, action in r.diagnosis:
-        lines.append(f"! {problem}" + (f"\n    -> {action}" if action else ""))
+        lines.append(said(problem, "! ", "  ", wide) + (("\n" + said(action, "    -> ", "       ", wide)) if action else ""))
     if r.task_log:
         lines.append("task log (last lines):")
-        lines += [f"    {t}" for t in r.task_log]
+        lines += [said(t, "    ", "      ", wide) for t in r.task_log]
     if r.interrupted:
-        lines.append(f"  interrupted by {r.interrupted['signal']}: pvegpu {r.interrupted['action']}; exit {r.exit_code}")
+        lines.append(said(f"interrupted by {r.interrupted['signal']}: pvegpu {r.interrupted['action']}; exit {r.exit_code}", "  ", "    ", wide))
     if r.left_stopped:
-        lines.append(f"VM {r.vmid} is {r.vm_state or 'maybe stopped'}: it was LEFT STOPPED (start it with `qm start {r.vmid}`)")
+        lines.append(said(f"{r.vm_state or 'maybe stopped'}: it was LEFT STOPPED (start it with `qm start {r.vmid}`)", f"VM {r.vmid} is ", "    ", wide))
     verdict = {VmOutcome.CLEAN: "GPU verified free in the guest (its nvidia-smi and /proc; host NVML cannot see a vfio-pci GPU)",
                VmOutcome.DRY_RUN: "dry run: nothing signalled", VmOutcome.NOT_RUNNING: "not running: nothing to do"}.get(
         r.outcome, f"{r.outcome.value} (exit {r.exit_code})")
-    lines.append(f"VM {r.vmid}: {verdict}" + (" after a reboot" if r.restarted and r.outcome is VmOutcome.CLEAN else "")
-                 + f" in {r.elapsed:.2f} s")
+    lines.append(said(verdict + (" after a reboot" if r.restarted and r.outcome is VmOutcome.CLEAN else "") + f" in {r.elapsed:.2f} s",
+                      f"VM {r.vmid}: ", "    ", wide))
     return "\n".join(lines)
 
 
