@@ -177,7 +177,7 @@ def _vm_reset(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: 
     log = configure(verbose=verbose, json_lines=json_out and verbose)
     on_step = None if json_out else (lambda st: _say(step_line(st.name, str(st.detail.get("msg", st.outcome)), verbose), err=False))
     on_wait = None if json_out else (lambda text: _say(step_line("wait", text, verbose), err=False))
-    with wiring.ct_lock(s, vmid, s.reset.lock_wait):
+    with wiring.ct_lock(s, vmid, s.reset.lock_wait, kind="VM"):
         report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log,
                           interrupts=signals, on_progress=on_wait)
         signals.done = True

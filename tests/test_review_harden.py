@@ -364,3 +364,16 @@ def test_postinst_runs_its_refresh_and_its_etc_pve_probe_under_timeout():
     runs = [ln for ln in lines if "/opt/pvegpu/bin/python3" in ln or (ln.startswith("if ") and "/etc/pve" in ln)]
     assert len(runs) == 2 and all(re.match(r"(if )?timeout (-k \d+ )?\d+ ", ln) for ln in runs), runs
     assert "|| echo" in body and text.rstrip().endswith("exit 0")
+
+
+def test_a_vm_waiting_for_its_reset_lock_is_named_a_vm(tmp_path):
+    """Another reset of VM 200 holds the lock: the busy error (exit 9) names VM 200, never CT 200."""
+    from pvegpu import errors as E
+    from pvegpu import resetcmd
+    from pvegpu.adapters.locks import ct_lock
+
+    locks = str(tmp_path / "locks")
+    s = type("S", (), {"reset": type("R", (), {"lock_dir": locks, "lock_wait": 0.2})()})()
+    with ct_lock(locks, 200, 0), resetcmd._Signals(200, "VM") as sigs, pytest.raises(E.BusyError) as err:
+        resetcmd._vm_reset(s, 200, sigs, dry_run=False, json_out=True, verbose=False)
+    assert err.value.exit_code == E.EXIT_BUSY and "VM 200" in err.value.message and "CT 200" not in err.value.message
