@@ -189,6 +189,7 @@ def demo_cmd(
     """Run the real reset code against a built-in simulated node: no Proxmox, GPU or root needed."""
     global _OPTS
     from .sim import scenario as sc
+    from .textfit import said
 
     data = sc.load(scenario) if scenario else sc.DEMO
     previous = signal.signal(signal.SIGTERM, _on_sigterm)  # a killed demo still takes its workloads with it
@@ -200,7 +201,8 @@ def demo_cmd(
         _demo_guard(sim, data)
         _OPTS = wiring.GlobalOptions(_OPTS.config, sim.root)
         s = _settings({"reset.grace": grace})
-        typer.echo(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.\n")
+        typer.echo(said(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.",
+                        rest="") + "\n")
         typer.echo("$ pvegpu audit")
         typer.echo(_audit_table(s))
         targets = [int(c["vmid"]) for c in data.get("containers", []) if c.get("workloads") and c.get("status", "running") == "running"]
@@ -221,7 +223,7 @@ def demo_cmd(
         if sim is not None:
             sim.teardown()
     if code < 128:
-        typer.echo(f"\ndemo: {', '.join(results) or 'nothing to reset'}; simulated node removed (exit {code})")
+        typer.echo("\n" + said(f"{', '.join(results) or 'nothing to reset'}; simulated node removed (exit {code})", "demo: ", "      "))
     raise typer.Exit(code)
 
 

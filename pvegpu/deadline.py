@@ -30,6 +30,10 @@ class Deadline:
     def expired(self) -> bool:
         return self.clock.monotonic() >= self.at or (self.hopeless is not None and self.hopeless())
 
+    def fits(self, seconds: float) -> bool:
+        """Whether something that takes ``seconds``, started now, ends by this deadline (a look inside a VM)."""
+        return self.clock.monotonic() + max(0.0, seconds) <= self.at
+
     def within(self, seconds: float) -> Deadline:
         """A deadline ``seconds`` from now, never later than this one."""
         return Deadline(self.clock, min(self.at, self.clock.monotonic() + max(0.0, seconds)))

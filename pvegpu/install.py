@@ -18,8 +18,11 @@ import stat
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
+from . import errors as E
 from .adapters import safefile
+from .adapters.child import call_in_child
 from .adapters.etcpve import ct_confs, node_names, vm_confs
 from .adapters.storagecfg import Storage, read_storage
 from .errors import PvegpuError, UsageError
@@ -27,6 +30,7 @@ from .lxcconf import parse_config
 from .record import field, record
 
 GUARD = "pvegpu-guard"
+STORAGE_DEADLINE = 10.0  # seconds one storage's files may take to answer (a dead NFS/CIFS mount never does)
 Runner = Callable[[list[str]], tuple[int, str]]
 SnippetLister = Callable[[str], "set[str] | None"]  # node -> snippet file names there, None = unknown
 
@@ -151,6 +155,43 @@ class Plan:
 _ct_confs = ct_confs  # the one /etc/pve reader (adapters/etcpve.py)
 
 
+class StorageHung(PvegpuError):
+    """A storage's files did not answer within the deadline (a dead NFS/CIFS server, a hung FUSE mount)."""
+
+    exit_code = E.EXIT_AUDIT_ATTENTION
+
+    def __init__(self, storage: str, path: str, deadline: float) -> None:
+        super().__init__(f"storage {storage} ({path}) did not answer within {deadline:g} s",
+                         f"is it a dead network mount? `pvesm status`, `findmnt {path}`")
+        self.storage = storage
+
+
+def _on_storage(st: Storage, deadline: float, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, every filesystem probe of storage ``st``, in a forked child under ``deadline`` seconds
+    (``call_in_child``): a dead network mount hangs that child, never pvegpu nor the package upgrade that runs it.
+    ``fn``'s answer must be JSON-able; an OSError or PvegpuError it raises is raised here again; StorageHung when
+    it did not answer in time (what it was doing may or may not have happened)."""
+
+    def child() -> dict[str, Any]:
+        try:
+            return {"value": fn(*args)}
+        except OSError as exc:
+            return {"oserror": [exc.errno, exc.strerror or str(exc), exc.filename]}
+
+    finished, answer = call_in_child(child, deadline)
+    if not finished:
+        raise StorageHung(st.name, st.path, deadline)
+    if answer is None or "ok" not in answer:
+        if answer is not None and isinstance(answer.get("error"), dict):
+            raise PvegpuError.from_json(answer["error"])
+        raise PvegpuError(f"checking storage {st.name} ({st.path}) failed: {(answer or {}).get('crash')}", "run it again")
+    out = answer["ok"]
+    if "oserror" in out:
+        errno, strerror, filename = out["oserror"]
+        raise OSError(errno, strerror, filename) if filename is not None else OSError(errno, strerror)
+    return out["value"]
+
+
 def _is_ours(volid: str | None, storage: str | None = None) -> bool:
     """pvegpu's guard or one of its chain scripts, on ``storage`` (None: on any storage)."""
     if not volid or ":" not in volid:
@@ -177,25 +218,42 @@ def _check_nodes(pve_root: str, local: str, names: set[str], lister: SnippetList
                                  f"`scp /var/lib/vz/snippets/{GUARD}* root@{n}:/var/lib/vz/snippets/`")
 
 
+def _put_guard(sdir: str, path: str, text: str) -> str | bool:
+    """The guard written (True), already there (False), or why it cannot be written (a read-only storage, a full
+    disk); a snippets directory others could change raises UsageError."""
+    os.makedirs(sdir, mode=0o755, exist_ok=True)
+    _check_dir(sdir)
+    try:
+        if read_nofollow(path) != text or not os.path.isfile(path) or os.path.islink(path):
+            write_atomic(path, text, 0o755)
+            return True
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return False
+
+
 def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "local", chain: bool = False,
-            run: Runner = run_command, lister: SnippetLister | None = None, guard: str | None = None) -> Plan:
-    """Install the guard snippet and set it as the hookscript of ``vmids`` (default: every GPU CT of this node)."""
+            run: Runner = run_command, lister: SnippetLister | None = None, guard: str | None = None,
+            deadline: float = STORAGE_DEADLINE) -> Plan:
+    """Install the guard snippet and set it as the hookscript of ``vmids`` (default: every GPU CT of this node).
+    Every probe of a storage's files ends by ``deadline`` seconds (a storage that does not answer is refused)."""
     plan = Plan()
     st = read_storage(pve_root, storage_name)
     sdir = os.path.join(st.path, "snippets")
-    os.makedirs(sdir, mode=0o755, exist_ok=True)
-    _check_dir(sdir)
     path = os.path.join(sdir, GUARD)
     text = guard if guard is not None else guard_text(template())
     try:
-        os.makedirs(sdir, mode=0o755, exist_ok=True)
-        if read_nofollow(path) != text or not os.path.isfile(path) or os.path.islink(path):
-            write_atomic(path, text, 0o755)
-            plan.done.append(f"wrote {path}")
-    except OSError as exc:  # a read-only storage, a full disk: nothing is set to a guard that is not there
-        plan.refused.append(f"cannot write the guard to {path} (storage {st.name}): {exc.strerror or exc}; no container changed. "
+        put = _on_storage(st, deadline, _put_guard, sdir, path, text)
+    except StorageHung as exc:
+        plan.refused.append(f"{exc.message}: the guard was not written and no container changed. Fix: {exc.hint}, "
+                            "or use another snippets storage (`pvegpu hook install --storage NAME`)")
+        return plan
+    if isinstance(put, str):  # a read-only storage, a full disk: nothing is set to a guard that is not there
+        plan.refused.append(f"cannot write the guard to {path} (storage {st.name}): {put}; no container changed. "
                             f"Fix: use a writable snippets storage (`pvegpu hook install --storage NAME`) or make {sdir} writable")
         return plan
+    if put:
+        plan.done.append(f"wrote {path}")
     content = st.effective_content()
     if content is None:
         plan.warnings.append(f"storage {st.name} ({st.type}) has no content line and pvegpu does not know its default: "
@@ -227,7 +285,12 @@ def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "
                 continue
             chained = f"{GUARD}-chain-{vmid}"
             orig = _snippet_path(read_storage(pve_root, current.split(":", 1)[0]), current)
-            write_atomic(os.path.join(sdir, chained), chain_text(vmid, current, path, orig), 0o755)
+            ctext = chain_text(vmid, current, path, orig)
+            try:
+                _on_storage(st, deadline, write_atomic, os.path.join(sdir, chained), ctext, 0o755)
+            except StorageHung as exc:
+                plan.refused.append(f"CT {vmid}: {exc.message}: its chain script was not written; hookscript left as it is")
+                continue
             want = f"{st.name}:snippets/{chained}"
             names.add(chained)
         argv = ["pct", "set", str(vmid), "--hookscript", want]
@@ -246,9 +309,25 @@ def chain_text(vmid: int, original: str, guard_path: str, original_path: str) ->
             f"exec {shlex.quote(original_path)} \"$1\" \"$2\"\n")
 
 
-def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "local", run: Runner = run_command) -> Plan:
+def _chained_original(cpath: str) -> str | None:
+    """The original hookscript a chain script pvegpu wrote names (its ``# original:`` line)."""
+    m = re.search(r"^# original: (.+)$", read_nofollow(cpath) or "", re.M)
+    return m.group(1) if m else None
+
+
+def _remove(path: str) -> bool:
+    """Remove ``path`` (not through a symlink) if it is there; whether it was."""
+    if not os.path.lexists(path):
+        return False
+    os.unlink(path)
+    return True
+
+
+def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "local", run: Runner = run_command,
+              deadline: float = STORAGE_DEADLINE) -> Plan:
     """Take the guard off ``vmids`` (default: every guarded CT of this node); restore chained originals;
-    delete the snippet once no guest in the cluster (container or VM) refers to it."""
+    delete the snippet once no guest in the cluster (container or VM) refers to it. Every probe of a storage's
+    files ends by ``deadline`` seconds: what a storage that does not answer holds is left as it is, and said."""
     plan = Plan()
     st = read_storage(pve_root, storage_name)
     confs = _ct_confs(pve_root, node)
@@ -259,23 +338,34 @@ def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str =
             plan.refused.append(f"CT {vmid}: hookscript is {current or 'not set'}, not pvegpu's; left alone")
             continue
         argv = ["pct", "set", str(vmid), "--delete", "hookscript"]
-        cpath = _snippet_path(read_storage(pve_root, str(current).split(":", 1)[0]), str(current))  # where the CT's volid points
+        cst = read_storage(pve_root, str(current).split(":", 1)[0])
+        cpath = _snippet_path(cst, str(current))  # where the CT's volid points
         if "-chain-" in str(current):
-            m = re.search(r"^# original: (.+)$", read_nofollow(cpath) or "", re.M)
-            if m:
-                argv = ["pct", "set", str(vmid), "--hookscript", m.group(1)]
+            try:
+                original = _on_storage(cst, deadline, _chained_original, cpath)
+            except StorageHung as exc:  # its original hookscript cannot be read: never drop it unread
+                plan.refused.append(f"CT {vmid}: {exc.message}: its chain script cannot be read; hookscript left as it is")
+                continue
+            if original:
+                argv = ["pct", "set", str(vmid), "--hookscript", original]
         rc, out = run(argv)
         (plan.done if rc == 0 else plan.refused).append(" ".join(argv) + ("" if rc == 0 else f" failed: {out}"))
-        if rc == 0 and "-chain-" in str(current) and os.path.lexists(cpath):
-            os.unlink(cpath)
-            plan.done.append(f"removed {cpath}")
+        if rc == 0 and "-chain-" in str(current):
+            try:
+                if _on_storage(cst, deadline, _remove, cpath):
+                    plan.done.append(f"removed {cpath}")
+            except StorageHung as exc:
+                plan.warnings.append(f"{cpath} not removed: {exc.message}")
     # the guard stays while any container or VM uses it, directly or through its chain script
     still = [f"CT {v}" for v, (_, t) in _ct_confs(pve_root).items() if _is_ours(parse_config(t).hookscript, st.name)]
     still += [f"VM {v}" for v, (_, t) in vm_confs(pve_root).items() if _is_ours(parse_config(t).hookscript, st.name)]
     path = os.path.join(st.path, "snippets", GUARD)
-    if os.path.lexists(path) and not still and plan.ok:
-        os.unlink(path)
-        plan.done.append(f"removed {path}")
+    if not still and plan.ok:
+        try:
+            if _on_storage(st, deadline, _remove, path):
+                plan.done.append(f"removed {path}")
+        except StorageHung as exc:
+            plan.warnings.append(f"{path} not removed: {exc.message}")
     elif still:
         plan.warnings.append(f"{path} kept: still used by {', '.join(still)}")
     return plan
@@ -286,6 +376,7 @@ class GuardState(enum.StrEnum):
     SWAPPED = "not guarded: guard changed"  # the hookscript names pvegpu's guard, but the file is not what pvegpu wrote
     OTHER = "other hookscript"
     UNGUARDED = "unguarded"
+    UNKNOWN = "unknown: storage not answering"  # its guard's storage did not answer in time: never called guarded
 
 
 @record(frozen=True)
@@ -313,9 +404,10 @@ class GuardStatus:
 
 
 def status(*, pve_root: str, node: str, storage_name: str = "local", lister: SnippetLister | None = None,
-           guard: str | None = None) -> GuardStatus:
+           guard: str | None = None, deadline: float = STORAGE_DEADLINE) -> GuardStatus:
     """Guarded / unguarded GPU containers of this node, and nodes missing the snippet. A container is guarded only
-    when the files its hookscript runs (the guard, or a chain script and the guard) are the ones pvegpu wrote."""
+    when the files its hookscript runs (the guard, or a chain script and the guard) are the ones pvegpu wrote; one
+    whose storage does not answer within ``deadline`` seconds is unknown."""
     st = read_storage(pve_root, storage_name)
     expected = guard if guard is not None else guard_text(template())
     rows = []
@@ -326,16 +418,33 @@ def status(*, pve_root: str, node: str, storage_name: str = "local", lister: Sni
             continue
         hs = conf.hookscript
         state = GuardState.GUARDED if _is_ours(hs) else (GuardState.OTHER if hs else GuardState.UNGUARDED)
-        if state is GuardState.GUARDED and (why := _swapped(pve_root, vmid, str(hs), expected)) is not None:
-            state = GuardState.SWAPPED
-            plan.warnings.append(f"CT {vmid}: {why}")
+        if state is GuardState.GUARDED:
+            try:
+                why = _bounded_swapped(pve_root, vmid, str(hs), expected, deadline)
+            except StorageHung as exc:
+                state, why = GuardState.UNKNOWN, f"{exc.message}: its guard cannot be checked"
+            if why is not None:
+                state = GuardState.SWAPPED if state is GuardState.GUARDED else state
+                plan.warnings.append(f"CT {vmid}: {why}")
         rows.append(GuardRow(vmid, state, hs))
     local = os.path.join(st.path, "snippets", GUARD)
-    if not os.access(local, os.X_OK):
-        plan.warnings.append(f"this node ({node}) lacks an executable {local}")
+    try:
+        if not _on_storage(st, deadline, os.access, local, os.X_OK):
+            plan.warnings.append(f"this node ({node}) lacks an executable {local}")
+    except StorageHung as exc:
+        plan.warnings.append(f"this node ({node}): {exc.message}: whether {local} is there is unknown")
     if not st.shared:
         _check_nodes(pve_root, node, {GUARD}, lister, plan)
     return GuardStatus(node, rows, plan.warnings)
+
+
+def _bounded_swapped(pve_root: str, vmid: int, volid: str, expected: str, deadline: float) -> str | None:
+    """``_swapped``, its file probes in a child under ``deadline`` (StorageHung names the hookscript's storage)."""
+    try:
+        st = read_storage(pve_root, volid.split(":", 1)[0])
+    except PvegpuError as exc:
+        return f"its hookscript's storage cannot be read: {exc.message}"
+    return _on_storage(st, deadline, _swapped, pve_root, vmid, volid, expected)
 
 
 def _swapped(pve_root: str, vmid: int, volid: str, expected: str) -> str | None:
@@ -364,7 +473,26 @@ def _swapped(pve_root: str, vmid: int, volid: str, expected: str) -> str | None:
 _GUARD_MARK = "# pvegpu start gate for Proxmox VE containers"  # the guard's second line, in every version pvegpu wrote
 
 
-def refresh(pve_root: str) -> Plan:
+def _refresh_one(path: str, text: str) -> tuple[str, str] | None:
+    """Rewrite the guard at ``path`` if pvegpu wrote it: (``done`` | ``warnings`` | ``refused``, what happened),
+    or None when there is nothing to do."""
+    if not os.path.lexists(path):
+        return None
+    lst = os.lstat(path)
+    old = read_nofollow(path)
+    if (not stat.S_ISREG(lst.st_mode) or lst.st_uid not in _TRUSTED or lst.st_mode & 0o022 or old is None
+            or not (old.split("\n")[1:2] or [""])[0].startswith(_GUARD_MARK)):
+        return "warnings", f"{path} left alone: not a guard pvegpu wrote (`pvegpu hook status` says more)"
+    if old == text:
+        return None
+    try:
+        write_atomic(path, text, 0o755)
+    except (OSError, PvegpuError) as exc:
+        return "refused", f"cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; run `pvegpu hook install VMID` for its containers"
+    return "done", f"rewrote {path} for this pvegpu"
+
+
+def refresh(pve_root: str, deadline: float = STORAGE_DEADLINE) -> Plan:
     """Rewrite every guard snippet an earlier pvegpu wrote so that it runs this installation (its paths, its text);
     no container is changed. Run by the package's postinst: after an upgrade, and after a PVE major upgrade whose
     new Python moved the venv's site-packages, the guard's fast path names this build again.
@@ -372,7 +500,8 @@ def refresh(pve_root: str) -> Plan:
     Only a regular file at ``<storage>/snippets/pvegpu-guard`` that root (or this user) owns, that no group or other
     may write, and that begins like a guard pvegpu wrote is rewritten (what ``hook install`` would write there);
     anything else is left alone and named. Storages: ``local`` and every storage a container's or VM's hookscript
-    names.
+    names. Each storage's files are probed in a child under ``deadline`` seconds: one that does not answer (a dead
+    NFS/CIFS mount) is named in a warning and its guard left as it is; the others are still refreshed.
     """
     plan = Plan()
     names = {"local"}
@@ -388,20 +517,14 @@ def refresh(pve_root: str) -> Plan:
             plan.warnings.append(f"storage {name}: {exc.message}")
             continue
         path = os.path.join(st.path, "snippets", GUARD)
-        if not os.path.lexists(path):
-            continue
-        lst = os.lstat(path)
-        old = read_nofollow(path)
-        if (not stat.S_ISREG(lst.st_mode) or lst.st_uid not in _TRUSTED or lst.st_mode & 0o022 or old is None
-                or not (old.split("\n")[1:2] or [""])[0].startswith(_GUARD_MARK)):
-            plan.warnings.append(f"{path} left alone: not a guard pvegpu wrote (`pvegpu hook status` says more)")
-            continue
-        if old == text:
-            continue
         try:
-            write_atomic(path, text, 0o755)
-        except (OSError, PvegpuError) as exc:
-            plan.refused.append(f"cannot rewrite {path}: {getattr(exc, 'strerror', None) or exc}; run `pvegpu hook install VMID` for its containers")
+            got = _on_storage(st, deadline, _refresh_one, path, text)
+        except StorageHung as exc:  # never fails the upgrade: said, and that guard left as it is
+            plan.warnings.append(f"{exc.message}: its guard ({path}) was not checked and is left as it is")
             continue
-        plan.done.append(f"rewrote {path} for this pvegpu")
+        except (OSError, PvegpuError) as exc:
+            plan.warnings.append(f"storage {name}: {getattr(exc, 'strerror', None) or exc}: its guard ({path}) was not checked")
+            continue
+        if got:
+            getattr(plan, got[0]).append(got[1])
     return plan

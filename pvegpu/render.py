@@ -8,6 +8,7 @@ from .holders import GpuFacts
 from .model import MIB
 from .reset.report import ResetOutcome, ResetReport
 from .reset.vocab import Diagnosis
+from .textfit import WIDTH, fit, said
 from .units import mib
 
 
@@ -53,7 +54,15 @@ def reset_json(r: ResetReport) -> dict[str, Any]:
     }
 
 
-def reset_table(r: ResetReport) -> str:
+def step_line(name: str, msg: str, wide: bool = False) -> str:
+    """A step as it happens, ``[name] msg`` (also ``[wait] ...``), in 80 columns unless ``wide``."""
+    return said(msg, f"[{name}] ", "    ", wide)
+
+
+OTHERS = 5  # the table's column that grows with the neighbours: wrapped inside its column to keep 80
+
+
+def reset_table(r: ResetReport, wide: bool = False) -> str:
     rows = [("GPU", "minor", "used before", "used after", "CT holders", "others", "state")]
     for minor in r.gpus:
         b, a = r.before.get(minor), r.after.get(minor)
@@ -65,7 +74,15 @@ def reset_table(r: ResetReport) -> str:
         rows.append((str(b.gpu.index), str(minor), _mib(b.used_bytes), _mib(a.used_bytes),
                      f"{len(b.ct_holders)} -> {len(a.ct_holders)}", others, state))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    if not wide:
+        room = WIDTH - sum(w for i, w in enumerate(widths) if i != OTHERS) - 2 * (len(widths) - 1)
+        widths[OTHERS] = min(widths[OTHERS], max(room, len(rows[0][OTHERS])))
+    out = []
+    for row in rows:
+        cells = [[c] if len(c) <= w else fit(c, "", "", w) for c, w in zip(row, widths)]
+        for k in range(max(len(c) for c in cells)):
+            out.append("  ".join((c[k] if k < len(c) else "").ljust(w) for c, w in zip(cells, widths)).rstrip())
+    return "\n".join(out)
 
 
 def audit_text(rep: Any, wide: bool = False) -> str:
@@ -78,29 +95,32 @@ def audit_text(rep: Any, wide: bool = False) -> str:
     return audit_table(doc, wide)
 
 
-def reset_human(r: ResetReport) -> str:
-    """The table, the dry-run plan, notes, the verdict line, the diagnosis and any "left stopped" warning."""
-    lines = [reset_table(r)]
+def reset_human(r: ResetReport, wide: bool = False) -> str:
+    """The table, the dry-run plan, notes, the verdict line, the diagnosis and any "left stopped" warning; in 80
+    columns (long text, a tenant's too, wrapped, never cut), or one line per item when ``wide`` (``-v``)."""
+    lines = [reset_table(r, wide)]
     for p in r.plan:
-        lines.append(f"  would: pid {p['pid']} ({p['comm']}, CT pid {p['ns_pid']}, {p['cgroup']}): {p['action']}")
-    lines.extend(f"note: {note}" for note in r.notes)
+        lines.append(said(f"pid {p['pid']} ({p['comm']}, CT pid {p['ns_pid']}, {p['cgroup']}): {p['action']}", "  would: ", "      ", wide))
+    lines.extend(said(note, "note: ", "    ", wide) for note in r.notes)
     outcome = str(getattr(r.outcome, "value", r.outcome))
     if outcome == "clean":
-        lines.append(f"CT {r.vmid}: GPU memory verified free in {r.elapsed:.2f} s" + (" (after a restart)" if r.restarted else ""))
+        verdict = f"GPU memory verified free in {r.elapsed:.2f} s" + (" (after a restart)" if r.restarted else "")
     elif outcome == "dry-run":
-        lines.append(f"CT {r.vmid}: dry run, nothing was signalled")
+        verdict = "dry run, nothing was signalled"
     elif outcome == "not verified":
-        lines.append(f"CT {r.vmid}: NOT verified after {r.elapsed:.2f} s: the memory came back, but too late to hold for the settle "
-                     "window before the deadline; run it again or raise --timeout")
+        verdict = (f"NOT verified after {r.elapsed:.2f} s: the memory came back, but too late to hold for the settle "
+                   "window before the deadline; run it again or raise --timeout")
     else:
-        lines.append(f"CT {r.vmid}: {outcome} after {r.elapsed:.2f} s")
+        verdict = f"{outcome} after {r.elapsed:.2f} s"
+    lines.append(said(verdict, f"CT {r.vmid}: ", "    ", wide))
     for d in r.diagnosis:
         if d.info:  # a neighbour: information, nothing to do here
-            lines.append(f"  note: {d.problem}")
+            lines.append(said(d.problem, "  note: ", "      ", wide))
         else:
-            lines.append(f"  problem: {d.problem}\n     what to do: {d.action}")
+            lines.append(said(d.problem, "  problem: ", "      ", wide) + "\n" + said(d.action, "     what to do: ", "       ", wide))
     if r.left_stopped:
-        lines.append(f"  CT {r.vmid} was left STOPPED; start it with `pct start {r.vmid}` once the GPU is clean.")
+        lines.append(said(f"CT {r.vmid} was left STOPPED; start it with `pct start {r.vmid}` once the GPU is clean.", "  ", "    ", wide))
     if r.interrupted:
-        lines.append(f"  interrupted by {r.interrupted['signal']}: pvegpu {r.interrupted['action']}; exit {r.exit_code}")
+        lines.append(said(f"interrupted by {r.interrupted['signal']}: pvegpu {r.interrupted['action']}; exit {r.exit_code}",
+                          "  ", "    ", wide))
     return "\n".join(lines)

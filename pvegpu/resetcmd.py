@@ -148,7 +148,11 @@ def _guarded(signals: _Signals, body: Any) -> int:
     except Interrupted as exc:  # after the stop request, reset() / reset_vm() report the signal themselves
         signals.done = True
         kind, vmid = signals.kind, signals.vmid
-        if signals.in_critical:  # the stop (a VM's shutdown) may have been requested: never claim it was not
+        if kind is None:  # before the guest was located: pvegpu does not know yet whether it is a CT or a VM
+            line = (f"pvegpu reset of guest {vmid} interrupted by {exc.signame} before it was located: "
+                    f"guest {vmid} was not stopped and nothing in it was signalled")
+            hint = f"run `pvegpu reset {vmid}` again to finish"
+        elif signals.in_critical:  # the stop (a VM's shutdown) may have been requested: never claim it was not
             line = (f"pvegpu reset of {kind} {vmid} interrupted by {exc.signame} as it asked for the "
                     f"{'stop' if kind == 'CT' else 'shutdown'}: {kind} {vmid} may be STOPPED")
             hint = (f"check `{'pct' if kind == 'CT' else 'qm'} status {vmid}`; `pvegpu reset {vmid}` again finishes it")
@@ -166,20 +170,21 @@ def _guarded(signals: _Signals, body: Any) -> int:
 def _vm_reset(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     """A VM's reset, under the handlers; the report is printed before they go (``done``: a signal is then recorded)."""
     from .logs import configure
+    from .render import step_line
     from .vmreset import reset_vm, vm_human
 
     signals.kind = "VM"
     log = configure(verbose=verbose, json_lines=json_out and verbose)
-    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
-    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
-    with wiring.ct_lock(s, vmid, s.reset.lock_wait):
+    on_step = None if json_out else (lambda st: _say(step_line(st.name, str(st.detail.get("msg", st.outcome)), verbose), err=False))
+    on_wait = None if json_out else (lambda text: _say(step_line("wait", text, verbose), err=False))
+    with wiring.ct_lock(s, vmid, s.reset.lock_wait, kind="VM"):
         report = reset_vm(vmid, wiring.vm_api(s), wiring.system_clock(), wiring.vm_policy(s, dry_run=dry_run), on_step, log,
                           interrupts=signals, on_progress=on_wait)
         signals.done = True
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of VM {vmid}: VM {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(contract.document("reset", report.to_json()), indent=2) if json_out else "\n" + vm_human(report), err=False)
+    _say(json.dumps(contract.document("reset", report.to_json()), indent=2) if json_out else "\n" + vm_human(report, verbose), err=False)
     return int(report.exit_code)
 
 
@@ -190,8 +195,8 @@ class _Signals:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, vmid: int, kind: str = "CT") -> None:
-        self.vmid, self.kind = vmid, kind
+    def __init__(self, vmid: int, kind: str | None = "CT") -> None:
+        self.vmid, self.kind = vmid, kind  # kind None: not located yet ("guest VMID" until it is "CT" or "VM")
         self.in_critical = self.done = self.raised = False
         self.got: tuple[str, int] | None = None
         self.previous: dict[int, Any] = {}
@@ -226,9 +231,11 @@ class _Signals:
             raise Interrupted(name, code)
         if self.got is None:
             self.got = (name, code)
-            _say(f"pvegpu: {name}: {self.kind} {self.vmid}'s {'stop' if self.kind == 'CT' else 'shutdown'} was requested, "
-                 "so pvegpu finishes the restart first "
-                 f"(then exits {code}); a second Ctrl-C or SIGTERM abandons it")
+            from .textfit import said
+
+            _say(said(f"{name}: {self.kind or 'guest'} {self.vmid}'s {'shutdown' if self.kind == 'VM' else 'stop'} was requested, "
+                      f"so pvegpu finishes the restart first (then exits {code}); a second Ctrl-C or SIGTERM abandons it",
+                      "pvegpu: ", "    "))
             return
         if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
             return
@@ -248,7 +255,7 @@ def _say(text: str, err: bool = True) -> None:
 
 
 def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
-    with _Signals(vmid) as signals:  # from before the guest is located: a Ctrl-C anywhere is one of ours
+    with _Signals(vmid, None) as signals:  # from before the guest is located: a Ctrl-C anywhere is one of ours
         return _guarded(signals, lambda: _located(s, vmid, signals, dry_run=dry_run, json_out=json_out, verbose=verbose))
 
 
@@ -258,6 +265,7 @@ def _located(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: b
     if guest is not None and guest.type == "qemu":
         return _vm_reset(s, vmid, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
     if guest is not None:  # a container: NVML starts now, beside the imports, the lock and the locate below
+        signals.kind = "CT"  # located: from here on the wording is a container's
         world.warm_up()
     return _ct_reset(s, vmid, world, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
 
@@ -265,12 +273,12 @@ def _located(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: b
 def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     """A container's reset, under the handlers; the report is printed before they go (``done``: a signal is then recorded)."""
     from .logs import configure
-    from .render import reset_human, reset_json
+    from .render import reset_human, reset_json, step_line
     from .reset import reset
 
-    log = configure(verbose=verbose, json_lines=json_out and verbose)
-    on_step = None if json_out else (lambda st: _say(f"[{st.name}] {st.detail.get('msg', st.outcome)}", err=False))
-    on_wait = None if json_out else (lambda text: _say(f"[wait] {text}", err=False))
+    log = configure(verbose=verbose, json_lines=json_out and verbose)  # -v: also one line per item (as check's)
+    on_step = None if json_out else (lambda st: _say(step_line(st.name, str(st.detail.get("msg", st.outcome)), verbose), err=False))
+    on_wait = None if json_out else (lambda text: _say(step_line("wait", text, verbose), err=False))
     with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log) as ports:
         ports.lock, ports.interrupts = lock, signals
         report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
@@ -278,5 +286,5 @@ def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(contract.document("reset", reset_json(report)), indent=2) if json_out else "\n" + reset_human(report), err=False)
+    _say(json.dumps(contract.document("reset", reset_json(report)), indent=2) if json_out else "\n" + reset_human(report, verbose), err=False)
     return int(report.exit_code)

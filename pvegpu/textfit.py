@@ -74,6 +74,12 @@ def fit(text: str, first: str = "", rest: str = "    ", width: int = WIDTH) -> l
     return [line.replace(_KEEP, " ") for line in lines]
 
 
+def said(text: str, first: str = "", rest: str = "    ", wide: bool = False) -> str:
+    """``first`` + ``text`` for people, as one string: wrapped to 80 columns by ``fit`` (``rest`` starts each further
+    line), never cut; ``wide`` (``--wide``/``-v``): one line."""
+    return first + text if wide else "\n".join(fit(text, first, rest))
+
+
 def elide(text: str, width: int) -> str:
     """``text`` cut in the middle to ``width`` columns (``...`` where it was cut): the start and the end both show."""
     if columns(text) <= width:

@@ -17,7 +17,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from . import errors as E
+from .deadline import Deadline, deadline_in
 from .model import MIB, Guest, TaskResult, Via
+from .ports import Clock
 from .record import field, record
 from .safetext import escape
 
@@ -92,11 +94,6 @@ class VmApi(Protocol):
     def vm_stop(self, guest: Guest) -> str: ...
     def vm_start(self, guest: Guest) -> str: ...
     def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult: ...
-
-
-class Clock(Protocol):
-    def monotonic(self) -> float: ...
-    def sleep(self, seconds: float) -> None: ...
 
 
 @record(frozen=True)
@@ -190,14 +187,14 @@ class Guestside:
         self.exec_timeout, self.poll = exec_timeout, poll
         self.on_exec = on_exec
 
-    def run(self, argv: list[str], *, what: str, deadline: float | None = None) -> ExecResult:
+    def run(self, argv: list[str], *, what: str, deadline: Deadline | None = None) -> ExecResult:
         """``agent/exec`` then ``agent/exec-status`` polled until it exits, at most ``exec_timeout`` and never past
-        ``deadline`` (the phase's end, on this clock); then GuestTimeout."""
+        ``deadline`` (the phase's end); then GuestTimeout."""
         if self.on_exec:
             self.on_exec(argv)
         pid = self.api.agent_exec(self.guest, argv)
         t0 = self.clock.monotonic()
-        deadline = min(t0 + self.exec_timeout, deadline if deadline is not None else float("inf"))
+        end = deadline.within(self.exec_timeout) if deadline is not None else deadline_in(self.clock, self.exec_timeout)
         while True:
             st = self.api.agent_exec_status(self.guest, pid)
             if _true(st.get("exited")):
@@ -206,14 +203,13 @@ class Guestside:
                 return ExecResult(code if isinstance(code, int) and not isinstance(code, bool) else None,
                                   str(st.get("out-data") or ""), str(st.get("err-data") or ""),
                                   sig if isinstance(sig, int) and not isinstance(sig, bool) else None)
-            left = deadline - self.clock.monotonic()
-            if left <= 0:  # the command is left to the guest: its pid may be reused by the time a kill arrives
-                raise GuestTimeout(f"{what} in VM {self.guest.vmid} did not finish within {max(0.0, deadline - t0):.3g} s",
+            if end.expired():  # the command is left to the guest: its pid may be reused by the time a kill arrives
+                raise GuestTimeout(f"{what} in VM {self.guest.vmid} did not finish within {max(0.0, end.at - t0):.3g} s",
                                    "the guest is overloaded or the command hangs (a stuck driver?); look with `qm guest exec "
                                    f"{self.guest.vmid} -- nvidia-smi`, or raise reset.timeout")
-            self.clock.sleep(min(self.poll, left))
+            end.pause(self.poll)
 
-    def nvidia_smi(self, argv: tuple[str, ...], deadline: float | None = None) -> str:
+    def nvidia_smi(self, argv: tuple[str, ...], deadline: Deadline | None = None) -> str:
         try:
             r = self.run(list(argv), what="nvidia-smi", deadline=deadline)
         except E.PveApiError as exc:
@@ -227,7 +223,7 @@ class Guestside:
                                   f"`qm guest exec {self.guest.vmid} -- nvidia-smi`: is the driver loaded in the guest?")
         return r.out
 
-    def look(self, deadline: float | None = None) -> GuestView:
+    def look(self, deadline: Deadline | None = None) -> GuestView:
         """nvidia-smi's apps and GPUs, plus the fd scan, merged by guest pid; every command ends by ``deadline``."""
         apps = parse_apps(self.nvidia_smi(NVSMI_APPS, deadline))
         gpus = parse_gpus(self.nvidia_smi(NVSMI_GPUS, deadline))

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import errors as E
+from .deadline import Deadline, deadline_in
 from .model import Guest, Step
 from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
@@ -23,6 +24,7 @@ from .record import field, record
 from .reset.interruption import interruption
 from .reset.poll import until
 from .safetext import escape
+from .textfit import said
 from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, GuestHolder, Guestside, GuestTimeout, GuestView, VmApi
 
 EVIDENCE = "the guest's own nvidia-smi and /proc, read through the QEMU guest agent (host NVML cannot see a vfio-pci GPU)"
@@ -122,7 +124,7 @@ class _Run:
         if self.on_step:
             self.on_step(s)
 
-    def look(self, deadline: float | None = None) -> GuestView:
+    def look(self, deadline: Deadline | None = None) -> GuestView:
         """One look inside the guest, its commands capped at ``deadline``; a look over a second is said (progress)."""
         assert self.guestside is not None
         t0 = self.clock.monotonic()
@@ -133,12 +135,9 @@ class _Run:
             if took > 1.0 and self.on_progress:
                 self.on_progress(f"looking inside VM {self.vmid} took {took:.1f} s (a slow guest)")
 
-    def fits(self, end: float) -> bool:
+    def fits(self, end: Deadline) -> bool:
         """Whether a look started now may end by ``end``, judged by the last look's duration."""
-        return self.clock.monotonic() + self.last_look <= end
-
-    def pause(self, seconds: float) -> None:
-        self.clock.sleep(max(0.0, seconds))
+        return end.fits(self.last_look)
 
 
 def reset_vm(vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None = None,
@@ -357,7 +356,7 @@ def _send(run: _Run, sig: str, targets: list[GuestHolder]) -> None:
 def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]], last: GuestView) -> GuestView:
     """Look until the signalled holders are gone or ``seconds`` passed. A look that cannot end in the time left is
     not started (nor one past it finished): the last view stands, and the next signal's script checks identities."""
-    end = run.clock.monotonic() + seconds
+    end = deadline_in(run.clock, seconds)
     view = last
     while True:
         if not run.fits(end):
@@ -365,19 +364,19 @@ def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]], last
         try:
             view = run.look(end)
         except GuestTimeout:
-            if run.clock.monotonic() < end:
+            if not end.expired():
                 raise
             return view
-        if not ids & {(h.pid, h.start) for h in view.killable} or run.clock.monotonic() >= end:
+        if not ids & {(h.pid, h.start) for h in view.killable} or end.expired():
             return view
-        run.pause(min(run.policy.poll, max(0.0, end - run.clock.monotonic())))
+        end.pause(run.policy.poll)
 
 
 def _verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
     """Clean (no holder that may own a context, nothing NVML lists without a process) held for ``settle``."""
     pol = run.policy
-    end = run.clock.monotonic() + pol.timeout
-    since: float | None = None
+    end = deadline_in(run.clock, pol.timeout)
+    since: float | None = None  # when clean began (a point in clock time: the settle window is measured from it)
     while True:
         now = run.clock.monotonic()
         if view.clean:
@@ -388,14 +387,14 @@ def _verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
                 return view, True
         else:
             since = None
-        if now >= end or not run.fits(end):
+        if end.expired() or not run.fits(end):
             run.step("verify", "not clean", f"the guest still shows GPU holders after {pol.timeout:g} s")
             return view, False
-        run.pause(min(pol.poll if since is None else max(pol.settle - (now - since), 0.01), max(0.0, end - now)))
+        end.pause(pol.poll if since is None else max(pol.settle - (now - since), 0.01))
         try:
             view = run.look(end)
         except GuestTimeout:
-            if run.clock.monotonic() < end:
+            if not end.expired():
                 raise
             run.step("verify", "not clean", f"the guest did not show clean within {pol.timeout:g} s (its last look did not finish)")
             return view, False
@@ -429,9 +428,8 @@ def _state(run: _Run) -> str:
 
 def _await_state(run: _Run, want: str, seconds: float) -> str:
     """The VM's state once it is ``want``, or when ``seconds`` have passed (``reset.poll.until``, as a CT's waits)."""
-    end = run.clock.monotonic() + seconds
-    _, state = until(lambda: _state(run), lambda s: s if s == want else None,
-                     expired=lambda: run.clock.monotonic() >= end, pause=lambda: run.pause(STATE_POLL))
+    end = deadline_in(run.clock, seconds)
+    _, state = until(lambda: _state(run), lambda s: s if s == want else None, expired=end.expired, pause=lambda: end.pause(STATE_POLL))
     return state
 
 
@@ -510,17 +508,17 @@ def _verify_after_boot(run: _Run) -> None:
     if run.blind is not None:
         r.add(f"VM {run.vmid} was rebooted, but its GPU could not be verified: {run.blind.message}", run.blind.hint or "")
         return _finish(run, None, VmOutcome.NOT_VERIFIED, run.blind.exit_code)
-    end = run.clock.monotonic() + pol.task_timeout
+    end = deadline_in(run.clock, pol.task_timeout)
     while True:
         try:
             run.api.agent_ping(run.guest)
             break
         except E.PvegpuError as exc:
-            if run.clock.monotonic() >= end:
+            if end.expired():
                 r.add(f"VM {run.vmid} was rebooted, but its guest agent did not answer within {pol.task_timeout:g} s: "
                                     f"{exc.message}", f"`qm agent {run.vmid} ping`; is qemu-guest-agent enabled in the guest?")
                 return _finish(run, None, VmOutcome.NOT_VERIFIED, E.EXIT_PVE)
-            run.pause(1.0)
+            end.pause(1.0)
     try:
         view, clean = _verify(run, _look(run))
     except E.PvegpuError as exc:
@@ -536,8 +534,10 @@ def _verify_after_boot(run: _Run) -> None:
 # -- rendering -------------------------------------------------------------------------------------------------
 
 
-def vm_human(r: VmReport) -> str:
-    """The report for people: a table per look (before / after) and the verdict, saying the evidence is the guest's."""
+def vm_human(r: VmReport, wide: bool = False) -> str:
+    """The report for people: a table per look (before / after) and the verdict, saying the evidence is the guest's;
+    in 80 columns (the guest's text wrapped, never cut), or one line per item when ``wide`` (``-v``)."""
+
     lines = []
     if r.before is not None or r.after is not None:
         lines.append(f"{'GPU':<4} {'bus id (guest)':<18} {'used before':>11}  {'used after':>11}  holders")
@@ -550,19 +550,19 @@ def vm_human(r: VmReport) -> str:
             lines.append(f"{'?' if idx is None else idx:<4} {escape(str(b.get('bus_id') or a.get('bus_id') or '?'), 18):<18} "
                          f"{_mib(b.get('used_mib')):>11}  {_mib(a.get('used_mib')):>11}  {nb} -> {na}")
     for problem, action in r.diagnosis:
-        lines.append(f"! {problem}" + (f"\n    -> {action}" if action else ""))
+        lines.append(said(problem, "! ", "  ", wide) + (("\n" + said(action, "    -> ", "       ", wide)) if action else ""))
     if r.task_log:
         lines.append("task log (last lines):")
-        lines += [f"    {t}" for t in r.task_log]
+        lines += [said(t, "    ", "      ", wide) for t in r.task_log]
     if r.interrupted:
-        lines.append(f"  interrupted by {r.interrupted['signal']}: pvegpu {r.interrupted['action']}; exit {r.exit_code}")
+        lines.append(said(f"interrupted by {r.interrupted['signal']}: pvegpu {r.interrupted['action']}; exit {r.exit_code}", "  ", "    ", wide))
     if r.left_stopped:
-        lines.append(f"VM {r.vmid} is {r.vm_state or 'maybe stopped'}: it was LEFT STOPPED (start it with `qm start {r.vmid}`)")
+        lines.append(said(f"{r.vm_state or 'maybe stopped'}: it was LEFT STOPPED (start it with `qm start {r.vmid}`)", f"VM {r.vmid} is ", "    ", wide))
     verdict = {VmOutcome.CLEAN: "GPU verified free in the guest (its nvidia-smi and /proc; host NVML cannot see a vfio-pci GPU)",
                VmOutcome.DRY_RUN: "dry run: nothing signalled", VmOutcome.NOT_RUNNING: "not running: nothing to do"}.get(
         r.outcome, f"{r.outcome.value} (exit {r.exit_code})")
-    lines.append(f"VM {r.vmid}: {verdict}" + (" after a reboot" if r.restarted and r.outcome is VmOutcome.CLEAN else "")
-                 + f" in {r.elapsed:.2f} s")
+    lines.append(said(verdict + (" after a reboot" if r.restarted and r.outcome is VmOutcome.CLEAN else "") + f" in {r.elapsed:.2f} s",
+                      f"VM {r.vmid}: ", "    ", wide))
     return "\n".join(lines)
 
 

@@ -465,12 +465,12 @@ def cluster_audits(timeout: float, options: list[str]) -> SshAudits:
     return SshAudits(timeout=timeout, options=options)
 
 
-def ct_lock(s: Settings, vmid: int, wait: float, on_wait: Callable[[str], None] | None = None) -> CtLock:
+def ct_lock(s: Settings, vmid: int, wait: float, on_wait: Callable[[str], None] | None = None, kind: str = "CT") -> CtLock:
     """The per-container reset lock (``/run/pvegpu/locks/<vmid>.lock``), as a context manager; ``on_wait(text)``
     hears about a wait for another reset's lock once a second."""
     from .adapters.locks import ct_lock as lock
 
-    return lock(s.reset.lock_dir, vmid, wait, on_wait)
+    return lock(s.reset.lock_dir, vmid, wait, on_wait, kind)
 
 
 def own_start(s: Settings, vmid: int) -> str | None:

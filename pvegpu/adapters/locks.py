@@ -142,8 +142,9 @@ class ct_lock:  # noqa: N801 - used as ``with ct_lock(dir, 129, wait):``
     While held it is also the reset's ``LockPort`` (``pvegpu.ports``): ``stop_requested``, ``starting``,
     ``started``, ``running_again`` and ``earlier`` (what a previous holder left: a stop never undone)."""
 
-    def __init__(self, lock_dir: str, vmid: int, wait: float, on_wait: Callable[[str], None] | None = None) -> None:
-        self.lock_dir, self.vmid, self.wait = lock_dir, vmid, wait
+    def __init__(self, lock_dir: str, vmid: int, wait: float, on_wait: Callable[[str], None] | None = None,
+                 kind: str = "CT") -> None:
+        self.lock_dir, self.vmid, self.wait, self.kind = lock_dir, vmid, wait, kind  # kind: "CT" or "VM", for the wording
         self.on_wait = on_wait  # callable(str) for progress while waiting, or None
         self.fd = -1
         self.fields: dict[str, str] = {}
@@ -173,11 +174,11 @@ class ct_lock:  # noqa: N801 - used as ``with ct_lock(dir, 129, wait):``
                 holder = _holder(self.fd)
                 os.close(self.fd)
                 self.fd = -1
-                raise BusyError(f"another pvegpu reset of CT {self.vmid} is running{holder}; gave up after {self.wait:g} s",
+                raise BusyError(f"another pvegpu reset of {self.kind} {self.vmid} is running{holder}; gave up after {self.wait:g} s",
                                 "let it finish (it has its own deadline), then check with `pvegpu check %d`" % self.vmid)
             if self.on_wait is not None and now - said >= 1.0:
                 said = now
-                self.on_wait(f"waiting for the reset lock of CT {self.vmid} held by{_holder(self.fd) or ' another reset'}: "
+                self.on_wait(f"waiting for the reset lock of {self.kind} {self.vmid} held by{_holder(self.fd) or ' another reset'}: "
                              f"{now - start:.0f} s of {self.wait:g}")
             time.sleep(0.05)
         self.previous = _fields(self.fd)
