@@ -9,14 +9,15 @@ itself imports their module, so every import and its cost stays where the comman
   ``bench_audit.StandInNvml`` does (8 GPUs, one owner pid with 1 GiB per holding container);
 - ``pvegpu.adapters.devscan``: the device table without arguments maps the four stand-in devices to GPUs 0-3 (on a
   node it maps major 195);
-- ``pvegpu.adapters.nodefiles``: ``/dev/nvidia*`` exist (the stand-ins), as on a GPU node.
+- ``pvegpu.adapters.nodefiles``: ``/dev/nvidia*`` exist (the stand-ins), as on a GPU node;
+- with ``BENCH_SCAN_WORKERS=N`` in the environment, ``pvegpu.adapters.procfs``: the whole-node scan uses at most N
+  shares (1: serial), to time serial against forked workers as whole processes.
 
 Then ``pvegpu.__main__.main`` runs, exactly as the ``pvegpu`` entry point does (it ends with ``os._exit``).
 """
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.machinery
 import os
 import sys
@@ -92,29 +93,44 @@ def patch_nodefiles(mod: object) -> None:
     cls.exists = stand_in_exists
 
 
-PATCHES = {"pynvml": patch_pynvml, "pvegpu.adapters.devscan": patch_devscan, "pvegpu.adapters.nodefiles": patch_nodefiles}
+def patch_procfs(mod: object) -> None:
+    workers = os.environ.get("BENCH_SCAN_WORKERS")
+    if not workers:
+        return
+    cls = mod.ProcHost  # type: ignore[attr-defined]
+    init = cls.__init__
+
+    def __init__(self: object, *a: object, **kw: object) -> None:
+        init(self, *a, **kw)
+        self.workers = int(workers)  # type: ignore[attr-defined]
+
+    cls.__init__ = __init__
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, real: importlib.abc.Loader, patch: object) -> None:
+PATCHES = {"pynvml": patch_pynvml, "pvegpu.adapters.devscan": patch_devscan, "pvegpu.adapters.nodefiles": patch_nodefiles,
+           "pvegpu.adapters.procfs": patch_procfs}
+
+
+class _Loader:  # duck-typed (no importlib.abc: its import costs more than the code under test)
+    def __init__(self, real: object, patch: object) -> None:
         self.real, self.patch = real, patch
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> object:
-        return self.real.create_module(spec)
+        return self.real.create_module(spec)  # type: ignore[attr-defined]
 
     def exec_module(self, module: object) -> None:
-        self.real.exec_module(module)  # type: ignore[arg-type]
+        self.real.exec_module(module)  # type: ignore[attr-defined]
         self.patch(module)  # type: ignore[operator]
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     def find_spec(self, name: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
         patch = PATCHES.get(name)
         if patch is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)  # type: ignore[arg-type]
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader, patch)
+            spec.loader = _Loader(spec.loader, patch)  # type: ignore[assignment]
         return spec
 
 
