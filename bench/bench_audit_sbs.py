@@ -258,7 +258,7 @@ def main() -> int:
         text += t + "\n"
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, f"audit_sbs-{when:%Y-%m-%d-%H%M}.md"), "w") as f:
+        with open(os.path.join(a.out, f"audit_sbs-{when:%Y-%m-%d-%H%M%S}-{a.sizes.replace(',', '-')}.md"), "w") as f:
             f.write(text)
     return 0
 
