@@ -213,7 +213,7 @@ class ProcessScan:
             for d in fd_dirs:
                 if self._scan_fds(d, minors):
                     via.add(Via.FD)
-            if deep or not any(m >= 0 for m in minors):
+            if deep or not minors or max(minors) < 0:  # no GPU (CONTROL is -1) by fd yet
                 unproven = self._scan_maps(proc, pid, leader_zombie, minors, via)
                 if unproven:
                     via.add(UNREADABLE)
@@ -299,7 +299,7 @@ class ProcessScan:
                 maps_files(whole, files, self.cache)
         finally:
             os.close(fd)
-        return self._prove(proc, pid, leader_zombie, files, minors, via)
+        return self._prove(proc, pid, leader_zombie, files, minors, via) if files else False  # nothing left to prove
 
     def _prove(self, proc: str, pid: int, leader_zombie: bool, files: dict[tuple[bytes, bytes], bytes],
                minors: set[int], via: set[str]) -> bool:
