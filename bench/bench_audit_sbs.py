@@ -1,6 +1,7 @@
 """`pvegpu audit` against `fuser -v` and `lsof` on the same node, same run, at 2,000 and 20,000 processes (issue 20).
 
 Usage (root): python3 bench/bench_audit_sbs.py [--sizes 2000,20000] [--rounds 5] [--lsof-rounds 3] [--out DIR]
+                                              [--base DIR] [--python PY]
 
 The node: 100 containers as real cgroups ``/lxc/<vmid>/ns`` holding SIZE/100 real sleeping processes each
 (``/bin/sleep``, started with ``posix_spawn``). Half of the containers are granted a GPU; in those whose GPU has a
@@ -14,8 +15,12 @@ stand-in character device (GPUs 0-3: ``/dev/full``, ``/dev/random``, ``/dev/uran
   with the scan spread over forked workers (the default) and serial (``workers=1``);
 - the audit as a whole process: interpreter start, pvegpu's imports, the same ``run_audit``, its JSON on stdout
   (the stand-in NVML instead of the driver; no CLI), and that process's own time for ``run_audit``;
-- with ``--base DIR`` (a checkout of an older release with this script copied into its ``bench/``): the same process
-  on that release's code, same rounds, for a before/after in one run.
+- ``pvegpu audit --json`` as a user runs it, a whole process through the entry point (``bench/audit_cli.py``: the
+  CLI of this checkout, NVML's calls answered by the stand-in, the four stand-in devices as the GPUs' device
+  numbers), with the scan over forked workers (the default) and serial; ``--python PY`` names the interpreter
+  (a venv without this checkout's editable install, as the .deb's: the editable finder costs ~8 ms at start-up);
+- with ``--base DIR`` (a checkout of an older release with this script and ``audit_cli.py`` copied into its
+  ``bench/``): the same processes on that release's code, same rounds, for a before/after in one run.
 
 Prints one table per size (median, min, ratio to ``fuser -v`` in the same run) and writes it to DIR if given.
 """
@@ -102,7 +107,13 @@ def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, su
     return time.perf_counter() - t, r
 
 
-def measure(size: int, rounds: int, lsof_rounds: int, base_repo: str = "") -> dict[str, object]:
+def cli_holders(stdout: bytes) -> int:
+    """Container holders in an ``audit --json`` document (what the in-process rows count)."""
+    doc = json.loads(stdout)
+    return sum(len([h for h in g["holders"] if h["place"] == "lxc"]) for n in doc["nodes"] for g in n["gpus"])
+
+
+def measure(size: int, rounds: int, lsof_rounds: int, base_repo: str = "", python: str = sys.executable) -> dict[str, object]:
     from pvegpu.adapters.nodefiles import LocalNodeFiles
     from pvegpu.adapters.procfs import DeviceTable, ProcHost
     try:
@@ -136,6 +147,14 @@ def measure(size: int, rounds: int, lsof_rounds: int, base_repo: str = "") -> di
         probe, pve = StandInNvml(owners), CountingPve(root, node="bench")
         rows: dict[str, list[float]] = {k: [] for k in LABELS}
         holders: dict[str, int] = {}
+        for path in (REPO, base_repo):  # as installed: bytecode compiled once (the .deb runs compileall)
+            if path:
+                subprocess.run([python, "-m", "compileall", "-q", os.path.join(path, "pvegpu")], capture_output=True)
+        cli_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PVEGPU_PVE_ROOT": root}
+        clis = [(key, path, env) for key, path, env in (
+            ("cli", REPO, cli_env), ("cli_serial", REPO, cli_env | {"BENCH_SCAN_WORKERS": "1"}), ("base_cli", base_repo, cli_env))
+            if path]
+        codes: dict[str, set[int]] = {}
         for r in range(rounds):
             dt, out = timed(["fuser", "-v", *STAND_INS])
             rows["fuser"].append(dt)
@@ -158,7 +177,14 @@ def measure(size: int, rounds: int, lsof_rounds: int, base_repo: str = "") -> di
                     raise RuntimeError(out.stderr.decode()[-2000:])
                 rows[key].append(dt)
                 rows[key + "_audit"].append(float(out.stderr.split()[-1]))
-        return {"size": size, "procs": nprocs, "setup_s": round(setup, 1), "rows": rows, "holders": holders,
+            for key, path, env in clis:
+                dt, out = timed([python, os.path.join(path, "bench", "audit_cli.py"), state, "audit", "--json"], env)
+                codes.setdefault(key, set()).add(out.returncode)
+                if out.returncode not in (0, 8):
+                    raise RuntimeError(out.stderr.decode()[-2000:])
+                rows[key].append(dt)
+                holders[key] = cli_holders(out.stdout)
+        return {"size": size, "procs": nprocs, "setup_s": round(setup, 1), "rows": rows, "holders": holders, "codes": codes,
                 "shares": shares(nprocs), "cores": cores(), "load": os.getloadavg()}
     finally:
         for p in pids:
@@ -182,23 +208,27 @@ LABELS = {
     "serial": "audit, in process, serial scan (`workers=1`)",
     "process": "audit as a whole process (start-up + imports + audit + JSON)",
     "process_audit": "the same process's audit alone (its first, in a fresh process)",
-    "base": "release 19 (`--base`): audit as a whole process",
-    "base_audit": "release 19: that process's audit alone",
+    "base": "base (`--base`): audit as a whole process",
+    "base_audit": "base: that process's audit alone",
+    "cli": "`pvegpu audit --json`, the CLI as a user runs it (whole process; scan over forked workers)",
+    "cli_serial": "the same CLI, serial scan",
+    "base_cli": "base (`--base`): `pvegpu audit --json`, the CLI (whole process)",
 }
 
 
 def table(res: dict[str, object]) -> str:
     rows = res["rows"]
     assert isinstance(rows, dict)
-    ref = statistics.median(rows["fuser"])
+    ref, ref_min = statistics.median(rows["fuser"]), min(rows["fuser"])
     out = [f"**{res['size']:,} sleeping processes** ({res['procs']:,} on the host, {res['cores']} cores, {res['shares']} "
            f"scan shares, load {', '.join(f'{x:.1f}' for x in res['load'])}; holders found: {res['holders']})", "",
-           "| method | median | min | ÷ `fuser -v` (median) |", "|---|---|---|---|"]
+           f"(exit codes of the CLI: {res.get('codes')})", "",
+           "| method | median | min | ÷ `fuser -v` (median) | ÷ `fuser -v` (min) |", "|---|---|---|---|---|"]
     for key, label in LABELS.items():
         ts = rows[key]
         if ts:
             out.append(f"| {label} | {statistics.median(ts) * 1000:.0f} ms | {min(ts) * 1000:.0f} ms | "
-                       f"{statistics.median(ts) / ref:.2f}× |")
+                       f"{statistics.median(ts) / ref:.2f}× | {min(ts) / ref_min:.2f}× |")
     return "\n".join(out) + "\n"
 
 
@@ -209,6 +239,7 @@ def main() -> int:
     ap.add_argument("--lsof-rounds", type=int, default=3)
     ap.add_argument("--out", default="")
     ap.add_argument("--base", default="", help="a checkout of an older release (with this script copied into its bench/) to run beside")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter of the CLI processes (default: this one)")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
@@ -218,16 +249,16 @@ def main() -> int:
         return 2
     when = datetime.datetime.now(datetime.UTC)
     head = (f"{when:%Y-%m-%d %H:%M} UTC, {platform.node()}: {os.cpu_count()} CPUs, Linux {platform.release()}, "
-            f"Python {sys.version.split()[0]}\n")
+            f"Python {sys.version.split()[0]}; CLI interpreter {a.python}\n\n`{' '.join(sys.argv)}`\n")
     print(head, flush=True)
     text = head + "\n"
     for size in (int(x) for x in a.sizes.split(",") if x):
-        t = table(measure(size, a.rounds, a.lsof_rounds, os.path.abspath(a.base) if a.base else ""))
+        t = table(measure(size, a.rounds, a.lsof_rounds, os.path.abspath(a.base) if a.base else "", a.python))
         print(t, flush=True)
         text += t + "\n"
     if a.out:
         os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, f"audit_sbs-{when:%Y-%m-%d-%H%M}.md"), "w") as f:
+        with open(os.path.join(a.out, f"audit_sbs-{when:%Y-%m-%d-%H%M%S}-{a.sizes.replace(',', '-')}.md"), "w") as f:
             f.write(text)
     return 0
 

@@ -14,11 +14,14 @@ a field is removed or changes meaning only with a new version. ``pvegpu.contract
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 from .model import GpuHealth, Via
 from .record import field, record
 from .units import whole_mib as _mib
+
+TYPE_CHECKING = False  # typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 SCHEMA = "pvegpu-audit"
 SCHEMA_VERSION = 1

@@ -19,7 +19,7 @@ from typer._click import exceptions as click_exc
 from typer._click.utils import PacifyFlushWrapper
 from typer.core import TyperCommand, TyperGroup
 
-from . import contract, resetcmd, wiring
+from . import auditcmd, contract, resetcmd, wiring
 from . import errors as E
 from .locate import check_vmid
 from .resetcmd import _say, _Signals, do_reset, do_vm_reset  # noqa: F401 - moved to resetcmd (no typer on the reset path)
@@ -113,42 +113,25 @@ def check_cmd(ctx: typer.Context) -> None:
 # -- audit --------------------------------------------------------------------------------------------------
 
 
-@app.command("audit", cls=_Command)
-def audit_cmd(
-    cluster: bool = typer.Option(False, "--cluster", help="every node: this one, and each other online member's own audit over root SSH"),
-    json_out: bool = typer.Option(False, "--json", help="the versioned JSON document (schema pvegpu-audit, version 1)"),
-    prometheus: str | None = typer.Option(None, "--prometheus", metavar="FILE",
-                                          help="also write a node_exporter textfile (atomically), e.g. /var/lib/prometheus/node-exporter/pvegpu.prom"),
-    ssh_timeout: float = typer.Option(30.0, "--ssh-timeout", metavar="SECONDS", help="--cluster: how long to wait for each other node's answer"),
-    ssh_option: list[str] = typer.Option([], "--ssh-option", hidden=True, help="extra ssh argument (tests: port, key, known hosts)"),
-    wide: bool = typer.Option(False, "--wide", "-v", "--verbose", help="one line per item with every detail (whole command lines), not 80 columns"),
-) -> None:
-    """Which guest holds which GPU, right now and by configuration; exit 8 when something needs attention."""
-    from .audit import audit_document, audit_once
-    from .render import audit_text
+def audit_cmd(**values: Any) -> None:
+    raise typer.Exit(auditcmd.run(values, _OPTS))
 
-    if ssh_timeout <= 0:
-        raise E.UsageError(f"--ssh-timeout {ssh_timeout:g}: must be more than 0 seconds", "e.g. --ssh-timeout 30")
-    s = _settings()
-    ports = wiring.world(s).audit_ports()
-    rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster, threshold_bytes=ports.threshold_bytes,
-                     clock=ports.clock, users=ports.users)
-    if cluster:
-        from .cluster import audit_cluster, parse_members
 
-        members = parse_members(ports.files.read_pve(".members"))
-        doc = audit_document(audit_cluster(rep, members, wiring.cluster_audits(ssh_timeout, ssh_option)), clock=ports.clock)
-    else:
-        doc = audit_document([rep], clock=ports.clock)
-    if prometheus:
-        wiring.write_textfile(prometheus, doc)
-    if json_out:
-        typer.echo(json.dumps(contract.document("audit", doc), indent=2))
-    elif not prometheus:
-        typer.echo(audit_text(doc, wide))
-    else:
-        typer.echo(f"{prometheus}: {len(rep.gpus)} GPU(s), {sum(f.kind.attention for f in rep.flags)} finding(s) needing attention")
-    raise typer.Exit(E.EXIT_AUDIT_ATTENTION if doc["attention"] else E.EXIT_OK)
+def _audit_params() -> list[inspect.Parameter]:
+    """The typer parameters of ``pvegpu audit``, from ``auditcmd.OPTIONS`` (the table the light parser reads)."""
+    kinds: dict[str, Any] = {"flag": bool, "seconds": float, "text": str | None, "texts": list[str]}
+    params = []
+    for o in auditcmd.OPTIONS:
+        default = [] if o.kind == "texts" else o.default
+        opt = typer.Option(default, *o.decls, help=o.help, metavar=o.metavar or None, hidden=o.hidden)
+        params.append(inspect.Parameter(o.dest, inspect.Parameter.KEYWORD_ONLY, annotation=kinds[o.kind], default=opt))
+    return params
+
+
+audit_cmd.__signature__ = inspect.Signature(_audit_params())  # type: ignore[attr-defined]
+audit_cmd.__annotations__ = {p.name: p.annotation for p in audit_cmd.__signature__.parameters.values()}  # type: ignore[attr-defined]
+audit_cmd.__doc__ = auditcmd.HELP
+app.command("audit", cls=_Command)(audit_cmd)
 
 
 # -- demo ---------------------------------------------------------------------------------------------------

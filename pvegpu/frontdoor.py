@@ -84,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             code = resetcmd.main(rest[1:], opts)
             if code is not None:
                 return code
+        if rest and rest[0] == "audit":  # the same for audit: typer's start-up is as long as a scan of 2,000 processes
+            from . import auditcmd
+
+            code = auditcmd.main(rest[1:], opts)
+            if code is not None:
+                return code
         from . import cli
 
         return cli.run(rest, opts)

@@ -14,7 +14,7 @@ import pytest
 from tests import pvelike
 
 PKG = os.path.join(pvelike.REPO, "pvegpu")
-EDGE = {"cli", "hook", "frontdoor", "__main__", "wiring", "logs", "install", "resetcmd"}  # the composition root and what calls it
+EDGE = {"cli", "hook", "frontdoor", "__main__", "wiring", "logs", "install", "resetcmd", "auditcmd"}  # the composition root and what calls it
 HEAVY = ("typer", "rich", "proxmoxer", "structlog", "pydantic", "requests", "pynvml", "urllib3")
 
 

@@ -40,22 +40,28 @@ from ..record import record
 TYPE_CHECKING = False  # typing is not imported at run time (start gate path)
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+    from typing import Any
 
 # start-end perms offset dev inode: file-backed lines only (inode 0 is anonymous memory, heap, stack)
 _MAPS_LINE = re.compile(rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+:[0-9a-f]+) ([1-9][0-9]*) ", re.M)
 _CHUNK = 65536
 
 
-def maps_files(lines: list[bytes], files: dict[tuple[bytes, bytes], bytes]) -> None:
+def maps_files(lines: list[bytes], files: dict[tuple[bytes, bytes], bytes],
+               known: Mapping[tuple[bytes, bytes], int | None] | None = None) -> None:
     """Add each file-backed mapping of ``lines`` (``/proc/<pid>/maps`` split on ``\\n``) to ``files``:
     (dev, inode) -> the first range that maps it.
 
     Exactly what ``_MAPS_LINE.findall`` over the text gives, faster: a split on the first five spaces skips
     anonymous lines (inode 0) and files already seen, and only a line naming a new file is checked against the
-    full pattern. The path (tenant text: spaces, `` (deleted)``, escaped newlines) is never looked at."""
+    full pattern. The path (tenant text: spaces, `` (deleted)``, escaped newlines) is never looked at.
+    ``known``: the scan's cache (file -> GPU minor, None for no GPU); a file it already knows is no GPU is left
+    out (proving it again could only give None), one it knows is a GPU is kept."""
+    get = (known or {}).get
     for line in lines:
         p = line.split(b" ", 5)
-        if len(p) == 6 and p[4] != b"0" and (p[3], p[4]) not in files and (m := _MAPS_LINE.match(line)):
+        if len(p) == 6 and p[4] != b"0" and (key := (p[3], p[4])) not in files and get(key, 0) is not None \
+                and (m := _MAPS_LINE.match(line)):
             files[(m[2], m[3])] = m[1]
 UNREADABLE = Via.UNREADABLE  # via: this process could not be fully read (permissions, or over budget)
 BUDGET = Via.BUDGET  # via, with UNREADABLE: the per-process scan budget ran out (or the whole scan's)
@@ -109,11 +115,12 @@ class StatNosync:
     def __init__(self) -> None:
         self._buf = ctypes.create_string_buffer(_STATX_SIZE)
 
-    def __call__(self, path: str) -> tuple[int, int]:
+    def __call__(self, path: str | bytes) -> tuple[int, int]:
         if _STATX is None:
-            return stat_nosync(path)
+            return stat_nosync(os.fsdecode(path))
         buf = self._buf
-        if _STATX(_AT_FDCWD, os.fsencode(path), _AT_STATX_DONT_SYNC | _AT_NO_AUTOMOUNT, _STATX_TYPE_MODE, buf) != 0:
+        if _STATX(_AT_FDCWD, path if isinstance(path, bytes) else os.fsencode(path), _AT_STATX_DONT_SYNC | _AT_NO_AUTOMOUNT,
+                  _STATX_TYPE_MODE, buf) != 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err), path)
         rmaj, rmin = _RDEV.unpack_from(buf, 128)
@@ -206,7 +213,7 @@ class ProcessScan:
             for d in fd_dirs:
                 if self._scan_fds(d, minors):
                     via.add(Via.FD)
-            if deep or not any(m >= 0 for m in minors):
+            if deep or not minors or max(minors) < 0:  # no GPU (CONTROL is -1) by fd yet
                 unproven = self._scan_maps(proc, pid, leader_zombie, minors, via)
                 if unproven:
                     via.add(UNREADABLE)
@@ -226,8 +233,8 @@ class ProcessScan:
 
     def _fd_dirs(self, proc: str, pid: int, leader_zombie: bool) -> list[str] | None:
         base = f"{proc}/{pid}"
-        if not leader_zombie:
-            return [f"{base}/fd"] if os.path.exists(base) else None
+        if not leader_zombie:  # a process gone by now: its fd directory and maps are not found, it holds nothing
+            return [f"{base}/fd"]
         try:  # the leader's fd table left with it; every live thread may have its own
             return [f"{base}/task/{tid}/fd" for tid in os.listdir(f"{base}/task") if tid.isdigit()]
         except FileNotFoundError:
@@ -235,10 +242,13 @@ class ProcessScan:
 
     def _scan_fds(self, fd_dir: str, minors: set[int]) -> bool:
         found = False
+        raw = isinstance(self._stat, StatNosync)  # bytes paths: no encoding per fd (an injected stat_of gets text)
+        slash: Any = b"/" if raw else "/"
         try:
-            entries = os.scandir(fd_dir)
+            entries = os.scandir(os.fsencode(fd_dir) if raw else fd_dir)
         except (FileNotFoundError, NotADirectoryError):
             return False
+        of_mode, stat_of, readlink = self.devices.of_mode, self._stat, os.readlink
         with entries:
             for entry in entries:
                 self._fds += 1
@@ -247,9 +257,10 @@ class ProcessScan:
                 if self._fds % 256 == 0:
                     self._check()
                 try:  # a path, not pipe:[..], socket:[..], anon_inode:..: only those can be device nodes
-                    if not os.readlink(entry.path).startswith("/"):
+                    path: Any = entry.path
+                    if not readlink(path).startswith(slash):
                         continue
-                    m = self.devices.of_mode(*self._stat(entry.path))
+                    m = of_mode(*stat_of(path))
                 except OSError:
                     continue
                 if m is not None:
@@ -285,10 +296,10 @@ class ProcessScan:
                 self._check()
                 whole = (rest + chunk).split(b"\n")
                 rest = whole.pop()  # a line not ended yet: completed by the next chunk (or ignored at the end)
-                maps_files(whole, files)
+                maps_files(whole, files, self.cache)
         finally:
             os.close(fd)
-        return self._prove(proc, pid, leader_zombie, files, minors, via)
+        return self._prove(proc, pid, leader_zombie, files, minors, via) if files else False  # nothing left to prove
 
     def _prove(self, proc: str, pid: int, leader_zombie: bool, files: dict[tuple[bytes, bytes], bytes],
                minors: set[int], via: set[str]) -> bool:

@@ -7,11 +7,13 @@ reason, never zero. Manual equivalent: ``nvidia-smi --query-gpu=index,minor_numb
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 from ..errors import GpuQueryError
 from ..model import GpuHealth, GpuInfo, GpuSample, NvmlProcess
+
+TYPE_CHECKING = False  # typing is not imported at run time (import cost: pynvml's own is the rest)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
 
 _HINT = "is the NVIDIA driver loaded on the host? try `nvidia-smi`; pvegpu needs libnvidia-ml.so.1"
 

@@ -55,11 +55,23 @@ PF_KTHREAD = 0x00200000  # stat field 9 (flags): a kernel thread; the kernel set
 
 
 def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
+    """Up to ``limit`` bytes of ``path`` (read to its end), None when it cannot be opened or read: what
+    ``open(path, "rb").read(limit)`` gives, without a file object's fstat, ioctl and lseek per file."""
     try:
-        with open(path, "rb") as f:
-            return f.read(limit)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0 and (chunk := os.read(fd, min(left, 65536))):
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _read_small(path: str) -> bytes | None:

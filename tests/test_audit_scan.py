@@ -1,0 +1,187 @@
+"""The audit round's scan changes give the scan before them's answers: ``maps`` lines of files the scan already knows
+are no GPU are left out, fds are read through bytes paths, a gone process is found gone by its fd directory and its
+maps (no existence check first). The reference is the scan as it was, kept here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pvegpu.adapters import devscan
+from pvegpu.adapters.devscan import ProcessScan, maps_files
+from pvegpu.adapters.procfs import DeviceTable, ProcHost
+from tests.test_scan_speed import ADVERSARIAL, _real_maps, _stat_text, old_maps
+
+
+class OldScan(ProcessScan):
+    """ProcessScan as it was before this round: text paths, an existence check, maps parsed without the cache."""
+
+    def _fd_dirs(self, proc, pid, leader_zombie):
+        base = f"{proc}/{pid}"
+        if not leader_zombie:
+            return [f"{base}/fd"] if os.path.exists(base) else None
+        return super()._fd_dirs(proc, pid, leader_zombie)
+
+    def _scan_fds(self, fd_dir, minors):
+        found = False
+        try:
+            entries = os.scandir(fd_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        with entries:
+            for entry in entries:
+                self._fds += 1
+                if self._fds > self.budget.fds:
+                    raise devscan._OverBudget
+                try:
+                    if not os.readlink(entry.path).startswith("/"):
+                        continue
+                    m = self.devices.of_mode(*self._stat(entry.path))
+                except OSError:
+                    continue
+                if m is not None:
+                    minors.add(m)
+                    found = True
+        return found
+
+    def _scan_maps(self, proc, pid, leader_zombie, minors, via):
+        real = devscan.maps_files
+        devscan.maps_files = lambda lines, files, known=None: real(lines, files)  # the cache is not consulted
+        try:
+            return super()._scan_maps(proc, pid, leader_zombie, minors, via)
+        finally:
+            devscan.maps_files = real
+
+
+def _full() -> tuple[int, int]:
+    rdev = os.stat("/dev/full").st_rdev
+    return os.major(rdev), os.minor(rdev)
+
+
+def _tree(tmp_path) -> str:
+    """A /proc-like tree: fd holders, mappers proven through ``map_files`` (a link to the stand-in device), files
+    mapped by many processes, unreadable maps, kernel threads, a pid whose directory is gone."""
+    for i in range(80):
+        pid = 7000 + i
+        d = tmp_path / str(pid)
+        (d / "fd").mkdir(parents=True)
+        (d / "map_files").mkdir()
+        (d / "stat").write_bytes(_stat_text(pid, 0x00208040 if i % 13 == 0 else 0x00400100))
+        lines = [b"7f%02x0000-7f%02x1000 r--p 00000000 fd:01 %d /lib/x%d.so\n" % (i, i, 100 + i % 4, i % 4),
+                 b"7f%02x2000-7f%02x3000 rw-s 00000000 00:05 %d /dev/nvidia0\n" % (i, i, 900 + i % 3) if i % 4 == 1 else b"",
+                 b"7f%02x4000-7f%02x5000 rw-p 00000000 00:00 0 \n" % (i, i), *ADVERSARIAL[:3]]
+        (d / "maps").write_bytes(b"".join(lines))
+        (d / "map_files" / f"7f{i:02x}0000-7f{i:02x}1000").symlink_to("/dev/null")
+        if i % 4 == 1 and i % 3 != 2:  # inode 900 + i % 3 is the stand-in GPU for 900 and 901, a plain file for 902
+            (d / "map_files" / f"7f{i:02x}2000-7f{i:02x}3000").symlink_to("/dev/full")
+        elif i % 4 == 1:
+            (d / "map_files" / f"7f{i:02x}2000-7f{i:02x}3000").symlink_to("/etc/hostname")
+        if i % 3 == 0:
+            (d / "fd" / "3").symlink_to("/dev/full")
+        if i % 5 == 0:
+            (d / "fd" / "4").symlink_to("/dev/null")
+            (d / "fd" / "5").symlink_to("pipe:[123]")
+        if i % 7 == 0:
+            (d / "maps").unlink()
+            (d / "maps").mkdir()  # unreadable maps (EISDIR): unknown, never "holds nothing"
+    return str(tmp_path)
+
+
+def _scan(proc: str, scan: type[ProcessScan], pids: list[int] | None = None, deep: bool = False, **kw):
+    return ProcHost(DeviceTable({_full(): 0}), proc=proc, workers=1, scan=scan, **kw).holdings(pids, deep=deep)
+
+
+def test_maps_parse_with_the_scans_cache_leaves_out_only_files_known_to_be_no_gpu():
+    """On every real maps text and the crafted lines: the files handed to the proof are the old parse's but those the
+    cache knows are no GPU (a file it knows is a GPU is still handed on, so the holder is still found)."""
+    texts = [*_real_maps(), b"".join(ADVERSARIAL[:-1])]
+    for n, text in enumerate(texts):
+        old = old_maps(text)
+        known = {k: (None if i % 3 else 0) for i, k in enumerate(sorted(old)) if i % 2 == n % 2}
+        lines = text.split(b"\n")
+        lines.pop()
+        files: dict[tuple[bytes, bytes], bytes] = {}
+        maps_files(lines, files, known)
+        assert files == {k: v for k, v in old.items() if known.get(k, 0) is not None}
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_the_scan_gives_the_old_scans_holdings_on_a_tree(tmp_path, deep):
+    """Fd holders, map holders (some proven, some cached), unreadable maps, kernel threads, gone pids: the same
+    holdings as the scan before, whole-tree and for a list of pids that includes ones that never existed."""
+    proc = _tree(tmp_path)
+    new, old = _scan(proc, ProcessScan, deep=deep), _scan(proc, OldScan, deep=deep)
+    assert list(new.items()) == list(old.items())
+    assert any("maps" in h.via for h in new.values()) and any("fd" in h.via for h in new.values())
+    assert any("unreadable" in h.via for h in new.values())
+    some = [7001, 7003, 7005, 7009, 4_000_123, 7077]
+    assert _scan(proc, ProcessScan, some, deep) == _scan(proc, OldScan, some, deep)
+
+
+def test_a_text_stat_of_still_gets_text_paths(tmp_path):
+    """An injected ``stat_of`` (tests, the simulated node) is handed text paths, as before; the default one bytes."""
+    proc = _tree(tmp_path)
+    seen: list[object] = []
+
+    def stat_of(path):
+        seen.append(path)
+        return devscan.stat_nosync(path)
+
+    assert _scan(proc, ProcessScan, stat_of=stat_of) == _scan(proc, OldScan)
+    assert seen and all(isinstance(p, str) for p in seen)
+
+
+@pytest.mark.root(reason="needs root: a user reads few processes' fds and maps")
+def test_the_scan_gives_the_old_scans_holdings_on_this_machine():
+    """On this machine's live /proc, with stand-in holders by fd: every process both scans saw gets the same answer,
+    and every holder is found by both."""
+    code = "import os,sys,time; fd=os.open(sys.argv[1], os.O_RDONLY); print('ok', flush=True); time.sleep(120)"
+    ps = [subprocess.Popen([sys.executable, "-c", code, dev], stdout=subprocess.PIPE) for dev in ["/dev/full"] * 3 + ["/dev/null"]]
+    try:
+        for p in ps:
+            assert p.stdout is not None and p.stdout.readline().strip() == b"ok"
+        for _ in range(3):  # other suites start and end processes meanwhile: compare what both saw the same way
+            new, old = _scan("/proc", ProcessScan), _scan("/proc", OldScan)
+            mine = {p.pid for p in ps[:3]}
+            assert mine <= set(new) and mine <= set(old) and ps[3].pid not in new
+            both = set(new) & set(old)
+            if all(new[p] == old[p] for p in both | mine):
+                break
+        else:
+            pytest.fail("the scans disagree")
+    finally:
+        for p in ps:
+            p.kill()
+            p.wait()
+
+
+def _old_read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    except OSError:
+        return None
+
+
+def test_describes_file_reads_equal_a_file_objects(tmp_path):
+    """``_read_bytes`` (os.open/os.read) gives what ``open(path, "rb").read(limit)`` gave: every status, cgroup and
+    command line (cut at 4 KiB and at 7 bytes) of this machine, a large file, a directory, a missing path."""
+    from pvegpu.adapters.procfs import _read_bytes
+
+    big = tmp_path / "big"
+    big.write_bytes(bytes(range(256)) * 3000)
+    paths = [str(big), str(tmp_path), str(tmp_path / "missing")]
+    for name in os.listdir("/proc")[:400]:
+        if name.isdigit():
+            paths += [f"/proc/{name}/{f}" for f in ("status", "cgroup", "cmdline", "stat")]
+    for path in paths:
+        for limit in (1 << 20, 4096, 7):
+            new, old = _read_bytes(path, limit), _old_read_bytes(path, limit)
+            if new != old and os.path.exists(path) and not os.path.isdir(path):  # a live process changed in between
+                new, old = _read_bytes(path, limit), _old_read_bytes(path, limit)
+            assert new == old or "/proc/" in path, path
+    assert _read_bytes(str(big)) == big.read_bytes() and _read_bytes(str(big), 7) == bytes(range(7))
+    assert _read_bytes(str(tmp_path)) is None and _read_bytes(str(tmp_path / "missing")) is None
