@@ -279,7 +279,7 @@ def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool
     log = configure(verbose=verbose, json_lines=json_out and verbose)  # -v: also one line per item (as check's)
     on_step = None if json_out else (lambda st: _say(step_line(st.name, str(st.detail.get("msg", st.outcome)), verbose), err=False))
     on_wait = None if json_out else (lambda text: _say(step_line("wait", text, verbose), err=False))
-    with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log) as ports:
+    with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log, exiting=True) as ports:
         ports.lock, ports.interrupts = lock, signals
         report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
         signals.done = True  # the report is final: a later signal must not turn it into another message

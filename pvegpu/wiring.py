@@ -404,13 +404,15 @@ class NodeWorld:
         self.reset_probe, self.audit_probe = reset_probe, audit_probe
         self.warm_up = warm_up  # reset's NVML started now in a thread (``LazyNvml.warm_up``); nothing on a simulated node
 
-    def reset_ports(self, log: EventLog | None = None) -> Node:
-        """Ports for ``pvegpu reset`` (and the post-stop reclaim); NVML is closed when the ``with`` ends."""
+    def reset_ports(self, log: EventLog | None = None, *, exiting: bool = False) -> Node:
+        """Ports for ``pvegpu reset`` (and the post-stop reclaim); NVML is closed when the ``with`` ends, unless
+        ``exiting``: the process ends right after (the command line's reset), and the kernel's closing of NVML's
+        files at exit does what ``nvmlShutdown`` does, without its ~8 ms on the H200 before the verdict is out."""
         from .ports import NullLog
         from .reset.report import Ports
 
         probe = self.reset_probe()
-        close = getattr(probe, "close", None)
+        close = None if exiting else getattr(probe, "close", None)
         closers: tuple[Callable[[], None], ...] = (close,) if close is not None and not self.simulated else ()
         return Node(Ports(self.pve, probe, self.host, self.clock, log or NullLog()), closers)
 
