@@ -43,7 +43,7 @@ def test_a_signal_escaping_after_the_stop_request_never_says_not_stopped(monkeyp
 
     class World:
         @contextlib.contextmanager
-        def reset_ports(self, log):
+        def reset_ports(self, log, exiting=False):
             yield Ports()
 
     def reset(vmid, ports, policy, on_step, on_wait):
