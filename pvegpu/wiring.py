@@ -184,7 +184,7 @@ def gate_ports(s: Settings, warm: NvmlWarmup | None = None) -> GatePorts:
     from .adapters.procfs import ScanBudget
 
     # each of the (at most two) process scans gets under a third of the deadline: a verdict, not a timeout
-    return GatePorts(EtcPve(s.pve_root, node=s.node), _lite_nvml(warm), ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3)), running)
+    return GatePorts(EtcPve(s.pve_root, node=s.node, local_first=True), _lite_nvml(warm), ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3)), running)
 
 
 def gate_files(s: Settings) -> NodeFiles:

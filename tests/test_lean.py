@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import marshal
 import os
 import pickle
 import subprocess
@@ -223,7 +224,7 @@ def test_a_root_run_writes_the_snapshot_and_the_next_reads_it_without_tomllib(co
     """The first load parses and writes the snapshot; a fresh process then gets the same settings without tomllib."""
     f, snap = conf
     first = _load(f, snap)
-    assert os.stat(os.path.join(snap, "settings-other.json")).st_uid == 0
+    assert os.stat(os.path.join(snap, "settings-other.snapshot")).st_uid == 0
     code = (f"import sys; sys.path.insert(0, {REPO!r}); from pvegpu.adapters.settingsfile import load; "
             f"s = load({str(f)!r}, env={{}}, snapshot_dir={snap!r}); print(s.reset.grace, s.gate.exclusive, 'tomllib' in sys.modules)")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
@@ -254,12 +255,12 @@ def test_a_snapshot_a_non_root_user_could_write_is_ignored(conf):
     """A snapshot owned by another uid, writable by others, or in a directory others may write is never used."""
     f, snap = conf
     _load(f, snap)
-    path = os.path.join(snap, "settings-other.json")
-    doc = json.loads(open(path).read())
+    path = os.path.join(snap, "settings-other.snapshot")
+    doc = marshal.loads(open(path, "rb").read())
     doc["data"]["reset"]["grace"] = 1  # a forged snapshot of the very same file
     for fix in ("chown", "chmod", "dir"):
-        with open(path, "w") as fh:
-            fh.write(json.dumps(doc))
+        with open(path, "wb") as fh:
+            fh.write(marshal.dumps(doc))
         os.chmod(path, 0o600)
         os.chmod(snap, 0o700)
         os.chown(path, 0, 0)
@@ -277,16 +278,37 @@ def test_a_snapshot_a_non_root_user_could_write_is_ignored(conf):
 
 
 @pytest.mark.root
-@pytest.mark.parametrize("junk", ["", "{", "[]", '{"version": 1}', '{"version": 2, "path": "x", "file": [], "data": {}}'])
+@pytest.mark.parametrize("junk", [b"", b"{", marshal.dumps([]), marshal.dumps({"version": 1}), b'{"version": 2}',
+                                  marshal.dumps({"version": 2, "path": "x", "file": [], "data": {}}),
+                                  marshal.dumps({"version": 2, "path": None, "file": None, "data": {"reset": {"grace": b"1"}}})])
 def test_an_unreadable_or_foreign_snapshot_falls_back_to_the_toml(conf, junk):
-    """Garbage, another version or another file's snapshot: the TOML is parsed, and the snapshot rewritten."""
+    """Garbage, another version, another file's snapshot or data TOML cannot hold: the TOML is parsed, and the
+    snapshot rewritten."""
     f, snap = conf
     os.makedirs(snap, mode=0o700)
-    path = os.path.join(snap, "settings-other.json")
-    with open(path, "w") as fh:
+    path = os.path.join(snap, "settings-other.snapshot")
+    with open(path, "wb") as fh:
         fh.write(junk)
     assert _load(f, snap).reset.grace == 4.0
-    assert json.loads(open(path).read())["data"]["reset"]["grace"] == 4
+    assert marshal.loads(open(path, "rb").read())["data"]["reset"]["grace"] == 4
+
+
+@pytest.mark.root
+def test_a_snapshot_of_this_file_holding_non_toml_data_is_not_used(conf):
+    """A snapshot of the very file whose data holds what TOML never gives (bytes, a tuple) is ignored: the TOML is
+    parsed instead."""
+    from pvegpu.adapters import settingsfile as sf
+
+    f, snap = conf
+    _load(f, snap)
+    path = os.path.join(snap, "settings-other.snapshot")
+    doc = marshal.loads(open(path, "rb").read())
+    for bad in (b"1", (1,), {1: 2}):
+        doc["data"]["reset"]["grace"] = bad
+        with open(path, "wb") as fh:
+            fh.write(marshal.dumps(doc))
+        assert sf.read_snapshot(snap, str(f), doc["file"]) is None
+        assert _load(f, snap).reset.grace == 4.0
 
 
 def test_a_bad_file_gets_no_snapshot_and_the_same_errors(conf):
@@ -299,7 +321,7 @@ def test_a_bad_file_gets_no_snapshot_and_the_same_errors(conf):
     f.write_text("when = 1979-05-27\n")
     with pytest.raises(ConfigError):
         _load(f, snap)
-    assert not os.path.exists(os.path.join(snap, "settings-other.json"))
+    assert not os.path.exists(os.path.join(snap, "settings-other.snapshot"))
 
 
 @pytest.mark.root
@@ -317,7 +339,7 @@ def test_a_config_file_and_the_default_file_keep_separate_snapshots(tmp_path, mo
     monkeypatch.setattr(sf, "DEFAULT_PATH", str(default))
     snap = str(tmp_path / "snap")
     assert _load(default, snap).reset.grace == 4.0 and _load(other, snap).reset.grace == 6.0
-    assert sorted(os.listdir(snap)) == ["settings-other.json", "settings.json"]
+    assert sorted(os.listdir(snap)) == ["settings-other.snapshot", "settings.snapshot"]
     monkeypatch.setattr(sf, "_parse", lambda raw, path, problems: pytest.fail("parsed although a snapshot exists"))
     assert _load(default, snap).reset.grace == 4.0 and _load(other, snap).reset.grace == 6.0
 
@@ -329,4 +351,4 @@ def test_a_file_changed_just_now_gets_no_snapshot(tmp_path):
     f.write_text("[reset]\ngrace = 4\n")
     f.chmod(0o644)
     assert _load(f, str(tmp_path / "snap")).reset.grace == 4.0
-    assert not os.path.exists(tmp_path / "snap" / "settings-other.json")
+    assert not os.path.exists(tmp_path / "snap" / "settings-other.snapshot")

@@ -111,7 +111,7 @@ def test_the_racy_margin_counts_from_the_read_not_from_the_snapshot_write(tmp_pa
     monkeypatch.setattr(settingsfile, "_parse", slow_parse)
     snap = tmp_path / "snap"
     settingsfile.load(str(f), env={}, snapshot_dir=str(snap))
-    assert not (snap / "settings-other.json").exists()
+    assert not (snap / "settings-other.snapshot").exists()
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])

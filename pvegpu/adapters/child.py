@@ -6,6 +6,7 @@ pvegpu nor PVE's output pipe: on expiry the parent answers, kills the child, and
 
 from __future__ import annotations
 
+import marshal
 import os
 import select
 import time
@@ -19,8 +20,9 @@ if TYPE_CHECKING:
 
 
 def call_in_child(fn: Callable[[], Any], deadline: float) -> tuple[bool, dict[str, Any] | None]:
-    """(finished, answer). The answer is ``{"ok": result}`` (JSON-able), ``{"error": PvegpuError.to_json()}``
-    for a PvegpuError, or ``{"crash": "Type: text"}``. The child's stdio goes to /dev/null."""
+    """(finished, answer). The answer is ``{"ok": result}`` (JSON-able: it arrives as JSON would bring it, tuples as
+    lists and keys as strings), ``{"error": PvegpuError.to_json()}`` for a PvegpuError, or ``{"crash": "Type: text"}``.
+    The child's stdio goes to /dev/null."""
     return Child(fn).result(deadline)
 
 
@@ -75,9 +77,10 @@ class Child:
             pass
         if not chunks:
             return True, {"crash": "the check ended without an answer"}
-        import json  # after the fork: the start gate forks before it imports more than it must
-
-        return True, dict(json.loads(b"".join(chunks)))
+        try:
+            return True, dict(marshal.loads(b"".join(chunks)))
+        except (EOFError, ValueError, TypeError):
+            return True, {"crash": "the check's answer could not be read"}
 
 
 def _run_child(fn: Callable[[], Any], r: int, w: int) -> None:
@@ -93,10 +96,53 @@ def _run_child(fn: Callable[[], Any], r: int, w: int) -> None:
             out = {"error": exc.to_json()}
         except BaseException as exc:  # noqa: BLE001 - reported by the parent
             out = {"crash": f"{type(exc).__name__}: {exc}"}
-        import json
-
-        os.write(w, json.dumps(out).encode())
+        try:
+            data = marshal.dumps(plain(out))
+        except (TypeError, ValueError) as exc:
+            data = marshal.dumps({"crash": f"{type(exc).__name__}: {exc}"})
+        _write_all(w, data)
     except BaseException:  # noqa: BLE001
         code = 1
     finally:
         os._exit(code)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def plain(x: Any) -> Any:
+    """``x`` as JSON would carry it, in built-in types only, for ``marshal`` (built in: the start gate's child
+    imports no ``json``): str/int/float subclasses (enums) as their base type, tuples as lists, dict keys as JSON
+    writes them (``1`` -> ``"1"``, ``True`` -> ``"true"``, ``None`` -> ``"null"``). Anything else is a TypeError."""
+    if x is None or type(x) in (bool, int, float, str):
+        return x
+    if isinstance(x, bool):
+        return bool(x)
+    if isinstance(x, int):
+        return int(x)
+    if isinstance(x, float):
+        return float(x)
+    if isinstance(x, str):
+        return str(x)
+    if isinstance(x, dict):
+        return {_key(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    raise TypeError(f"Object of type {type(x).__name__} is not JSON serializable")
+
+
+def _key(k: Any) -> str:
+    if isinstance(k, str):
+        return str(k)
+    if k is True or k is False:
+        return "true" if k else "false"
+    if k is None:
+        return "null"
+    if isinstance(k, int):
+        return str(int(k))
+    if isinstance(k, float):
+        return float.__repr__(float(k))
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")

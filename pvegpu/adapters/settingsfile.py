@@ -6,16 +6,17 @@ regular file of sane size (a FIFO, a device or an endless file would hang the st
 starts counting), owned by root or the user running pvegpu, and not writable by group or others: whoever can
 write it can turn the gate off (``gate.on_unknown = "allow"``).
 
-**Snapshot**: the parsed TOML as JSON in ``/run/pvegpu/settings.json`` for the default file
-(``/etc/pvegpu/pvegpu.toml``, the one the hookscript reads) and in ``/run/pvegpu/settings-other.json`` for the
+**Snapshot**: the parsed TOML in ``marshal`` form (built in: the start gate imports neither ``tomllib`` nor
+``json``) in ``/run/pvegpu/settings.snapshot`` for the default file (``/etc/pvegpu/pvegpu.toml``, the one the
+hookscript reads) and in ``/run/pvegpu/settings-other.snapshot`` for the
 latest other one (``--config``, ``PVEGPU_CONFIG``), written by a pvegpu run as root (``hook install``, the gate
 itself, any command) after it parsed the file, and used instead of parsing only while the path is the same and
 the file is the same one: device, inode, size,
 mtime and ctime (any write, rename, chmod or chown changes the ctime; a file changed in the last 2 s gets no
 snapshot, so two writes inside one timestamp tick cannot hide behind it). The ownership checks of the file are made
 on every run; the snapshot is trusted only if it and its directory are root's and writable by nobody else, and
-anything wrong with it (absent, stale, unreadable, not JSON) means the TOML is parsed, as without it. Manual
-equivalent: ``python3 -c 'import tomllib, json; print(json.dumps(tomllib.load(open(F, "rb"))))'``.
+anything wrong with it (absent, stale, unreadable, not a snapshot, anything but TOML's plain types) means the TOML
+is parsed, as without it. Manual equivalent: ``python3 -c 'import tomllib; print(tomllib.load(open(F, "rb")))'``.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ if TYPE_CHECKING:
 
 MAX_FILE = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is not one
 SNAPSHOT_DIR = "/run/pvegpu"
-SNAPSHOT_NAME = "settings.json"  # the default file's
-OTHER_NAME = "settings-other.json"  # the latest other file's: one slot, so a temporary --config leaves no trail
-SNAPSHOT_VERSION = 1
+SNAPSHOT_NAME = "settings.snapshot"  # the default file's
+OTHER_NAME = "settings-other.snapshot"  # the latest other file's: one slot, so a temporary --config leaves no trail
+SNAPSHOT_VERSION = 2  # 1 was JSON, in settings.json
 RACY_NS = 2_000_000_000  # no snapshot of a file changed this recently: a second write in the same timestamp tick,
 # of the same size, would leave mtime and ctime as they were (git's "racy" entries); the next run writes it
 
@@ -89,7 +90,7 @@ def snapshot_name(path: str) -> str:
 
 def read_snapshot(snapshot_dir: str, path: str, ident: list[int]) -> dict[str, Any] | None:
     """The parsed file's data from a trustworthy snapshot of this very file, or None (then the TOML is parsed)."""
-    import json
+    import marshal
 
     try:
         if not _root_only(os.stat(snapshot_dir, follow_symlinks=False), directory=True):
@@ -98,29 +99,37 @@ def read_snapshot(snapshot_dir: str, path: str, ident: list[int]) -> dict[str, A
         try:
             if not _root_only(os.fstat(fd), directory=False):
                 return None
-            doc = json.loads(_read_all(fd))
+            doc = marshal.loads(_read_all(fd))
         finally:
             os.close(fd)
-    except (OSError, ValueError):
+    except (OSError, ValueError, EOFError, TypeError):
         return None
     if not isinstance(doc, dict) or doc.get("version") != SNAPSHOT_VERSION or doc.get("path") != path or doc.get("file") != ident:
         return None
     data = doc.get("data")
-    return data if isinstance(data, dict) else None
+    return data if isinstance(data, dict) and _toml_plain(data) else None
+
+
+def _toml_plain(x: Any) -> bool:
+    """Only what TOML parses to and a snapshot keeps: tables with string keys, arrays, strings, numbers, booleans."""
+    if type(x) is dict:
+        return all(type(k) is str and _toml_plain(v) for k, v in x.items())
+    if type(x) is list:
+        return all(_toml_plain(v) for v in x)
+    return type(x) in (str, int, float, bool)
 
 
 def write_snapshot(snapshot_dir: str, path: str, ident: list[int], data: dict[str, Any], read_ns: int) -> bool:
     """Write the snapshot (root only; atomically: a new file, then rename). False when it was not written: it is
     a cache, and the next run parses the TOML again. ``read_ns``: the wall time when the file was opened and
     stat'ed (before its content was read); the racy margin counts from it, not from now (a slow parse)."""
-    import json
+    import marshal
 
     if os.geteuid() != 0 or read_ns - max(ident[3], ident[4]) < RACY_NS:
         return False
-    try:
-        text = json.dumps({"version": SNAPSHOT_VERSION, "path": path, "file": ident, "data": data}, allow_nan=False)
-    except (TypeError, ValueError):  # a TOML date, or anything JSON does not keep exactly: no snapshot
+    if not _toml_plain(data):  # a TOML date or time: no snapshot (the TOML is parsed each time)
         return False
+    text = marshal.dumps({"version": SNAPSHOT_VERSION, "path": path, "file": list(ident), "data": data})
     try:
         try:
             os.mkdir(snapshot_dir, 0o700)
@@ -134,7 +143,7 @@ def write_snapshot(snapshot_dir: str, path: str, ident: list[int], data: dict[st
             tmp = f".{name}.{os.getpid()}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
             try:
-                os.write(fd, text.encode())
+                os.write(fd, text)
             finally:
                 os.close(fd)
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)

@@ -1,0 +1,63 @@
+"""The gate's forked child (adapters/child.py): what its answer looks like across the pipe."""
+
+from __future__ import annotations
+
+import json
+
+from pvegpu.adapters.child import Child, call_in_child
+from pvegpu.gate import GateState
+
+
+def test_the_answer_arrives_as_json_would_bring_it():
+    """Tuples as lists, enum members as their value, non-string keys as JSON writes them: the same data as the
+    JSON round trip the child used before (it now uses the built-in marshal: no json import in the gate)."""
+    value = {"states": {0: GateState.CLEAN, 1: GateState.REFUSED}, "pids": (1, 2), True: None, "x": 1.5, "n": [{"a": ()}]}
+    done, ans = call_in_child(lambda: value, 5)
+    assert done and ans == {"ok": json.loads(json.dumps(value))}
+
+
+def test_an_answer_that_cannot_be_carried_is_a_crash_not_a_hang():
+    """A result that is not plain data comes back as a crash (the gate then refuses: fail closed)."""
+    done, ans = call_in_child(lambda: {"obj": object()}, 5)
+    assert done and ans is not None and "crash" in ans and "TypeError" in ans["crash"]
+
+
+def test_a_cancelled_child_is_gone():
+    """cancel() kills a started check that is no longer wanted (broken settings in the parent)."""
+    import os
+    import time
+
+    child = Child(lambda: time.sleep(30))
+    child.cancel()
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        pid, _ = os.waitpid(child.pid, os.WNOHANG)
+        if pid:
+            break
+        time.sleep(0.01)
+    assert pid == child.pid
+
+
+def test_the_gates_local_first_lookup_answers_as_vmlist_does(tmp_path):
+    """EtcPve(local_first=True) (the gate's: no json for .vmlist) finds every guest where .vmlist puts it: a CT and
+    a VM of this node from their config files, a guest of another node and an unknown vmid through .vmlist."""
+    import os
+
+    from pvegpu.adapters.etcpve import EtcPve
+    from tests import pvelike
+
+    root = pvelike.etc_pve(str(tmp_path / "pve"), "n1", {129: "arch: amd64\n"}, vms=(130,))
+    os.makedirs(os.path.join(root, "nodes", "n2", "lxc"))
+    with open(os.path.join(root, "nodes", "n2", "lxc", "131.conf"), "w") as f:
+        f.write("arch: amd64\n")
+    with open(os.path.join(root, ".vmlist")) as f:
+        vmlist = json.load(f)
+    vmlist["ids"]["131"] = {"node": "n2", "type": "lxc", "version": 1}
+    with open(os.path.join(root, ".vmlist"), "w") as f:
+        json.dump(vmlist, f)
+    with open(os.path.join(root, "nodes", "n1", "qemu-server", "130.conf"), "w") as f:
+        f.write("memory: 1024\n")
+    plain, fast = EtcPve(root), EtcPve(root, local_first=True)
+    for vmid in (129, 130, 131, 999):
+        assert fast.where(vmid) == plain.where(vmid), vmid
+    assert [fast.where(v).type for v in (129, 130)] == ["lxc", "qemu"]
