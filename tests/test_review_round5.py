@@ -1,0 +1,44 @@
+"""Review of round 5's speed work (the forked gate check, marshal, local_first, the reset's NVML warm-up): attacks."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+
+from pvegpu.model import GpuSample
+
+
+class _StuckLib:
+    """A libnvidia-ml whose nvmlInit_v2 sits in the driver (as after an Xid) until the test lets it go."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+        self.nvmlErrorString = lambda rc: b"stuck"
+
+    def nvmlInit_v2(self) -> int:
+        self.release.wait(30)
+        return 9  # NVML_ERROR_DRIVER_NOT_LOADED, once let go
+
+
+def test_a_reset_whose_nvml_start_hangs_gets_unknown_within_the_read_deadline(monkeypatch):
+    """A reset's first GPU reading, with the warm-up's nvmlInit stuck in the driver, answers unknown within the read deadline."""
+    from pvegpu import wiring
+    from pvegpu.adapters.settingsfile import load
+
+    release = threading.Event()
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _StuckLib(release))
+    s = load(None, env={}, snapshot_dir=None)
+    lazy = wiring.LazyNvml(s)
+    lazy.warm_up()
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.setdefault("v", lazy.sample([0])), daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(wiring.read_deadline(s) + 5.0)
+    finished, took = not t.is_alive(), time.monotonic() - t0
+    release.set()
+    t.join(30)
+    assert finished, f"the reading was still waiting after {took:.1f} s"
+    sample = box["v"]
+    assert isinstance(sample, dict) and isinstance(sample[0], GpuSample) and sample[0].used_bytes is None
