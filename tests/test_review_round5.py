@@ -42,3 +42,43 @@ def test_a_reset_whose_nvml_start_hangs_gets_unknown_within_the_read_deadline(mo
     assert finished, f"the reading was still waiting after {took:.1f} s"
     sample = box["v"]
     assert isinstance(sample, dict) and isinstance(sample[0], GpuSample) and sample[0].used_bytes is None
+
+
+def test_the_childs_answer_carries_mixed_in_enums_and_str_subclasses_as_json_did():
+    """child.plain gives what json.dumps/loads gave: a (str, Enum) member or a str/int subclass with its own __str__ as its value."""
+    import enum
+    import json
+
+    from pvegpu.adapters.child import plain
+
+    class Mixed(str, enum.Enum):  # noqa: UP042 - the mixed-in form is the point: json wrote its value
+        ALLOW = "allow"
+
+    class Shown(str):
+        def __str__(self) -> str:
+            return "<shown>"
+
+    class Count(int):
+        def __int__(self) -> int:
+            return -1
+
+        def __index__(self) -> int:
+            return -1
+
+    for x in (Mixed.ALLOW, {Mixed.ALLOW: [Mixed.ALLOW]}, Shown("text"), {Shown("k"): Shown("v")}, Count(7), {Count(7): Count(7)}):
+        assert plain(x) == json.loads(json.dumps(x)), x
+
+
+def test_a_forked_check_answers_its_verdict_as_json_did():
+    """Child(fn).result gives fn's value as json would bring it (a mixed-in enum as its value, lone surrogates kept)."""
+    import enum
+    import json
+
+    from pvegpu.adapters.child import Child
+
+    class Mixed(str, enum.Enum):  # noqa: UP042 - the mixed-in form is the point: json wrote its value
+        REFUSE = "refuse"
+
+    value = {"state": Mixed.REFUSE, "names": ["bad\udcff\x1b[2J", ("a", 1)], 3: None}
+    done, ans = Child(lambda: value).result(20.0)
+    assert done and ans is not None and ans["ok"] == json.loads(json.dumps(value))
