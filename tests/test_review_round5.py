@@ -82,3 +82,29 @@ def test_a_forked_check_answers_its_verdict_as_json_did():
     value = {"state": Mixed.REFUSE, "names": ["bad\udcff\x1b[2J", ("a", 1)], 3: None}
     done, ans = Child(lambda: value).result(20.0)
     assert done and ans is not None and ans["ok"] == json.loads(json.dumps(value))
+
+
+def test_a_child_that_closed_its_pipe_but_does_not_exit_is_not_waited_for_past_the_deadline():
+    """Child.result returns within its deadline when the pipe is at EOF but the child never exits (its exit stuck in the driver)."""
+    import os
+    import signal
+
+    from pvegpu.adapters.child import Child
+
+    def closes_then_lingers() -> None:
+        os.closerange(3, 65536)  # the answer pipe too: the parent sees EOF, as when exit closed it before a stuck release
+        time.sleep(15)
+
+    child = Child(closes_then_lingers)
+    t0 = time.monotonic()
+    try:
+        done, ans = child.result(2.0)
+        took = time.monotonic() - t0
+    finally:
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+            os.waitpid(child.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+    assert took < 6.0, f"result() waited {took:.1f} s for the child's exit"
+    assert ans is None or "crash" in ans

@@ -71,16 +71,24 @@ class Child:
         finally:
             os.close(r)
             self.fd = -1
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+        _reap(pid, end)  # the pipe at EOF is not the child gone: its exit can sit in the driver (NVML's files)
         if not chunks:
             return True, {"crash": "the check ended without an answer"}
         try:
             return True, dict(marshal.loads(b"".join(chunks)))
         except (EOFError, ValueError, TypeError):
             return True, {"crash": "the check's answer could not be read"}
+
+
+def _reap(pid: int, end: float) -> None:
+    """Reap the child if it exits before ``end``; never wait past it (then init reaps it after this process)."""
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] or time.monotonic() >= end:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.001)
 
 
 def _run_child(fn: Callable[[], Any], r: int, w: int) -> None:
