@@ -108,3 +108,37 @@ def test_a_child_that_closed_its_pipe_but_does_not_exit_is_not_waited_for_past_t
             pass
     assert took < 6.0, f"result() waited {took:.1f} s for the child's exit"
     assert ans is None or "crash" in ans
+
+
+def test_a_start_gate_that_cannot_fork_its_check_refuses_with_the_gates_code(monkeypatch, capsys):
+    """pre-start refuses with exit 10 (fail closed, one line) when the check's child cannot be forked (no pids left)."""
+    import os
+    import random
+
+    from pvegpu import errors as E
+    from pvegpu import frontdoor
+
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    code = frontdoor.main(["hook", str(random.randint(100000, 999999)), "pre-start"])
+    err = capsys.readouterr().err
+    assert code == E.EXIT_REFUSED and "Traceback" not in err and "internal error" not in err
+
+
+def test_a_post_stop_that_cannot_fork_its_check_never_fails_the_stop(monkeypatch, capsys):
+    """post-stop exits 0 (a stop is never failed) when the check's child cannot be forked."""
+    import os
+    import random
+
+    from pvegpu import errors as E
+    from pvegpu import frontdoor
+
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    code = frontdoor.main(["hook", str(random.randint(100000, 999999)), "post-stop"])
+    err = capsys.readouterr().err
+    assert code == E.EXIT_OK and "internal error" not in err
