@@ -66,13 +66,22 @@ def start_check(vmid: int, opts: wiring.GlobalOptions) -> Child:
     """The check, started now in a forked child, before this process reads its settings: the child starts NVML
     in a thread at once (``adapters/nvml_warm.py``), beside its own imports, settings, ``/etc/pve`` and ``/proc``
     reads; ``gate.deadline`` counts from this fork (``collect``). The same settings are read on both sides."""
-    from .adapters.child import Child
-
     def check() -> dict[str, Any]:
         warm = wiring.warm_nvml(opts.simulate)
         return _verdict(vmid, wiring.settings(opts), warm)
 
-    return Child(check)
+    return _fork(check)
+
+
+def _fork(fn: Any) -> Child:
+    """``Child(fn)``; no process or pipe left for it (EAGAIN, EMFILE) is a PvegpuError: the gate fails closed."""
+    from .adapters.child import Child
+
+    try:
+        return Child(fn)
+    except OSError as exc:
+        raise E.GpuQueryError(f"the check's process could not be started: {exc.strerror or exc}",
+                              "is the node out of processes or open files? see `dmesg`") from None
 
 
 def collect(child: Child, s: Settings) -> dict[str, Any]:
@@ -90,9 +99,7 @@ def collect(child: Child, s: Settings) -> dict[str, Any]:
 
 def bounded_verdict(vmid: int, s: Settings) -> dict[str, Any]:
     """The check under ``gate.deadline`` in a forked child, with settings already read (post-stop)."""
-    from .adapters.child import Child
-
-    return collect(Child(lambda: _verdict(vmid, s)), s)
+    return collect(_fork(lambda: _verdict(vmid, s)), s)
 
 
 def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: TextIO) -> int:
@@ -180,7 +187,11 @@ def hook_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: 
         return E.EXIT_OK
     out.flush()
     err.flush()
-    child = start_check(vmid, opts) if args[1] == "pre-start" else None  # the check runs from now on
+    try:
+        child = start_check(vmid, opts) if args[1] == "pre-start" else None  # the check runs from now on
+    except E.PvegpuError as exc:  # no process for the check: refused, with the gate's code
+        print(f"pvegpu: refusing to start CT {vmid}: {exc.inline('fix')}", file=err)
+        return E.EXIT_REFUSED
     try:
         s = wiring.settings(opts)
     except E.PvegpuError as exc:  # broken settings: pre-start fails closed with the gate's code, post-stop never fails a stop

@@ -340,7 +340,9 @@ class LazyNvml:
     def _open(self) -> BoundedProbe:
         if self._probe is None:
             warm, self._warm = self._warm, None  # one warm-up, one NVML start: a reopen after close starts afresh
-            self._probe = bounded(open_nvml_lite(warm), self._s)
+            # NVML's start (the warm-up's join, or nvmlInit) runs in the bounded worker too: a start stuck in the
+            # driver is an unknown reading within the read deadline, never a hang of the reset
+            self._probe = bounded(_OpenOnce(lambda: open_nvml_lite(warm)), self._s)
         return self._probe
 
     def gpus(self) -> list[GpuInfo]:
@@ -358,6 +360,38 @@ class LazyNvml:
         if self._probe is not None:
             self._probe.close()
             self._probe = None
+
+
+class _OpenOnce:
+    """A GpuProbe opened by its first reading (``open``, in the bounded worker that makes the reading)."""
+
+    def __init__(self, open: Callable[[], GpuProbe]) -> None:
+        self._open = open
+        self._probe: GpuProbe | None = None
+
+    def _get(self) -> GpuProbe:
+        if self._probe is None:
+            self._probe = self._open()
+        return self._probe
+
+    def gpus(self) -> list[GpuInfo]:
+        return list(self._get().gpus())
+
+    def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
+        return dict(self._get().sample(minors))
+
+    @property
+    def failed(self) -> list[str]:
+        return list(getattr(self._probe, "failed", ()))
+
+    @property
+    def lost(self) -> dict[int, str]:
+        return dict(getattr(self._probe, "lost", {}))
+
+    def close(self) -> None:
+        close = getattr(self._probe, "close", None)
+        if close is not None:
+            close()
 
 
 @record

@@ -71,16 +71,24 @@ class Child:
         finally:
             os.close(r)
             self.fd = -1
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+        _reap(pid, end)  # the pipe at EOF is not the child gone: its exit can sit in the driver (NVML's files)
         if not chunks:
             return True, {"crash": "the check ended without an answer"}
         try:
             return True, dict(marshal.loads(b"".join(chunks)))
         except (EOFError, ValueError, TypeError):
             return True, {"crash": "the check's answer could not be read"}
+
+
+def _reap(pid: int, end: float) -> None:
+    """Reap the child if it exits before ``end``; never wait past it (then init reaps it after this process)."""
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] or time.monotonic() >= end:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.001)
 
 
 def _run_child(fn: Callable[[], Any], r: int, w: int) -> None:
@@ -119,14 +127,12 @@ def plain(x: Any) -> Any:
     writes them (``1`` -> ``"1"``, ``True`` -> ``"true"``, ``None`` -> ``"null"``). Anything else is a TypeError."""
     if x is None or type(x) in (bool, int, float, str):
         return x
-    if isinstance(x, bool):
-        return bool(x)
-    if isinstance(x, int):
-        return int(x)
+    if isinstance(x, int):  # the base type's own conversion, as json writes them: not a subclass's __str__/__int__
+        return int.__int__(x)  # (a (str, Enum) member's str() is "Class.NAME", json writes its value)
     if isinstance(x, float):
-        return float(x)
+        return float.__float__(x)
     if isinstance(x, str):
-        return str(x)
+        return str.__str__(x)
     if isinstance(x, dict):
         return {_key(k): plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -136,13 +142,13 @@ def plain(x: Any) -> Any:
 
 def _key(k: Any) -> str:
     if isinstance(k, str):
-        return str(k)
+        return str.__str__(k)
     if k is True or k is False:
         return "true" if k else "false"
     if k is None:
         return "null"
     if isinstance(k, int):
-        return str(int(k))
+        return int.__repr__(k)
     if isinstance(k, float):
-        return float.__repr__(float(k))
+        return float.__repr__(k)
     raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
