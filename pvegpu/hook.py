@@ -86,7 +86,7 @@ def _fork(fn: Any) -> Child:
 
 def collect(child: Child, s: Settings) -> dict[str, Any]:
     """The started check's verdict within ``gate.deadline``, or a PvegpuError for what went wrong."""
-    done, ans = child.result(s.gate.deadline)
+    done, ans = child.result(s.gate.deadline, reap=False)  # this process exits right after its verdict
     if not done or ans is None:
         raise E.GpuQueryError(f"the GPU check did not finish within {s.gate.deadline:g} s",
                               "NVML hung? see `nvidia-smi`, `dmesg | grep -i xid`; raise gate.deadline if the node is just slow")

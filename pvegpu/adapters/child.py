@@ -50,8 +50,10 @@ class Child:
         os.close(self.fd)
         self.fd = -1
 
-    def result(self, deadline: float) -> tuple[bool, dict[str, Any] | None]:
-        """(finished, answer) as ``call_in_child`` gives them; on expiry the child is killed."""
+    def result(self, deadline: float, *, reap: bool = True) -> tuple[bool, dict[str, Any] | None]:
+        """(finished, answer) as ``call_in_child`` gives them; on expiry the child is killed. ``reap=False``: once
+        the answer is in, the child's exit is not waited for (the kernel closing its NVML files takes a few ms on the
+        H200): for a caller that exits right after (the start gate), whose child init then reaps."""
         r, pid = self.fd, self.pid
         chunks: list[bytes] = []
         end = self.started + deadline
@@ -71,7 +73,7 @@ class Child:
         finally:
             os.close(r)
             self.fd = -1
-        _reap(pid, end)  # the pipe at EOF is not the child gone: its exit can sit in the driver (NVML's files)
+        _reap(pid, end if reap else 0.0)  # the pipe at EOF is not the child gone: its exit can sit in the driver
         if not chunks:
             return True, {"crash": "the check ended without an answer"}
         try:
