@@ -61,3 +61,34 @@ def test_the_gates_local_first_lookup_answers_as_vmlist_does(tmp_path):
     for vmid in (129, 130, 131, 999):
         assert fast.where(vmid) == plain.where(vmid), vmid
     assert [fast.where(v).type for v in (129, 130)] == ["lxc", "qemu"]
+
+
+def test_the_gates_verdict_does_not_wait_for_its_childs_exit():
+    """reap=False (the start gate, which exits right after): the answer is returned as soon as the pipe is at EOF,
+    while the child's exit still lingers (its NVML files closing); reap=True waits for it, up to the deadline."""
+    import os
+    import signal
+    import time
+
+    def answers_then_lingers() -> dict:
+        pid = os.fork()  # the answer is written by this process; the parent of it lingers as a slow exit would
+        if pid:
+            os.closerange(3, 65536)
+            time.sleep(3)
+            os._exit(0)
+        return {"allow": True}
+
+    for reap, slow in ((False, False), (True, True)):
+        child = Child(answers_then_lingers)
+        t0 = time.monotonic()
+        try:
+            done, ans = child.result(2.0, reap=reap)
+            took = time.monotonic() - t0
+        finally:
+            try:
+                os.kill(child.pid, signal.SIGKILL)
+                os.waitpid(child.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        assert done and ans == {"ok": {"allow": True}}, reap
+        assert (took >= 1.5) == slow, (reap, took)
