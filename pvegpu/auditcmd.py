@@ -56,29 +56,16 @@ def defaults() -> dict[str, Any]:
 def parse(args: list[str]) -> dict[str, Any] | None:
     """``audit``'s arguments as ``{dest: value}``, or None when this parser is not sure (help, an unknown option, a
     flag given a value, a bad or missing value, ``--``, any positional word): typer decides."""
-    by_decl = {d: o for o in OPTIONS for d in o.decls}
+    from .lightargs import scan
+
+    got = scan(args, {d: o for o in OPTIONS for d in o.decls})
+    if got is None or got[1]:
+        return None  # audit takes no argument: typer says so
     values = defaults()
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if not arg.startswith("-") or arg == "-":
-            return None  # audit takes no argument: typer says so
-        name, eq, text = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        opt = by_decl.get(name)
-        if opt is None:
-            return None
-        if opt.kind == "flag":
-            if eq:
-                return None
+    for opt, text in got[0]:
+        if text is None:
             values[opt.dest] = True
-            continue
-        if not eq:
-            if i >= len(args) or args[i].startswith("-"):
-                return None  # click would take it as the value; too close to a mistake to guess here
-            text = args[i]
-            i += 1
-        if opt.kind == "seconds":
+        elif opt.kind == "seconds":
             try:
                 values[opt.dest] = float(text)  # what click's FLOAT does; run() then checks the range
             except ValueError:

@@ -56,39 +56,23 @@ HELP = ("Stop every process of the container that holds its GPUs, verify with NV
 def parse(args: list[str]) -> dict[str, Any] | None:
     """``reset``'s arguments as ``{dest: value}`` (flags False, seconds None when not given), or None when this
     parser is not sure (help, an unknown option, a bad or missing value, ``--``, not exactly one VMID): typer decides."""
-    by_decl = {d: o for o in OPTIONS for d in o.decls}
+    from .lightargs import scan
+
+    got = scan(args, {d: o for o in OPTIONS for d in o.decls})
+    if got is None or len(got[1]) != 1:
+        return None
     values: dict[str, Any] = {o.dest: (False if o.kind == "flag" else None) for o in OPTIONS}
-    words: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if not arg.startswith("-") or arg == "-":
-            words.append(arg)
-            continue
-        name, eq, text = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        opt = by_decl.get(name)
-        if opt is None:
-            return None
-        if opt.kind == "flag":
-            if eq:
-                return None
+    for opt, text in got[0]:
+        if text is None:
             values[opt.dest] = True
             continue
-        if not eq:
-            if i >= len(args):
-                return None
-            text = args[i]
-            i += 1
         if text.startswith("-"):
             return None
         try:
             values[opt.dest] = float(text)  # what click's FLOAT does; settings then check the range
         except ValueError:
             return None
-    if len(words) != 1:
-        return None
-    values[ARGUMENT[0]] = words[0]
+    values[ARGUMENT[0]] = got[1][0]
     return values
 
 
