@@ -85,9 +85,12 @@ def run(values: dict[str, Any], opts: wiring.GlobalOptions) -> int:
     if ssh_timeout <= 0:
         raise E.UsageError(f"--ssh-timeout {ssh_timeout:g}: must be more than 0 seconds", "e.g. --ssh-timeout 30")
     s = wiring.settings(opts)
-    ports = wiring.world(s).audit_ports()
-    rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster,
-                     threshold_bytes=ports.threshold_bytes, clock=ports.clock, users=ports.users)
+    ports = wiring.world(s).audit_ports(scan_ahead=True)
+    try:
+        rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster,
+                         threshold_bytes=ports.threshold_bytes, clock=ports.clock, users=ports.users)
+    finally:
+        ports.done()
     if cluster:
         from .cluster import audit_cluster, parse_members
 

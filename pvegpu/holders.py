@@ -126,6 +126,14 @@ def inspect_gpus(
     if widen and scan is not None:  # a dead pid is listed: its memory may be held by an unlisted fork child
         scan = None if heir_pids is None else scan | set(heir_pids())
     holdings = host.holdings(scan)
+    if scan is None:  # a whole-node scan may have begun before NVML's reading (``ProcHost.prefetch``): a listed pid
+        # it lacks, or saw without the GPU it is listed on, gets a second look now, never read as a recycled pid
+        again = {p.pid for minor, s in samples.items() for p in (s.processes or ())
+                 if (h := holdings.get(p.pid)) is None or (minor not in h.minors and Via.UNREADABLE not in h.via)}
+        if again:
+            for pid in again:
+                holdings.pop(pid, None)
+            holdings.update(host.holdings(sorted(again)))
     if scan is not None and not widen and any(pid not in holdings and _live(info(pid)) for pid in listed):
         # a listed pid whose process holds nothing (a recycled pid): the heir of the dead one may be elsewhere
         extra = set(heir_pids()) - scan if heir_pids is not None else None

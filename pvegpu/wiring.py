@@ -420,6 +420,7 @@ class AuditPorts:
     threshold_bytes: LeftoverRule  # the leftover rule (``[leftover]``); the name is the one callers pass on
     clock: WallClock  # the run's duration and the document's generated_at
     users: Callable[[int], str | None] | None = None  # uid -> the host's user name, or None
+    done: Callable[[], None] = lambda: None  # after the run: ends a whole-node scan started ahead that no reading took
 
 
 class NodeWorld:
@@ -450,9 +451,17 @@ class NodeWorld:
         closers: tuple[Callable[[], None], ...] = (close,) if close is not None and not self.simulated else ()
         return Node(Ports(self.pve, probe, self.host, self.clock, log or NullLog()), closers)
 
-    def audit_ports(self) -> AuditPorts:
-        """Ports for ``pvegpu audit``: NVML opened for the run only."""
-        return AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock, user_names())
+    def audit_ports(self, *, scan_ahead: bool = False) -> AuditPorts:
+        """Ports for ``pvegpu audit``: NVML opened for the run only. ``scan_ahead``: this node's whole-node scan is
+        started now in forked workers (``ProcHost.prefetch``), to run while NVML and the configs are read; call
+        ``done()`` after the run."""
+        done: Callable[[], None] = lambda: None
+        prefetch, cancel = getattr(self.host, "prefetch", None), getattr(self.host, "cancel_prefetch", None)
+        if scan_ahead and prefetch is not None and cancel is not None:
+            prefetch()
+            done = cancel
+        return AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock, user_names(),
+                          done)
 
 
 def world(s: Settings) -> NodeWorld:

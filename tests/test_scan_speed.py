@@ -386,7 +386,7 @@ def test_a_failed_worker_share_is_scanned_again_here(small_shares, holders, monk
     the holders are all found, and no worker is left behind."""
     import time
 
-    def bad(host, part, deep, end, w, r, mask):
+    def bad(host, part, deep, end, w, r, mask, stop=None):
         if how == "crash":
             os._exit(3)
         if how == "garbage":
@@ -420,11 +420,11 @@ def test_workers_hold_none_of_the_parents_fds(small_shares, monkeypatch, tmp_pat
     seen = tmp_path / "fds"
     real = scanpool._serial
 
-    def spy(host, part, deep, end, out):
+    def spy(host, part, deep, end, out, stop=None):
         if os.getpid() != parent:
             seen.write_text(" ".join(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
                                      if os.path.exists(f"/proc/self/fd/{fd}")))
-        real(host, part, deep, end, out)
+        return real(host, part, deep, end, out, stop)
 
     parent = os.getpid()
     monkeypatch.setattr(scanpool, "_serial", spy)
@@ -481,10 +481,10 @@ def test_a_worker_never_runs_the_parents_signal_handlers(small_shares, holders, 
     parent = os.getpid()
     real = scanpool._serial
 
-    def poke(host, part, deep, end, out):
+    def poke(host, part, deep, end, out, stop=None):
         if os.getpid() != parent:
             os.kill(os.getpid(), signal.SIGUSR1)
-        real(host, part, deep, end, out)
+        return real(host, part, deep, end, out, stop)
 
     def handler(signum, frame):
         with open(marks, "a") as f:

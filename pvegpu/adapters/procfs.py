@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from typing import Any, Protocol
 
+    from .scanpool import Split
+
     class Boundary(Protocol):
         """Where containers begin and end on this node (a strategy passed to ProcHost)."""
 
@@ -275,6 +277,24 @@ class CgroupBoundary:
         return any(os.path.exists(os.path.join(self.cgroup_root, sub, "cgroup.procs")) for sub in CGROUP_ROOTS)
 
 
+PREFETCH_FRESH = 5.0  # seconds a prefetched whole-node scan may wait for the holdings() call that takes it
+
+
+class _Early:
+    """A prefetched whole-node scan: its split, whether it reads maps after a GPU fd, and when it started."""
+
+    __slots__ = ("split", "deep", "started")
+
+    def __init__(self, split: Split, deep: bool, started: float) -> None:
+        self.split, self.deep, self.started = split, deep, started
+
+    def finish(self) -> dict[int, Holding]:
+        return self.split.finish()
+
+    def cancel(self) -> None:
+        self.split.cancel()
+
+
 class ProcHost:
     """The real node: ``/proc`` under an injectable root, a container Boundary, pidfd signals."""
 
@@ -300,6 +320,7 @@ class ProcHost:
         self._stuck: set[tuple[int, int]] = set()  # processes whose scan blocked in the kernel, by identity
         self._cmdlines: dict[tuple[int, int], str] = {}  # identity -> escaped cmdline, read once per run (display only)
         self.workers = workers  # whole-node scans: shares at most (None: one per core; 1: serial), see scanpool
+        self._early: _Early | None = None  # a whole-node scan started ahead (``prefetch``)
 
     # -- liveness -------------------------------------------------------------------------------
     def _live_state(self, pid: int, st: Stat) -> str:
@@ -382,6 +403,11 @@ class ProcHost:
         """
         import time
 
+        if pids is None and self._early is not None:
+            early, self._early = self._early, None
+            if early.deep == deep and time.monotonic() - early.started <= PREFETCH_FRESH:
+                return early.finish()
+            early.cancel()
         todo = [p for p in (self.all_pids() if pids is None else pids) if p != self.self_pid]
         out: dict[int, Holding] = {}
         end = time.monotonic() + self.budget.total
@@ -396,13 +422,43 @@ class ProcHost:
             start = self._scan_watched(todo, start, deep, out, end)
         return out
 
-    def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float) -> int:
-        """Scan ``todo[start:]`` into ``out`` until ``end``; returns where to go on (past a stuck process, or the end)."""
+    def prefetch(self, *, deep: bool = False) -> None:
+        """Start the next whole-node ``holdings()`` now, in forked workers (``scanpool.Split``), when it would be
+        spread over them anyway: they scan while this process goes on (imports, NVML, configs), and that call
+        scans here what they have not reached, merges, and returns the same answer a scan started then would give
+        for every process already running now (``inspect_gpus`` looks again at NVML-listed pids it lacks). Taken
+        by the next whole-node ``holdings()`` within ``PREFETCH_FRESH`` s (later: discarded, scanned again);
+        ``cancel_prefetch()`` when none will come."""
+        import time
+
+        if self._early is not None or self.workers == 1:
+            return
+        todo = [p for p in self.all_pids() if p != self.self_pid]
+        if len(todo) < 2 * _MIN_SHARE:
+            return
+        from . import scanpool
+
+        n = scanpool.shares(len(todo), self.workers)
+        if n > 1 and scanpool.forkable():
+            started = time.monotonic()
+            self._early = _Early(scanpool.Split(self, todo, deep, started + self.budget.total, n - 1), deep, started)
+
+    def cancel_prefetch(self) -> None:
+        """Kill the workers of a ``prefetch()`` no scan took."""
+        early, self._early = self._early, None
+        if early is not None:
+            early.cancel()
+
+    def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float,
+                      stop: Callable[[int], bool] | None = None) -> int:
+        """Scan ``todo[start:]`` into ``out`` until ``end``, or until ``stop(index)`` is true (a split scan's meeting
+        point, ``scanpool.Split``); returns where to go on (past a stuck process, where it stopped, or the end)."""
         import threading
         import time
 
         found: dict[int, Holding] = {}
         at: list[Any] = [start, time.monotonic(), None]  # index, since when, (pid, start ticks)
+        halt = [len(todo)]
         done, abandoned = threading.Event(), threading.Event()
 
         def work() -> None:
@@ -410,6 +466,9 @@ class ProcHost:
             for j in range(start, len(todo)):
                 if abandoned.is_set():
                     return
+                if stop is not None and stop(j):
+                    halt[0] = j
+                    break
                 pid = todo[j]
                 raw = _read_small(f"{self.proc}/{pid}/stat")
                 st = parse_stat(raw) if raw is not None else None
@@ -445,7 +504,7 @@ class ProcHost:
                 out[todo[j]] = Holding(todo[j], frozenset(), frozenset({UNREADABLE, STUCK}))
                 return int(j) + 1
         out.update(found)
-        return len(todo)
+        return halt[0]
 
     def alive(self, ident: ProcIdentity) -> bool:
         st = read_stat(ident.pid, self.proc)

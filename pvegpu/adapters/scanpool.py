@@ -19,10 +19,12 @@ a share itself meanwhile. The merged result is what one serial scan gives. Rules
 from __future__ import annotations
 
 import os
+import struct
 
 TYPE_CHECKING = False  # typing is not imported at run time
 if TYPE_CHECKING:
     import signal
+    from collections.abc import Callable
     from typing import Protocol
 
     from ..model import Holding
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
 
         _stuck: set[tuple[int, int]]
 
-        def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float) -> int: ...
+        def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float,
+                          stop: Callable[[int], bool] | None = None) -> int: ...
 
 MAX_WORKERS = 8  # forked workers at most, whatever the cores
 MIN_PER_WORKER = 600  # pids per share at least: below that a fork costs more than it saves
@@ -67,26 +70,127 @@ def forkable() -> bool:
 
 def scan(host: Scanner, todo: list[int], deep: bool, end: float, n: int) -> dict[int, Holding]:
     """Holdings of ``todo`` (in its order) from ``n`` shares: ``n - 1`` forked workers and this process."""
-    parts = [todo[i::n] for i in range(n)]  # interleaved: each share gets some of every container's pids
-    workers = [_start(host, part, deep, end) for part in parts[1:]]
-    out: dict[int, Holding] = {}
-    _serial(host, parts[0], deep, end, out)
-    for part, w in zip(parts[1:], workers, strict=True):
-        got = _collect(host, w, end + GRACE) if w is not None else None
-        if got is None:  # the worker failed: its share again, here, within what is left of the deadline
-            _serial(host, part, deep, end, out)
-        else:
-            out.update(got)
-    return {p: out[p] for p in todo if p in out}
+    return Split(host, todo, deep, end, n - 1).finish()
 
 
-def _serial(host: Scanner, part: list[int], deep: bool, end: float, out: dict[int, Holding]) -> None:
+CHUNK = 16  # pids one side of a segment claims at a time (the most both sides may scan twice where they meet)
+_SLOT = struct.Struct("=i")
+
+
+class Split:
+    """A whole-node scan cut into one segment per worker, each worker forked now and scanning its segment from the
+    front; ``finish()`` (here, later) scans each segment from the back until it meets its worker, then merges.
+
+    Where the two sides meet is found through a page shared with the workers (per segment: the worker's next
+    unclaimed index, the lowest index claimed here). Those are hints only: each worker's answer says how far it
+    got, and what neither side scanned (a late or failed worker, a stale hint) is scanned here before the merge,
+    so the answer is the serial scan's whatever the hints said; a pid both sides scanned is only read twice.
+    ``cancel()`` kills the workers when the scan is not wanted after all. Started before anything else is read
+    (``ProcHost.prefetch``), the workers scan while this process imports, reads NVML and the configs."""
+
+    def __init__(self, host: Scanner, todo: list[int], deep: bool, end: float, workers: int) -> None:
+        import mmap
+
+        self.host, self.todo, self.deep, self.end = host, todo, deep, end
+        k = max(1, workers)
+        cuts = [len(todo) * i // k for i in range(k + 1)]
+        self.segments = list(zip(cuts, cuts[1:], strict=False))
+        self.hints = mmap.mmap(-1, 8 * k)  # anonymous and shared: the workers see what this process writes
+        for i, (a, b) in enumerate(self.segments):
+            _SLOT.pack_into(self.hints, 8 * i, a)
+            _SLOT.pack_into(self.hints, 8 * i + 4, b)
+        self.workers = [_start(host, todo[a:b], deep, end, _ahead(self.hints, i, a)) for i, (a, b) in enumerate(self.segments)]
+
+    def finish(self) -> dict[int, Holding]:
+        """The holdings of every pid of ``todo``, in its order (what one serial scan gives)."""
+        here: dict[int, Holding] = {}
+        lows = [b for _a, b in self.segments]
+        for i, (a, b) in enumerate(self.segments):
+            if self.workers[i] is None:
+                continue  # not started: its segment is scanned whole below
+            done = _serial(self.host, self.todo[a:b][::-1], self.deep, self.end, here, _behind(self.hints, i, b))
+            lows[i] = b - done
+        out: dict[int, Holding] = {}
+        for i, ((a, _b), w) in enumerate(zip(self.segments, self.workers, strict=True)):
+            got = _collect(self.host, w, self.end + GRACE, a) if w is not None else None
+            upto = a
+            if got is not None:
+                rows, upto = got
+                _merge(out, rows)
+            if upto < lows[i]:  # not scanned by either side (a failed worker, a stale hint): here, within the deadline
+                _serial(self.host, self.todo[upto:lows[i]], self.deep, self.end, here)
+        _merge(out, here)
+        self.workers = []
+        return {p: out[p] for p in self.todo if p in out}
+
+    def cancel(self) -> None:
+        """Kill and reap the workers (the scan is not wanted)."""
+        for w in self.workers:
+            if w is not None:
+                os.close(w[1])
+                _reap(w[0], kill=True)
+        self.workers = []
+
+
+def _merge(out: dict[int, Holding], more: dict[int, Holding]) -> None:
+    """``more`` into ``out``; a pid both sides read keeps a reading over "not reached before the deadline"."""
+    from .devscan import BUDGET
+
+    for p, h in more.items():
+        old = out.get(p)
+        if old is None or BUDGET not in h.via or BUDGET in old.via:
+            out[p] = h
+
+
+def _ahead(hints: object, i: int, a: int) -> Callable[[int], bool]:
+    """A worker's stop rule for its segment (starting at ``a``), read front to back: before index ``j`` of it,
+    stop when this process has claimed it; else claim the next ``CHUNK`` (the next unclaimed index, in the hints)."""
+    claimed = [a]
+
+    def stop(j: int) -> bool:
+        f = a + j
+        if f < claimed[0]:
+            return False
+        low = _SLOT.unpack_from(hints, 8 * i + 4)[0]  # type: ignore[arg-type]
+        if f >= low:
+            return True
+        claimed[0] = min(f + CHUNK, low)
+        _SLOT.pack_into(hints, 8 * i, claimed[0])  # type: ignore[arg-type]
+        return False
+
+    return stop
+
+
+def _behind(hints: object, i: int, b: int) -> Callable[[int], bool]:
+    """This process's stop rule for segment ``i`` (ending at ``b``), read back to front: before index ``r`` of the
+    reversed segment, stop when the worker has claimed it; else claim down to ``CHUNK`` more (never past the worker)."""
+    claimed = [b]
+
+    def stop(r: int) -> bool:
+        f = b - 1 - r
+        if f >= claimed[0]:
+            return False
+        nxt = _SLOT.unpack_from(hints, 8 * i)[0]  # type: ignore[arg-type]
+        if f < nxt:
+            return True
+        claimed[0] = max(f + 1 - CHUNK, nxt)
+        _SLOT.pack_into(hints, 8 * i + 4, claimed[0])  # type: ignore[arg-type]
+        return False
+
+    return stop
+
+
+def _serial(host: Scanner, part: list[int], deep: bool, end: float, out: dict[int, Holding],
+            stop: Callable[[int], bool] | None = None) -> int:
+    """Scan ``part`` into ``out`` in order, until ``stop(index)`` says so; how many pids were scanned (from the front)."""
     start = 0
-    while start < len(part):
-        start = host._scan_watched(part, start, deep, out, end)
+    while start < len(part) and not (stop is not None and stop(start)):
+        start = host._scan_watched(part, start, deep, out, end, stop)
+    return start
 
 
-def _start(host: Scanner, part: list[int], deep: bool, end: float) -> tuple[int, int] | None:
+def _start(host: Scanner, part: list[int], deep: bool, end: float,
+           stop: Callable[[int], bool] | None = None) -> tuple[int, int] | None:
     """Fork one worker for ``part``; (its pid, the read end of its pipe), None when it cannot be started."""
     try:
         r, w = os.pipe()
@@ -105,7 +209,7 @@ def _start(host: Scanner, part: list[int], deep: bool, end: float) -> tuple[int,
     if pid == 0:  # the worker: nothing of the parent's but /proc, and os._exit whatever happens
         code = 1
         try:
-            _worker(host, part, deep, end, w, r, mask)
+            _worker(host, part, deep, end, w, r, mask, stop)
             code = 0
         finally:
             os._exit(code)
@@ -114,7 +218,8 @@ def _start(host: Scanner, part: list[int], deep: bool, end: float) -> tuple[int,
     return pid, r
 
 
-def _worker(host: Scanner, part: list[int], deep: bool, end: float, w: int, r: int, mask: set[int | signal.Signals]) -> None:
+def _worker(host: Scanner, part: list[int], deep: bool, end: float, w: int, r: int, mask: set[int | signal.Signals],
+            stop: Callable[[int], bool] | None = None) -> None:
     import marshal
     import signal
 
@@ -129,18 +234,19 @@ def _worker(host: Scanner, part: list[int], deep: bool, end: float, w: int, r: i
     os.closerange(3, w)  # NVML's /dev/nvidia* fds, locks, sockets: the worker holds none of them
     os.closerange(w + 1, 1 << 20)
     out: dict[int, Holding] = {}
-    _serial(host, part, deep, end, out)
+    done = _serial(host, part, deep, end, out, stop)
     rows = [(h.pid, sorted(h.minors), sorted(h.via)) for h in out.values()]
-    data = marshal.dumps((rows, sorted(host._stuck)))
+    data = marshal.dumps((rows, sorted(host._stuck), done))
     view = memoryview(data)
     while view:
         view = view[os.write(w, view):]
     os.close(w)
 
 
-def _collect(host: Scanner, worker: tuple[int, int], deadline: float) -> dict[int, Holding] | None:
-    """The worker's holdings, or None: it failed, or did not answer by ``deadline`` (then it is killed). The worker
-    closes its pipe only after the whole answer, so end of file plus an answer that decodes is success."""
+def _collect(host: Scanner, worker: tuple[int, int], deadline: float, first: int = 0) -> tuple[dict[int, Holding], int] | None:
+    """The worker's holdings and the index of ``todo`` it got to (its segment starting at ``first``), or None: it
+    failed, or did not answer by ``deadline`` (then it is killed). The worker closes its pipe only after the whole
+    answer, so end of file plus an answer that decodes is success."""
     import marshal
     import select
     import time
@@ -165,14 +271,15 @@ def _collect(host: Scanner, worker: tuple[int, int], deadline: float) -> dict[in
     if not ended:
         return None
     try:
-        rows, stuck = marshal.loads(b"".join(chunks))
+        rows, stuck, done = marshal.loads(b"".join(chunks))
         got = {int(p): Holding(int(p), frozenset(int(m) for m in minors), frozenset(str(v) for v in via))
                for p, minors, via in rows}
         stuck_ids = {(int(a), int(b)) for a, b in stuck}
+        upto = first + int(done)
     except (EOFError, ValueError, TypeError):  # it died before or while writing: nothing it says is taken
         return None
     host._stuck.update(stuck_ids)
-    return got
+    return got, upto
 
 
 def _reap(pid: int, kill: bool) -> None:
