@@ -455,13 +455,12 @@ class NodeWorld:
         """Ports for ``pvegpu audit``: NVML opened for the run only. ``scan_ahead``: this node's whole-node scan is
         started now in forked workers (``ProcHost.prefetch``), to run while NVML and the configs are read; call
         ``done()`` after the run."""
-        done: Callable[[], None] = lambda: None
         prefetch, cancel = getattr(self.host, "prefetch", None), getattr(self.host, "cancel_prefetch", None)
+        ports = AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock, user_names())
         if scan_ahead and prefetch is not None and cancel is not None:
             prefetch()
-            done = cancel
-        return AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock, user_names(),
-                          done)
+            ports.done = cancel
+        return ports
 
 
 def world(s: Settings) -> NodeWorld:

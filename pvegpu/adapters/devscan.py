@@ -128,6 +128,7 @@ class StatNosync:
 
 
 _MODE, _RDEV = struct.Struct("=H"), struct.Struct("=II")  # stx_mode (u16 at 28), stx_rdev_major/minor (u32 at 128/132)
+_S_IFMT, _S_IFCHR = stat.S_IFMT(0o177777), stat.S_IFCHR
 
 
 def control_majors(proc: str = "/proc") -> frozenset[int]:
@@ -156,7 +157,10 @@ class DeviceTable:
 
     def gpu_minor(self, rdev: int) -> int | None:
         """The GPU minor a device number stands for, CONTROL for the shared control nodes, else None."""
-        major, minor = os.major(rdev), os.minor(rdev)
+        return self.gpu_numbers(os.major(rdev), os.minor(rdev))
+
+    def gpu_numbers(self, major: int, minor: int) -> int | None:
+        """``gpu_minor`` of the device number (major, minor)."""
         if self._explicit is not None:
             return self._explicit.get((major, minor))
         if major == NVIDIA_MAJOR:
@@ -249,23 +253,34 @@ class ProcessScan:
         except (FileNotFoundError, NotADirectoryError):
             return False
         of_mode, stat_of, readlink = self.devices.of_mode, self._stat, os.readlink
+        # the default stat, inlined: statx into the scan's own buffer, the mode's type checked before the device
+        statx = _STATX if raw else None
+        buf: Any = getattr(self._stat, "_buf", None)
+        mode_of, rdev_of, numbers = _MODE.unpack_from, _RDEV.unpack_from, self.devices.gpu_numbers
+        flags, count, limit = _AT_STATX_DONT_SYNC | _AT_NO_AUTOMOUNT, self._fds, self.budget.fds
         with entries:
             for entry in entries:
-                self._fds += 1
-                if self._fds > self.budget.fds:
+                count += 1
+                if count > limit:
                     raise _OverBudget
-                if self._fds % 256 == 0:
+                if count % 256 == 0:
                     self._check()
                 try:  # a path, not pipe:[..], socket:[..], anon_inode:..: only those can be device nodes
                     path: Any = entry.path
                     if not readlink(path).startswith(slash):
                         continue
-                    m = of_mode(*stat_of(path))
+                    if statx is None:
+                        m = of_mode(*stat_of(path))
+                    elif statx(_AT_FDCWD, path, flags, _STATX_TYPE_MODE, buf) != 0 or mode_of(buf, 28)[0] & _S_IFMT != _S_IFCHR:
+                        continue  # gone, unreadable (as os.stat's OSError), or no character device
+                    else:
+                        m = numbers(*rdev_of(buf, 128))
                 except OSError:
                     continue
                 if m is not None:
                     minors.add(m)
                     found = True
+        self._fds = count
         return found
 
     def _scan_maps(self, proc: str, pid: int, leader_zombie: bool, minors: set[int], via: set[str]) -> bool:

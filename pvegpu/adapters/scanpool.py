@@ -1,12 +1,15 @@
 """A whole-node holder scan spread over forked workers, one per core, with the serial scan as the fallback.
 
-Manual equivalent: ``fuser -v /dev/nvidia*`` run over a share of ``/proc`` per core. Each worker is a fork of this
-process that scans one share of the pids with the very same watched scan (``ProcHost._scan_watched``: per-process
-budget, stuck processes, the whole scan's deadline) and sends its holdings back through a pipe; this process scans
-a share itself meanwhile. The merged result is what one serial scan gives. Rules:
+Manual equivalent: ``fuser -v /dev/nvidia*`` run over a share of ``/proc`` per core. The pids are cut into one
+segment per worker; each worker is a fork of this process that scans its segment from the front with the very same
+watched scan (``ProcHost._scan_watched``: per-process budget, stuck processes, the whole scan's deadline) and sends
+its holdings back through a pipe; this process scans the segments from the back meanwhile, until it meets each
+worker (``Split``). The merged result is what one serial scan gives. Rules:
 
 - Bounded: at most ``MAX_WORKERS`` workers and never fewer than ``MIN_PER_WORKER`` pids each; a worker stops at the
   scan's own deadline (the rest of its share is unknown, as in a serial scan) and is given ``GRACE`` s more to report.
+- Exact whatever the timing: where the two sides meet is only a hint (a page shared with the workers); each worker
+  says how far it got, and what neither side scanned is scanned here before the merge.
 - Any worker that fails (fork refused, killed, crashed, late, an unreadable answer) is killed and its share scanned
   again here, serially, within what is left of the deadline: never a hole in the answer, never a second deadline.
 - A worker holds nothing of this process: it closes every inherited fd but its pipe (NVML's device fds included, so
@@ -14,6 +17,8 @@ a share itself meanwhile. The merged result is what one serial scan gives. Rules
   this process's handlers twice), touches no NVML, no API, no file but ``/proc``, and ends with ``os._exit``.
 - Only from the main thread of a process with no other Python thread (fork copies one thread; a scan thread left
   stuck in the kernel by an earlier scan could hold a lock the child would need), else serial.
+- Started ahead (``ProcHost.prefetch``, the audit): the workers scan while this process goes on; ``cancel()`` ends
+  them when no reading takes the scan.
 """
 
 from __future__ import annotations

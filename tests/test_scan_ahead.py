@@ -1,0 +1,231 @@
+"""The audit's whole-node scan started ahead (``ProcHost.prefetch``) and split between workers and this process
+(``scanpool.Split``): the answer is the serial scan's whatever the shared hints say, a prefetch is taken once and
+only while fresh, no worker outlives it, and an NVML-listed pid the early scan lacks is looked at again."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from pvegpu.adapters import procfs, scanpool
+from pvegpu.adapters.procfs import DeviceTable, ProcHost
+from pvegpu.holders import inspect_gpus
+from pvegpu.model import GpuInfo, Via
+from pvegpu.testing import FakeClock, FakeHost, FakeProbe
+
+
+@pytest.fixture
+def small_shares(monkeypatch):
+    """Shares of a few pids, so that a small tree is spread over workers."""
+    monkeypatch.setattr(procfs, "_MIN_SHARE", 5)
+    monkeypatch.setattr(scanpool, "MIN_PER_WORKER", 5)
+    monkeypatch.setattr(scanpool, "CHUNK", 3)
+
+
+def _table() -> DeviceTable:
+    full = os.stat("/dev/full").st_rdev
+    return DeviceTable({(os.major(full), os.minor(full)): 0})
+
+
+def _stat_text(pid: int) -> bytes:
+    return b"%d (sleep) S 1 0 0 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 123 0 0 0\n" % pid
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A /proc-like tree that does not change: 80 processes, every third holding the stand-in GPU by fd, every
+    seventh with unreadable maps."""
+    for i in range(80):
+        pid = 7000 + i
+        d = tmp_path / str(pid)
+        (d / "fd").mkdir(parents=True)
+        (d / "stat").write_bytes(_stat_text(pid))
+        (d / "maps").write_bytes(b"7f00-7f01 r--p 00000000 fd:01 %d /lib/x.so\n" % (100 + i % 4))
+        if i % 3 == 0:
+            (d / "fd" / "3").symlink_to("/dev/full")
+        if i % 7 == 0:
+            (d / "maps").unlink()
+            (d / "maps").mkdir()  # EISDIR: unknown, never "holds nothing"
+    return tmp_path
+
+
+def _children() -> set[int]:
+    from pvegpu.adapters.procstat import read_stat
+
+    out = set()
+    for p in os.listdir("/proc"):
+        if p.isdigit() and (st := read_stat(int(p))) is not None and st.ppid == os.getpid():  # zombies too: never reaped
+            out.add(int(p))
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("hints", ["true", "worker-stops-at-once", "here-stops-at-once", "both-stop-at-once", "never-stop"])
+def test_split_gives_the_serial_answer_whatever_the_hints_say(small_shares, tree, monkeypatch, workers, hints):
+    """Whatever the shared hints make either side do (stop at once, never stop), the split scan gives exactly the
+    serial scan's holdings in the same order: what neither side scanned is scanned here, what both did is merged."""
+    serial = ProcHost(_table(), proc=str(tree), workers=1).holdings()
+    assert len(serial) > 20 and any(Via.UNREADABLE in h.via for h in serial.values())
+    real_ahead, real_behind = scanpool._ahead, scanpool._behind
+    if hints in ("worker-stops-at-once", "both-stop-at-once"):
+        monkeypatch.setattr(scanpool, "_ahead", lambda hints, i, a: lambda j: True)
+    if hints in ("here-stops-at-once", "both-stop-at-once"):
+        monkeypatch.setattr(scanpool, "_behind", lambda hints, i, b: lambda r: True)
+    if hints == "never-stop":
+        monkeypatch.setattr(scanpool, "_ahead", lambda hints, i, a: lambda j: False)
+        monkeypatch.setattr(scanpool, "_behind", lambda hints, i, b: lambda r: False)
+    host = ProcHost(_table(), proc=str(tree), workers=workers + 1)
+    todo = host.all_pids()
+    split = scanpool.Split(host, todo, False, time.monotonic() + 60, workers)
+    assert list(split.finish().items()) == list(serial.items())
+    assert scanpool._ahead is real_ahead or hints != "true"
+    assert real_behind is not None
+
+
+def test_both_sides_scan_part_of_a_segment(small_shares, tree, monkeypatch):
+    """With true hints both sides do part of the work: the worker reports it got past the segment's start, and this
+    process scanned some pids itself."""
+    seen: list[int] = []
+    real = scanpool._collect
+
+    def spy(host, worker, deadline, first=0):
+        got = real(host, worker, deadline, first)
+        seen.append(-1 if got is None else got[1])
+        return got
+
+    monkeypatch.setattr(scanpool, "_collect", spy)
+    host = ProcHost(_table(), proc=str(tree), workers=2)
+    todo = host.all_pids()
+    here_before = []
+    real_serial = scanpool._serial
+
+    def count(host_, part, deep, end, out, stop=None):
+        n = real_serial(host_, part, deep, end, out, stop)
+        if os.getpid() == parent and stop is not None:
+            here_before.append(n)
+        return n
+
+    parent = os.getpid()
+    monkeypatch.setattr(scanpool, "_serial", count)
+    scanpool.Split(host, todo, False, time.monotonic() + 60, 1).finish()
+    assert seen and 0 < seen[0] <= len(todo) and here_before and here_before[0] >= 0
+
+
+def test_prefetch_is_taken_once_and_gives_the_serial_answer(small_shares, tree):
+    """A prefetched scan is what the next whole-node holdings() returns (the serial answer); the call after that
+    scans afresh, and no worker is left behind."""
+    serial = ProcHost(_table(), proc=str(tree), workers=1).holdings()
+    host = ProcHost(_table(), proc=str(tree), workers=2)
+    host.prefetch()
+    assert host._early is not None
+    assert list(host.holdings().items()) == list(serial.items())
+    assert host._early is None
+    assert list(host.holdings().items()) == list(serial.items())
+    assert not _children()
+
+
+def test_a_prefetch_past_its_freshness_or_of_another_depth_is_not_used(small_shares, tree, monkeypatch):
+    """A prefetch older than PREFETCH_FRESH, or read at another depth than asked, is discarded and the node scanned
+    again: a holder that appeared since is found."""
+    for stale in ("old", "deep"):
+        host = ProcHost(_table(), proc=str(tree), workers=2)
+        host.prefetch()
+        new = tree / "7999"
+        (new / "fd").mkdir(parents=True)
+        (new / "stat").write_bytes(_stat_text(7999))
+        (new / "fd" / "3").symlink_to("/dev/full")
+        if stale == "old":
+            monkeypatch.setattr(procfs, "PREFETCH_FRESH", -1.0)
+        held = host.holdings(deep=stale == "deep")
+        assert 7999 in held and held[7999].minors == {0}
+        monkeypatch.setattr(procfs, "PREFETCH_FRESH", 5.0)
+        (new / "fd" / "3").unlink()
+        (new / "fd").rmdir()
+        (new / "stat").unlink()
+        new.rmdir()
+    assert not _children()
+
+
+def test_cancel_prefetch_leaves_no_worker(small_shares, tree, monkeypatch):
+    """A prefetch no scan takes is ended by cancel_prefetch(): its workers are killed and reaped, even one that
+    would scan for a minute."""
+    real = ProcHost._scan_watched
+
+    def slow(self, todo, start, deep, out, end, stop=None):
+        if os.getpid() != parent:
+            time.sleep(60)
+        return real(self, todo, start, deep, out, end, stop)
+
+    parent = os.getpid()
+    monkeypatch.setattr(ProcHost, "_scan_watched", slow)
+    host = ProcHost(_table(), proc=str(tree), workers=3)
+    host.prefetch()
+    assert _children()
+    t = time.monotonic()
+    host.cancel_prefetch()
+    assert not _children() and host._early is None and time.monotonic() - t < 5
+    host.cancel_prefetch()  # nothing left: a no-op
+
+
+def test_a_crashed_prefetch_worker_share_is_scanned_here(small_shares, tree, monkeypatch):
+    """A prefetch worker that dies has its whole segment scanned here: the answer is still the serial one."""
+    serial = ProcHost(_table(), proc=str(tree), workers=1).holdings()
+
+    def crash(host, part, deep, end, w, r, mask, stop=None):
+        os._exit(3)
+
+    monkeypatch.setattr(scanpool, "_worker", crash)
+    host = ProcHost(_table(), proc=str(tree), workers=2)
+    host.prefetch()
+    assert list(host.holdings().items()) == list(serial.items())
+    assert not _children()
+
+
+def test_the_audit_ports_end_an_untaken_prefetch(small_shares, tree, monkeypatch):
+    """``audit_ports(scan_ahead=True)`` starts the scan on a real host and ``done()`` ends it when no reading took it;
+    on a host without prefetch (the simulated node) both are no-ops."""
+    from pvegpu import wiring
+    from pvegpu.settings import Settings
+
+    host = ProcHost(_table(), proc=str(tree), workers=2)
+    world = wiring.NodeWorld(Settings(), False, object(), host, object(), object(), lambda: None, lambda: None)  # type: ignore[arg-type]
+    ports = world.audit_ports(scan_ahead=True)
+    assert host._early is not None
+    ports.done()
+    assert host._early is None and not _children()
+    fake = FakeHost(FakeClock())
+    plain = wiring.NodeWorld(Settings(), True, object(), fake, object(), object(), lambda: None, lambda: None)  # type: ignore[arg-type]
+    plain.audit_ports(scan_ahead=True).done()
+
+
+class _EarlyScan(FakeHost):
+    """A host whose whole-node answer was read before the last processes started (a prefetched scan)."""
+
+    snapshot: dict | None = None
+
+    def holdings(self, pids=None, *, deep=False):
+        if pids is None and self.snapshot is not None:
+            return dict(self.snapshot)
+        return super().holdings(pids, deep=deep)
+
+
+def test_a_listed_pid_the_early_scan_missed_is_a_holder_not_a_ghost():
+    """A process that opened its CUDA context after the whole-node scan began (so NVML lists it, the scan lacks it) is
+    looked at again: a live holder with its memory, never a dead or recycled listed pid (a false "attention")."""
+    clock = FakeClock()
+    host = _EarlyScan(clock)
+    probe = FakeProbe(host)
+    old = host.add(300, minors={0})
+    probe.context(0, 1024, old)
+    host.snapshot = host.holdings()  # the scan, started ahead
+    new = host.add(301, minors={0})
+    probe.context(0, 2048, new)
+    facts = inspect_gpus(None, [GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")], host=host, probe=probe, whole_host=True)[0]
+    assert new.pid not in facts.ghosts and new.pid not in facts.recycled
+    assert {h.pid for h in facts.other_holders} == {old.pid, new.pid}
+    assert all(Via.NVML in h.via for h in facts.other_holders)
+    host.snapshot = {}  # the early scan saw nothing at all: every listed pid is looked at again
+    facts = inspect_gpus(None, [GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")], host=host, probe=probe, whole_host=True)[0]
+    assert not facts.ghosts and {h.pid for h in facts.other_holders} == {old.pid, new.pid}
