@@ -126,10 +126,10 @@ def inspect_gpus(
     if widen and scan is not None:  # a dead pid is listed: its memory may be held by an unlisted fork child
         scan = None if heir_pids is None else scan | set(heir_pids())
     holdings = host.holdings(scan)
-    if scan is None:  # a whole-node scan may have begun before NVML's reading (``ProcHost.prefetch``): a listed pid
-        # it lacks, or saw without the GPU it is listed on, gets a second look now, never read as a recycled pid
-        again = {p.pid for minor, s in samples.items() for p in (s.processes or ())
-                 if (h := holdings.get(p.pid)) is None or (minor not in h.minors and Via.UNREADABLE not in h.via)}
+    if scan is None:  # a whole-node scan may have begun before NVML's reading (``ProcHost.prefetch``): every listed
+        # pid gets a second look now, as a scan after the reading would read it (one that started its context since
+        # is a holder, never a recycled pid; one whose pid a new process took since is recycled, never that process)
+        again = {p.pid for s in samples.values() for p in (s.processes or ())}
         if again:
             for pid in again:
                 holdings.pop(pid, None)

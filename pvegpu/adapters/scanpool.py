@@ -26,13 +26,13 @@ from __future__ import annotations
 import os
 import struct
 
+from ..model import Holding
+
 TYPE_CHECKING = False  # typing is not imported at run time
 if TYPE_CHECKING:
     import signal
     from collections.abc import Callable
     from typing import Protocol
-
-    from ..model import Holding
 
     class Scanner(Protocol):
         """What a share's scan needs of ``procfs.ProcHost`` (named here, not imported: no import cycle)."""
@@ -104,10 +104,24 @@ class Split:
         for i, (a, b) in enumerate(self.segments):
             _SLOT.pack_into(self.hints, 8 * i, a)
             _SLOT.pack_into(self.hints, 8 * i + 4, b)
-        self.workers = [_start(host, todo[a:b], deep, end, _ahead(self.hints, i, a)) for i, (a, b) in enumerate(self.segments)]
+        self.workers: list[tuple[int, int] | None] = []
+        try:  # each worker is known here as soon as it is forked: an interrupt between two forks leaves none unknown
+            for i, (a, b) in enumerate(self.segments):
+                self.workers.append(_start(host, todo[a:b], deep, end, _ahead(self.hints, i, a)))
+        except BaseException:
+            self.cancel()
+            raise
 
     def finish(self) -> dict[int, Holding]:
-        """The holdings of every pid of ``todo``, in its order (what one serial scan gives)."""
+        """The holdings of every pid of ``todo``, in its order (what one serial scan gives). Interrupted (Ctrl-C, any
+        error), it kills and reaps the workers before the exception goes on."""
+        try:
+            return self._finish()
+        except BaseException:
+            self.cancel()
+            raise
+
+    def _finish(self) -> dict[int, Holding]:
         here: dict[int, Holding] = {}
         lows = [b for _a, b in self.segments]
         for i, (a, b) in enumerate(self.segments):
@@ -116,7 +130,8 @@ class Split:
             done = _serial(self.host, self.todo[a:b][::-1], self.deep, self.end, here, _behind(self.hints, i, b))
             lows[i] = b - done
         out: dict[int, Holding] = {}
-        for i, ((a, _b), w) in enumerate(zip(self.segments, self.workers, strict=True)):
+        for i, (a, _b) in enumerate(self.segments):
+            w, self.workers[i] = self.workers[i], None  # collected (or failed and reaped): never cancelled again
             got = _collect(self.host, w, self.end + GRACE, a) if w is not None else None
             upto = a
             if got is not None:
@@ -130,20 +145,28 @@ class Split:
 
     def cancel(self) -> None:
         """Kill and reap the workers (the scan is not wanted)."""
-        for w in self.workers:
+        workers, self.workers = self.workers, []
+        for w in workers:
             if w is not None:
-                os.close(w[1])
-                _reap(w[0], kill=True)
-        self.workers = []
+                try:
+                    os.close(w[1])
+                finally:
+                    _reap(w[0], kill=True)
 
 
 def _merge(out: dict[int, Holding], more: dict[int, Holding]) -> None:
-    """``more`` into ``out``; a pid both sides read keeps a reading over "not reached before the deadline"."""
+    """``more`` into ``out``. A pid both sides read keeps a reading over "not reached before the deadline"; two
+    readings that are both unknown keep every GPU and reason either saw (one may have found the GPU before its
+    process's budget ran out): a GPU seen is never dropped."""
     from .devscan import BUDGET
 
     for p, h in more.items():
         old = out.get(p)
-        if old is None or BUDGET not in h.via or BUDGET in old.via:
+        if old is None or (BUDGET in old.via and BUDGET not in h.via):
+            out[p] = h
+        elif BUDGET in h.via and BUDGET in old.via:
+            out[p] = Holding(p, old.minors | h.minors, old.via | h.via)
+        elif BUDGET not in h.via:
             out[p] = h
 
 
@@ -203,6 +226,8 @@ def _start(host: Scanner, part: list[int], deep: bool, end: float,
         return None
     import signal
 
+    parent = os.getpid()
+    _prctl()  # resolved before the fork: the worker only calls it
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())  # none arrives between fork and reset
     try:
         pid = os.fork()
@@ -214,6 +239,7 @@ def _start(host: Scanner, part: list[int], deep: bool, end: float,
     if pid == 0:  # the worker: nothing of the parent's but /proc, and os._exit whatever happens
         code = 1
         try:
+            _die_with(parent)
             _worker(host, part, deep, end, w, r, mask, stop)
             code = 0
         finally:
@@ -221,6 +247,34 @@ def _start(host: Scanner, part: list[int], deep: bool, end: float,
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(w)
     return pid, r
+
+
+_PR_SET_PDEATHSIG = 1
+_PRCTL: list[Callable[..., int] | None] = []
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, looked up once (None without one)."""
+    if not _PRCTL:
+        import ctypes
+
+        try:
+            _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
+        except (OSError, AttributeError):
+            _PRCTL.append(None)
+    return _PRCTL[0]
+
+
+def _die_with(parent: int) -> None:
+    """In a worker, signals still blocked: be killed when this process's parent ends, however it ends (SIGTERM,
+    SIGHUP, SIGKILL reach pvegpu alone when systemd, ``timeout`` or ``kill`` send them); and end now if it already has."""
+    import signal
+
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _worker(host: Scanner, part: list[int], deep: bool, end: float, w: int, r: int, mask: set[int | signal.Signals],
@@ -255,8 +309,6 @@ def _collect(host: Scanner, worker: tuple[int, int], deadline: float, first: int
     import marshal
     import select
     import time
-
-    from ..model import Holding
 
     pid, r = worker
     chunks: list[bytes] = []
