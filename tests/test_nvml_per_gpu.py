@@ -72,6 +72,20 @@ def fake_pynvml(gpus=GPUS):
     m.nvmlDeviceGetUUID = uuid
     m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busIdLegacy=f"0000:{h + 1:02x}:00.0".encode())
     m.nvmlDeviceGetMemoryInfo = memory
+
+    def remap(h):
+        if spec(h).get("no_remap"):
+            raise m.NVMLError_NotSupported()
+        return (0, 0, *spec(h).get("remap", (0, 0)))
+
+    def retired(h):
+        raise m.NVMLError_NotSupported()
+
+    m.nvmlDeviceGetRemappedRows = remap
+    m.nvmlDeviceGetRetiredPagesPendingStatus = retired
+    m.nvmlDeviceGetMigMode = lambda h: [1 if spec(h).get("mig") else 0, 0]
+    m.nvmlSystemGetDriverVersion = lambda: b"580.159.04"
+    m.NVML_DEVICE_MIG_ENABLE = 1
     for name in ("Compute", "Graphics", "MPSCompute"):
         setattr(m, f"nvmlDeviceGet{name}RunningProcesses", lambda h: [])
     return m
@@ -130,10 +144,37 @@ class FakeLib:
         if self._spec(h).get("read_fails"):
             return self.UNKNOWN_RC
         mem._obj.used = (h.value - 100) * 100 * MIB
+        mem._obj.total, mem._obj.reserved = 1000 * MIB, 0
         return 0
 
     def _procs(self, h, count, arr):
         count._obj.value = 0
+        return 0
+
+    def nvmlDeviceGetPciInfo_v3(self, h, pci):
+        pci._obj.busIdLegacy = f"0000:{h.value - 100 + 1:02X}:00.0".encode()
+        return 0
+
+    def nvmlDeviceGetMemoryInfo(self, h, mem):  # v1: total, free, used
+        mem._obj.total = 1000 * MIB
+        return 0
+
+    def nvmlDeviceGetRemappedRows(self, h, corr, unc, pending, failed):
+        spec = self._spec(h)
+        if spec.get("no_remap"):
+            return 3  # NOT_SUPPORTED
+        pending._obj.value, failed._obj.value = spec.get("remap", (0, 0))
+        return 0
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h, state):
+        return 3  # NOT_SUPPORTED (an H200 retires rows by remapping)
+
+    def nvmlDeviceGetMigMode(self, h, cur, pending):
+        cur._obj.value = 1 if self._spec(h).get("mig") else 0
+        return 0
+
+    def nvmlSystemGetDriverVersion(self, buf, size):
+        buf.value = b"580.159.04"
         return 0
 
     nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetGraphicsRunningProcesses_v3 = _procs
@@ -147,11 +188,19 @@ def full_probe(monkeypatch, gpus=GPUS):
     return NvmlProbe()
 
 
-def lite_probe(monkeypatch, gpus=GPUS):
+def lite_probe(monkeypatch, gpus=GPUS, details=False):
     from pvegpu.adapters.nvml_lite import NvmlLite
 
     monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLib(gpus))
-    return NvmlLite()
+    return NvmlLite(details=details)
+
+
+def audit_probe(monkeypatch, gpus=GPUS):
+    """The reader ``pvegpu audit`` opens (``wiring.open_nvml``): the ctypes one, with details."""
+    from pvegpu import wiring
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLib(gpus))
+    return wiring.open_nvml()
 
 
 def warm_probe(monkeypatch, gpus=GPUS):
@@ -163,7 +212,8 @@ def warm_probe(monkeypatch, gpus=GPUS):
     return NvmlLite(warm=NvmlWarmup())
 
 
-ADAPTERS = pytest.mark.parametrize("make", [full_probe, lite_probe, warm_probe], ids=["nvidia-ml-py", "ctypes", "ctypes-warm"])
+ADAPTERS = pytest.mark.parametrize("make", [full_probe, lite_probe, warm_probe, audit_probe],
+                                   ids=["nvidia-ml-py", "ctypes", "ctypes-warm", "ctypes-audit"])
 
 
 @ADAPTERS
@@ -204,6 +254,42 @@ def test_both_adapters_agree_on_a_failing_node(monkeypatch):
     assert list(full.lost) == list(lite.lost)
     fs, ls = full.sample([0, 2, 3]), lite.sample([0, 2, 3])
     assert {m: (s.known, s.used_bytes) for m, s in fs.items()} == {m: (s.known, s.used_bytes) for m, s in ls.items()}
+
+
+HEALTHY = [{"minor": 0, "uuid": "GPU-a", "remap": (1, 0)}, {"minor": 1, "uuid": "GPU-b", "mig": True, "no_remap": True},
+           {"lost": True}, {"minor": 3, "uuid": "GPU-c", "read_fails": True}]
+
+
+def test_the_audits_reader_agrees_with_nvidia_ml_py(monkeypatch):
+    """What the audit reads (wiring.open_nvml: the ctypes reader with details) equals nvidia-ml-py's reader on the same
+    driver: every GPU's identity (bus id, name, total), lost indexes, samples, and each GPU's health, unknowns too."""
+    full, audit = full_probe(monkeypatch, HEALTHY), audit_probe(monkeypatch, HEALTHY)
+    assert audit.gpus() == full.gpus() and audit.lost == full.lost
+    a, f = audit.sample([0, 1, 3]), full.sample([0, 1, 3])
+    assert {m: (x.used_bytes, x.processes) for m, x in a.items()} == {m: (x.used_bytes, x.processes) for m, x in f.items()}
+    assert READ in (a[3].error or "") and READ in (f[3].error or "")  # the ctypes reader also names the read that failed
+    for minor in (0, 1, 3, 7):
+        assert audit.health(minor) == full.health(minor)
+    h0, h1 = audit.health(0), audit.health(1)
+    assert h0.remap_pending is True and h0.remap_failed is False and h0.retired_pages_pending is None
+    assert h1.remap_pending is None and h1.mig_enabled is True and h0.driver_version == "580.159.04"
+
+
+def test_the_gates_reader_reads_no_more_than_it_needs(monkeypatch):
+    """Without details (the gate, reset) the ctypes reader reads no PCI info nor total: a GPU whose bus id read would
+    fail still samples, and its bus id is empty."""
+    calls = []
+    lib = FakeLib([{"minor": 0, "uuid": "GPU-a"}])
+    lib.nvmlDeviceGetPciInfo_v3 = lambda h, pci: calls.append("pci") or 999
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: lib)
+    from pvegpu.adapters.nvml_lite import NvmlLite
+
+    probe = NvmlLite()
+    (g,) = probe.gpus()
+    assert not calls and g.bus_id == "" and g.total_bytes is None and probe.sample([0])[0].known
+    detailed = NvmlLite(details=True)
+    (g,) = detailed.gpus()
+    assert calls == ["pci"] and g.bus_id == "?" and not detailed.sample([0])[0].known
 
 
 def test_bounded_probe_passes_the_lost_gpus_on(monkeypatch):

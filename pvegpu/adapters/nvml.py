@@ -1,4 +1,8 @@
-"""Host NVML through nvidia-ml-py: the only module that imports pynvml.
+"""Host NVML through nvidia-ml-py: the only module that imports pynvml, and the reference reader.
+
+pvegpu's commands read NVML through the ctypes reader (``adapters/nvml_lite.py``: the same calls and struct
+layouts, without this import's ~13-26 ms); the tests run both readers on the same stand-in driver and on the H200
+and require the same answers, so this module is the one the ctypes reader is held to.
 
 Memory is read with ``nvmlDeviceGetMemoryInfo`` version 2 (``used`` = allocated, without the driver's
 reserved share), falling back to v1 only where the driver lacks v2. A failed reading is None plus a

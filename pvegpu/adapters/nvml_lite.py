@@ -1,10 +1,13 @@
-"""A minimal ctypes NVML reader for the start gate's hot path.
+"""A minimal ctypes NVML reader: the start gate's, reset's and audit's.
 
 The hookscript runs on every container start and should cost about what ``nvidia-smi --query-gpu=...``
-costs; importing nvidia-ml-py alone takes ~26 ms on the H200 host (BENCHMARKS.md). This reader binds only
-the calls the gate needs, with the same struct layouts as nvidia-ml-py (memory v2, process info v3/v2),
-and the same policy: a reading that fails is unknown (None), never zero. ``pvegpu reset`` and ``audit``
-use nvidia-ml-py (``adapters/nvml.py``); a GPU test checks that both readers agree.
+costs; importing nvidia-ml-py alone takes ~26 ms on the H200 host, as long as the rest of the gate
+(BENCHMARKS.md), and ~13 ms of every ``pvegpu audit``. This reader binds only the calls pvegpu makes, with
+the same struct layouts as nvidia-ml-py (memory v2, process info v3/v2, PCI info v3), and the same policy:
+a reading that fails is unknown (None), never zero. ``details`` (audit) also reads each GPU's PCI bus id and
+total memory, and ``health()`` its row remapping, retired pages, MIG mode and driver, as
+``adapters/nvml.py`` reads them through nvidia-ml-py; tests check that both readers agree (on a stand-in
+driver, and on the H200).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import ctypes
 from collections.abc import Iterable
 
 from ..errors import GpuQueryError
-from ..model import GpuInfo, GpuSample, NvmlProcess
+from ..model import GpuHealth, GpuInfo, GpuSample, NvmlProcess
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -44,14 +47,24 @@ class _ProcV1(ctypes.Structure):
     _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
 
 
+class _Pci(ctypes.Structure):  # nvmlPciInfo_t (nvmlDeviceGetPciInfo_v3)
+    _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint), ("bus", ctypes.c_uint),
+                ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint), ("pciSubSystemId", ctypes.c_uint),
+                ("busId", ctypes.c_char * 32)]
+
+
 MEM_V2 = ctypes.sizeof(_MemV2) | (2 << 24)  # nvmlMemory_v2, as nvidia-ml-py defines it
+MIG_ENABLE = 1  # NVML_DEVICE_MIG_ENABLE
 
 
 class NvmlLite:
     """GpuProbe over libnvidia-ml.so.1 with ctypes; raises GpuQueryError when NVML cannot start."""
 
-    def __init__(self, library: str = "libnvidia-ml.so.1", warm: NvmlWarmup | None = None) -> None:
-        """``warm``: NVML already being started in a thread (``adapters/nvml_warm.py``): waited for, taken over."""
+    def __init__(self, library: str = "libnvidia-ml.so.1", warm: NvmlWarmup | None = None, details: bool = False) -> None:
+        """``warm``: NVML already being started in a thread (``adapters/nvml_warm.py``): waited for, taken over.
+        ``details``: ``gpus()`` also reads each GPU's PCI bus id, name and total memory (audit), any of which failing
+        makes its samples unknown, as nvidia-ml-py's reader does; without it (gate, reset) the name is display only."""
+        self.details = details
         if warm is not None:
             library = warm.library
             warm.join()
@@ -122,19 +135,74 @@ class NvmlLite:
         rc = self.lib.nvmlDeviceGetUUID(h, buf, 96)
         if rc != SUCCESS:
             self._broken[minor.value] = f"NVML: GPU {i} uuid: {self._err(rc)}"
-        self.lib.nvmlDeviceGetName(h, name, 96)  # display only: an empty name is not a failure
-        return GpuInfo(i, minor.value, buf.value.decode() if rc == SUCCESS else "?", "", name.value.decode())
+        name_rc = self.lib.nvmlDeviceGetName(h, name, 96)  # display only, unless details: an empty name is no failure
+        if not self.details:
+            return GpuInfo(i, minor.value, buf.value.decode() if rc == SUCCESS else "?", "", name.value.decode())
+        pci, m1 = _Pci(), _MemV1()
+        bus_rc = self.lib.nvmlDeviceGetPciInfo_v3(h, ctypes.byref(pci))
+        total_rc = self.lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m1))  # the total as nvidia-ml-py reads it (v1)
+        for key, got in (("bus", bus_rc), ("name", name_rc), ("total", total_rc)):
+            if got != SUCCESS:
+                self._broken.setdefault(minor.value, f"NVML: GPU {i} {key}: {self._err(got)}")
+        return GpuInfo(i, minor.value, buf.value.decode() if rc == SUCCESS else "?",
+                       pci.busIdLegacy.decode().lower() if bus_rc == SUCCESS else "?",
+                       name.value.decode() if name_rc == SUCCESS else "", int(m1.total) if total_rc == SUCCESS else None)
 
-    def _used(self, h: ctypes.c_void_p) -> int:
+    def _memory(self, h: ctypes.c_void_p) -> _MemV2 | _MemV1:
+        """The memory struct, v2 (``used`` without the driver's reserved share) where the driver has it, else v1."""
         try:
             fn, _ = self._fn("nvmlDeviceGetMemoryInfo_v2")
         except GpuQueryError:
             m1 = _MemV1()
             self._check(self.lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m1)), "memory")
-            return int(m1.used)
+            return m1
         m = _MemV2(version=MEM_V2)
         self._check(fn(h, ctypes.byref(m)), "memory")
-        return int(m.used)
+        return m
+
+    def health(self, minor: int) -> GpuHealth:
+        """``nvidia-smi -q -i <minor> -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` + ``--query-gpu=mig.mode.current``;
+        each value None when the GPU or driver cannot tell (unknown, never 0)."""
+        h = self._handles.get(minor)
+        if h is None:
+            try:
+                self.gpus()
+            except GpuQueryError:
+                return GpuHealth()
+            h = self._handles.get(minor)
+            if h is None:
+                return GpuHealth()
+        lib = self.lib
+
+        def call(name: str, *args: Any) -> bool:
+            fn = getattr(lib, name, None)
+            return fn is not None and fn(*args) == SUCCESS
+
+        try:
+            mem = self._memory(h)
+            reserved = getattr(mem, "reserved", None)
+        except GpuQueryError:
+            reserved = None
+        corr, unc, pending, failed = (ctypes.c_uint() for _ in range(4))
+        remap = call("nvmlDeviceGetRemappedRows", h, ctypes.byref(corr), ctypes.byref(unc), ctypes.byref(pending),
+                     ctypes.byref(failed))
+        retired = ctypes.c_uint()
+        has_retired = call("nvmlDeviceGetRetiredPagesPendingStatus", h, ctypes.byref(retired))
+        mig, mig_pending = ctypes.c_uint(), ctypes.c_uint()
+        has_mig = call("nvmlDeviceGetMigMode", h, ctypes.byref(mig), ctypes.byref(mig_pending))
+        driver = ctypes.create_string_buffer(80)
+        has_driver = call("nvmlSystemGetDriverVersion", driver, ctypes.c_uint(80))
+        return GpuHealth(
+            reserved_bytes=None if reserved is None else int(reserved),
+            retired_pages_pending=bool(retired.value) if has_retired else None,
+            remap_pending=bool(pending.value) if remap else None,
+            remap_failed=bool(failed.value) if remap else None,
+            mig_enabled=mig.value == MIG_ENABLE if has_mig else None,
+            driver_version=driver.value.decode() if has_driver else None,
+        )
+
+    def _used(self, h: ctypes.c_void_p) -> int:
+        return int(self._memory(h).used)
 
     def _procs(self, h: ctypes.c_void_p, kind: str, optional: bool) -> list[NvmlProcess]:
         base = {"C": "nvmlDeviceGetComputeRunningProcesses", "G": "nvmlDeviceGetGraphicsRunningProcesses",

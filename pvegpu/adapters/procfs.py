@@ -406,9 +406,9 @@ class ProcHost:
         if pids is None and self._early is not None:
             early, self._early = self._early, None
             if early.deep == deep and time.monotonic() - early.started <= PREFETCH_FRESH:
+                listed = set(early.split.todo)  # a process started since the prefetch listed /proc: read too
+                later = [p for p in self.all_pids() if p not in listed and p != self.self_pid]  # (while workers scan)
                 got = early.finish()
-                listed = set(early.split.todo)  # a process started since the prefetch listed /proc: read now
-                later = [p for p in self.all_pids() if p not in listed and p != self.self_pid]
                 if later:
                     got.update(self.holdings(later, deep=deep))
                 return got
