@@ -100,3 +100,22 @@ def test_gpu_gap_and_release_match_the_model(n):
             close = getattr(probe, "close", None)
             if close:
                 close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _nvml_ok(), reason="no NVIDIA GPU/NVML here (runs on the device machine)")
+def test_gpu_the_audits_reader_reads_what_nvidia_ml_py_reads():
+    """GPU: the audit's reader (the ctypes one with details) names every GPU as nvidia-ml-py does (index, minor, uuid,
+    bus id, name, total) and reads the same health (reserved memory, row remapping, retired pages, MIG, driver)."""
+    from pvegpu.adapters.nvml import NvmlProbe
+    from pvegpu.wiring import open_nvml
+
+    full, lite = NvmlProbe(), open_nvml()
+    try:
+        gpus = full.gpus()
+        assert lite.gpus() == gpus and gpus and all(g.bus_id and g.total_bytes for g in gpus)
+        for g in gpus:
+            assert lite.health(g.minor) == full.health(g.minor)
+    finally:
+        full.close()
+        lite.close()
