@@ -10,11 +10,10 @@ before. Both ways end in ``run``, with the same output and exit codes.
 
 from __future__ import annotations
 
-import json
 import sys
 
-from . import contract, wiring
 from . import errors as E
+from . import wiring
 from .record import record
 
 TYPE_CHECKING = False  # typing is not imported at run time
@@ -78,7 +77,19 @@ def parse(args: list[str]) -> dict[str, Any] | None:
 
 
 def run(values: dict[str, Any], opts: wiring.GlobalOptions) -> int:
-    """``pvegpu audit`` with parsed arguments: the one entry point of the typer command and of the light path."""
+    """``pvegpu audit`` with parsed arguments: the one entry point of the typer command and of the light path.
+    This node's whole-node scan starts first (``wiring.scan_ahead``): everything else is read while it runs."""
+    wiring.scan_ahead(opts)
+    try:
+        return _run(values, opts)
+    finally:
+        wiring.end_scan_ahead()
+
+
+def _run(values: dict[str, Any], opts: wiring.GlobalOptions) -> int:
+    import json
+
+    from . import contract
     from .audit import audit_document, audit_once
 
     cluster, prometheus, ssh_timeout = bool(values["cluster"]), values["prometheus"], float(values["ssh_timeout"])
@@ -121,6 +132,10 @@ def main(args: list[str], opts: wiring.GlobalOptions) -> int | None:
         return run(values, opts)
     except E.PvegpuError as exc:  # as cli.run: the JSON consumer gets JSON; the person watching still gets the message
         if values["json_out"]:
+            import json
+
+            from . import contract
+
             _out(json.dumps(contract.error_document(exc, "audit"), indent=2, default=str))
         return exc.show(sys.stderr)
 

@@ -318,10 +318,36 @@ PROC_SCAN_TOTAL = 15.0  # seconds one process scan of reset/audit may take (audi
 
 
 def proc_host() -> Host:
-    """``/proc``, cgroupfs and pidfd signals of this node."""
+    """``/proc``, cgroupfs and pidfd signals of this node: the one ``scan_ahead`` started, else a new one."""
+    if _AHEAD:
+        return _AHEAD.pop()
     from .adapters.procfs import ProcHost, ScanBudget
 
     return ProcHost(budget=ScanBudget(total=PROC_SCAN_TOTAL))
+
+
+_AHEAD: list[Host] = []  # this node's host, its whole-node scan already started (``scan_ahead``), for ``world``
+
+
+def scan_ahead(opts: GlobalOptions) -> None:
+    """``pvegpu audit`` of this node: start its whole-node scan now, before the settings, NVML and the configs are
+    read (``ProcHost.prefetch``; the scan depends on none of them); ``world`` takes this host, and a simulated node
+    (the settings may name one) ends it. ``end_scan_ahead()`` when the command ends."""
+    if opts.simulate or _AHEAD:
+        return
+    host = proc_host()
+    prefetch = getattr(host, "prefetch", None)
+    if prefetch is not None:
+        prefetch()
+    _AHEAD.append(host)
+
+
+def end_scan_ahead() -> None:
+    """End a scan ``scan_ahead`` started that no command took (the settings failed, or named a simulated node)."""
+    while _AHEAD:
+        cancel = getattr(_AHEAD.pop(), "cancel_prefetch", None)
+        if cancel is not None:
+            cancel()
 
 
 class LazyNvml:
@@ -470,6 +496,7 @@ def world(s: Settings) -> NodeWorld:
     if s.simulate:
         from .sim.nodefiles import SimNodeFiles
 
+        end_scan_ahead()  # a scan of this node started before the settings named a simulated one
         pve, probe, host = _sim_ports(s)
         sim_probe = bounded(probe, s)
         return NodeWorld(s, True, pve, host, SimNodeFiles(s.simulate), system_clock(), lambda: sim_probe, lambda: bounded(probe, s))

@@ -236,3 +236,56 @@ def test_a_listed_pid_the_early_scan_missed_is_a_holder_not_a_ghost():
     host.snapshot = {}  # the early scan saw nothing at all: every listed pid is looked at again
     facts = inspect_gpus(None, [GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")], host=host, probe=probe, whole_host=True)[0]
     assert not facts.ghosts and {h.pid for h in facts.other_holders} == {old.pid, new.pid}
+
+
+@pytest.fixture
+def tree_host(small_shares, tree, monkeypatch):
+    """``wiring.proc_host`` builds a host of the still tree (this machine's /proc stays out of it)."""
+    from pvegpu import wiring
+
+    monkeypatch.setattr(wiring, "_AHEAD", [])
+    real = wiring.proc_host
+
+    def host():
+        if wiring._AHEAD:
+            return real()
+        return ProcHost(_table(), proc=str(tree), workers=2)
+
+    monkeypatch.setattr(wiring, "proc_host", host)
+    return wiring
+
+
+def test_scan_ahead_hands_its_host_to_the_node_and_ends_what_nobody_took(tree_host):
+    """``scan_ahead`` starts this node's scan before the settings are read and ``proc_host`` hands that host on (once);
+    ``end_scan_ahead`` kills a scan nobody took; a simulated node (``--simulate``) starts none."""
+    from pvegpu.wiring import GlobalOptions
+
+    wiring = tree_host
+    before = _children()
+    wiring.scan_ahead(GlobalOptions(simulate="/tmp/nowhere"))
+    assert not wiring._AHEAD
+    wiring.scan_ahead(GlobalOptions())
+    (host,) = wiring._AHEAD
+    assert host._early is not None
+    assert wiring.proc_host() is host and not wiring._AHEAD
+    host.cancel_prefetch()
+    wiring.scan_ahead(GlobalOptions())
+    assert wiring._AHEAD and _children() - before
+    wiring.end_scan_ahead()
+    assert not wiring._AHEAD and _children() <= before
+
+
+def test_an_audit_whose_settings_fail_leaves_no_scan_running(tree_host, tmp_path):
+    """``pvegpu audit`` starts the scan first; settings that cannot be read end the command with their error, and the
+    scan started for it is killed (no worker left, nothing held for a later command)."""
+    from pvegpu import auditcmd
+    from pvegpu import errors as E
+    from pvegpu.wiring import GlobalOptions
+
+    wiring = tree_host
+    before = _children()
+    bad = tmp_path / "pvegpu.toml"
+    bad.write_text("[gate\n")
+    with pytest.raises(E.PvegpuError):
+        auditcmd.run(auditcmd.defaults(), GlobalOptions(config=str(bad)))
+    assert not wiring._AHEAD and _children() <= before
