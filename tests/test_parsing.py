@@ -213,5 +213,5 @@ def test_lite_nvml_missing_library_is_unknown():
     from pvegpu.adapters.nvml_lite import NvmlLite
     from pvegpu.errors import GpuQueryError
 
-    with pytest.raises(GpuQueryError, match="not found"):
+    with pytest.raises(GpuQueryError, match="(?i)library not found"):
         NvmlLite("libnvidia-ml-does-not-exist.so.1")

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 
     from .nvml_warm import NvmlWarmup
 
-SUCCESS, NOT_SUPPORTED, INSUFFICIENT_SIZE = 0, 3, 7
+SUCCESS, NOT_SUPPORTED, INSUFFICIENT_SIZE, FUNCTION_NOT_FOUND = 0, 3, 7, 13
 NOT_AVAILABLE = 2**64 - 1
-_HINT = "is the NVIDIA driver loaded on the host? try `nvidia-smi`"
+_HINT = "is the NVIDIA driver loaded on the host? try `nvidia-smi`; pvegpu needs libnvidia-ml.so.1"  # as adapters/nvml.py
 
 
 class _MemV2(ctypes.Structure):
@@ -73,8 +73,8 @@ class NvmlLite:
                 raise warm.error
             self.lib: Any = warm.lib if warm is not None and warm.lib is not None else ctypes.CDLL(library)
             self.lib.nvmlErrorString.restype = ctypes.c_char_p
-        except OSError as exc:
-            raise GpuQueryError(f"NVML library not found ({library})", _HINT) from exc
+        except OSError as exc:  # the words nvidia-ml-py's reader used
+            raise GpuQueryError("NVML could not start: NVML Shared Library Not Found", _HINT) from exc
         except AttributeError as exc:
             raise GpuQueryError(f"the driver's NVML lacks {exc.name or 'a call'}", "driver too old for pvegpu") from exc
         except Exception as exc:  # noqa: BLE001 - whatever the warm-up thread met: NVML did not start
@@ -91,6 +91,12 @@ class NvmlLite:
     def _check(self, rc: int, what: str) -> None:
         if rc != SUCCESS:
             raise GpuQueryError(f"{what}: {self._err(rc)}", _HINT)
+
+    def _rc(self, name: str, *args: Any) -> int:
+        """One NVML call's return code; FUNCTION_NOT_FOUND when this driver's library lacks the call (a failed
+        read like any other: that GPU's reading is unknown, never the whole reader gone)."""
+        fn = getattr(self.lib, name, None)
+        return FUNCTION_NOT_FOUND if fn is None else int(fn(*args))
 
     def close(self) -> None:
         self.lib.nvmlShutdown()
@@ -109,7 +115,7 @@ class NvmlLite:
         cannot be read is listed, and every ``sample()`` of it is unknown with the reason. Raises only when NVML
         cannot count the GPUs, or none can be read."""
         count = ctypes.c_uint()
-        self._check(self.lib.nvmlDeviceGetCount_v2(ctypes.byref(count)), "NVML could not count the GPUs")
+        self._check(self._rc("nvmlDeviceGetCount_v2", ctypes.byref(count)), "NVML could not list the GPUs")
         out: list[GpuInfo] = []
         self.lost, self._broken = {}, {}
         for i in range(count.value):
@@ -128,19 +134,19 @@ class NvmlLite:
 
     def _gpu(self, i: int) -> GpuInfo:
         h = ctypes.c_void_p()
-        self._check(self.lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h)), f"GPU {i}")
+        self._check(self._rc("nvmlDeviceGetHandleByIndex_v2", i, ctypes.byref(h)), f"GPU {i}")
         minor, buf, name = ctypes.c_uint(), ctypes.create_string_buffer(96), ctypes.create_string_buffer(96)
-        self._check(self.lib.nvmlDeviceGetMinorNumber(h, ctypes.byref(minor)), f"GPU {i} minor number")
+        self._check(self._rc("nvmlDeviceGetMinorNumber", h, ctypes.byref(minor)), f"GPU {i}")
         self._handles[minor.value] = h
-        rc = self.lib.nvmlDeviceGetUUID(h, buf, 96)
+        rc = self._rc("nvmlDeviceGetUUID", h, buf, 96)
         if rc != SUCCESS:
             self._broken[minor.value] = f"NVML: GPU {i} uuid: {self._err(rc)}"
-        name_rc = self.lib.nvmlDeviceGetName(h, name, 96)  # display only, unless details: an empty name is no failure
+        name_rc = self._rc("nvmlDeviceGetName", h, name, 96)  # display only, unless details: an empty name is no failure
         if not self.details:
             return GpuInfo(i, minor.value, buf.value.decode() if rc == SUCCESS else "?", "", name.value.decode())
         pci, m1 = _Pci(), _MemV1()
-        bus_rc = self.lib.nvmlDeviceGetPciInfo_v3(h, ctypes.byref(pci))
-        total_rc = self.lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(m1))  # the total as nvidia-ml-py reads it (v1)
+        bus_rc = self._rc("nvmlDeviceGetPciInfo_v3", h, ctypes.byref(pci))
+        total_rc = self._rc("nvmlDeviceGetMemoryInfo", h, ctypes.byref(m1))  # the total as nvidia-ml-py reads it (v1)
         for key, got in (("bus", bus_rc), ("name", name_rc), ("total", total_rc)):
             if got != SUCCESS:
                 self._broken.setdefault(minor.value, f"NVML: GPU {i} {key}: {self._err(got)}")

@@ -406,11 +406,16 @@ class ProcHost:
         if pids is None and self._early is not None:
             early, self._early = self._early, None
             if early.deep == deep and time.monotonic() - early.started <= PREFETCH_FRESH:
-                listed = set(early.split.todo)  # a process started since the prefetch listed /proc: read too
-                later = [p for p in self.all_pids() if p not in listed and p != self.self_pid]  # (while workers scan)
+                try:  # a process started since the prefetch listed /proc is read too (listed while the workers scan)
+                    listed = set(early.split.todo)
+                    later = [p for p in self.all_pids() if p not in listed and p != self.self_pid]
+                except BaseException:
+                    early.cancel()
+                    raise
                 got = early.finish()
-                if later:
-                    got.update(self.holdings(later, deep=deep))
+                start = 0
+                while start < len(later):  # within the prefetch's own deadline: one scan, one bound
+                    start = self._scan_watched(later, start, deep, got, early.split.end)
                 return got
             early.cancel()
         todo = [p for p in (self.all_pids() if pids is None else pids) if p != self.self_pid]
