@@ -3,8 +3,9 @@
 Usage: python3 bench/audit_startup.py [ROUNDS] [--python PY]   (no root, no node needed)
 
 Each round runs, in order: the bare interpreter (``-I -S``), the interpreter as the entry point starts it (site and
-the venv's .pth files), then that plus the audit path's pvegpu imports, plus nvidia-ml-py's import, plus typer's (what
-the audit paid before it had its own parser), and ``pvegpu audit --json`` on a machine that is not a PVE node (the
+the venv's .pth files), then that plus the audit path's pvegpu imports (NVML through the ctypes reader), plus
+nvidia-ml-py's import (what the audit paid before it read NVML through the ctypes reader), plus typer's (what the
+audit paid before it had its own parser), and ``pvegpu audit --json`` on a machine that is not a PVE node (the
 front door, the settings, the world: exit 3 before NVML). Median and min over the rounds, and the step from the row
 before: the cost of each layer.
 """
@@ -22,7 +23,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUDIT_IMPORTS = ("import pvegpu.frontdoor, pvegpu.auditcmd, pvegpu.wiring, pvegpu.audit, pvegpu.render_audit, "
                  "pvegpu.adapters.procfs, pvegpu.adapters.nodefiles, pvegpu.adapters.etcpve, pvegpu.adapters.users, "
-                 "pvegpu.adapters.bounded, pvegpu.adapters.scanpool, pvegpu.adapters.clock, pvegpu.adapters.nvml")
+                 "pvegpu.adapters.bounded, pvegpu.adapters.scanpool, pvegpu.adapters.clock, pvegpu.adapters.nvml_lite")
 
 
 def cases(py: str) -> dict[str, list[str]]:
@@ -31,7 +32,7 @@ def cases(py: str) -> dict[str, list[str]]:
         "`python -I -S -c pass` (bare interpreter)": [py, "-I", "-S", "-c", "pass"],
         "`python -c pass` (site, as the entry point starts)": [py, "-c", "pass"],
         "+ the audit path's pvegpu imports": [py, "-c", pre + AUDIT_IMPORTS],
-        "+ nvidia-ml-py (`import pynvml`)": [py, "-c", pre + AUDIT_IMPORTS + ", pynvml"],
+        "+ nvidia-ml-py (`import pynvml`: what `pvegpu audit` imported before round 4)": [py, "-c", pre + AUDIT_IMPORTS + ", pynvml"],
         "+ typer (what `pvegpu audit` imported before its own parser)": [py, "-c", pre + AUDIT_IMPORTS + ", pynvml, typer, pvegpu.cli"],
         "`pvegpu audit --json`, not a PVE node (exit 3 before NVML)": [py, "-c", pre + "import sys; from pvegpu.__main__ import main; "
                                                                         "sys.argv = ['pvegpu', 'audit', '--json']; main()"],
