@@ -11,31 +11,15 @@ import time
 
 import pytest
 
-from pvegpu.adapters import procfs, scanpool
+from pvegpu.adapters import scanpool
 from pvegpu.adapters.devscan import BUDGET
-from pvegpu.adapters.procfs import DeviceTable, ProcHost
+from pvegpu.adapters.procfs import ProcHost
 from pvegpu.holders import inspect_gpus
 from pvegpu.model import GpuInfo, Holding, Via
 from pvegpu.testing import FakeClock, FakeHost, FakeProbe, FakeProc
+from tests.test_scan_ahead import _EarlyScan, _stat_text, _table, small_shares, stall_workers  # noqa: F401 - a fixture
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def small_shares(monkeypatch):
-    """Shares of a few pids, so that a small tree is spread over workers."""
-    monkeypatch.setattr(procfs, "_MIN_SHARE", 5)
-    monkeypatch.setattr(scanpool, "MIN_PER_WORKER", 5)
-    monkeypatch.setattr(scanpool, "CHUNK", 3)
-
-
-def _table() -> DeviceTable:
-    full = os.stat("/dev/full").st_rdev
-    return DeviceTable({(os.major(full), os.minor(full)): 0})
-
-
-def _stat_text(pid: int) -> bytes:
-    return b"%d (sleep) S 1 0 0 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 123 0 0 0\n" % pid
 
 
 def _proc(root, pid: int, holds: bool) -> None:
@@ -55,6 +39,16 @@ def tree(tmp_path):
     return tmp_path
 
 
+def _kill_all(pids: list[int]) -> None:
+    """Kill and reap what a failing test left behind."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+            os.waitpid(p, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -70,7 +64,7 @@ def _children() -> set[int]:
             and st.ppid == os.getpid()}
 
 
-def test_a_holder_started_after_the_prefetch_is_in_the_taken_answer(small_shares, tree):
+def test_a_holder_started_after_the_prefetch_is_in_the_taken_answer(small_shares, tree):  # noqa: F811 - a fixture
     """A GPU holder that starts between prefetch() and the holdings() that takes it is found, as a scan started then finds it."""
     host = ProcHost(_table(), proc=str(tree), workers=2)
     host.prefetch()
@@ -99,15 +93,6 @@ def test_a_listed_pid_recycled_after_the_early_scan_is_a_ghost_not_a_holder():
     assert all(h.pid != old.pid for h in facts.other_holders)
 
 
-class _EarlyScan(FakeHost):
-    snapshot: dict | None = None
-
-    def holdings(self, pids=None, *, deep=False):
-        if pids is None and self.snapshot is not None:
-            return dict(self.snapshot)
-        return super().holdings(pids, deep=deep)
-
-
 def _plain(host: _EarlyScan) -> FakeHost:
     class Live:
         def __getattr__(self, name):
@@ -127,23 +112,17 @@ def test_a_partial_reading_keeps_its_gpu_over_the_other_sides_deadline():
     assert 0 in out[5].minors and Via.UNREADABLE in out[5].via
 
 
-def test_an_interrupted_finish_leaves_no_worker(small_shares, tree, monkeypatch):
+def test_an_interrupted_finish_leaves_no_worker(small_shares, tree, monkeypatch):  # noqa: F811 - a fixture
     """A Ctrl-C (or any exception) while the taken prefetch is finished here kills and reaps its workers: none
     scans on for the rest of the deadline."""
     parent = os.getpid()
-    real = ProcHost._scan_watched
-
-    def slow(self, todo, start, deep, out, end, stop=None):
-        if os.getpid() != parent:
-            time.sleep(30)
-        return real(self, todo, start, deep, out, end, stop)
+    stall_workers(monkeypatch)
 
     def interrupted(host, part, deep, end, out, stop=None):
         if os.getpid() == parent:
             raise KeyboardInterrupt
         return 0
 
-    monkeypatch.setattr(ProcHost, "_scan_watched", slow)
     host = ProcHost(_table(), proc=str(tree), workers=3)
     host.prefetch()
     pids = [w[0] for w in host._early.split.workers if w is not None]
@@ -154,12 +133,7 @@ def test_an_interrupted_finish_leaves_no_worker(small_shares, tree, monkeypatch)
         host.cancel_prefetch()  # what auditcmd's finally does
         assert not any(_alive(p) for p in pids)
     finally:
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-                os.waitpid(p, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+        _kill_all(pids)
 
 
 SCRIPT = textwrap.dedent("""
@@ -210,17 +184,12 @@ def test_workers_die_with_a_pvegpu_killed_by_a_signal(tree, sig):
                     pass
 
 
-def test_an_interrupt_while_the_workers_are_forked_leaves_none(small_shares, tree, monkeypatch):
+def test_an_interrupt_while_the_workers_are_forked_leaves_none(small_shares, tree, monkeypatch):  # noqa: F811 - a fixture
     """A Ctrl-C between two forks of prefetch() (signals are open again there) kills the workers already started:
     the exception leaves no worker that neither ``_early`` nor ``cancel_prefetch()`` knows of."""
-    parent = os.getpid()
-    real_scan, real_start = ProcHost._scan_watched, scanpool._start
+    real_start = scanpool._start
     started: list[int] = []
-
-    def slow(self, todo, start, deep, out, end, stop=None):
-        if os.getpid() != parent:
-            time.sleep(30)
-        return real_scan(self, todo, start, deep, out, end, stop)
+    stall_workers(monkeypatch)
 
     def start(*a, **kw):
         if started:
@@ -230,7 +199,6 @@ def test_an_interrupt_while_the_workers_are_forked_leaves_none(small_shares, tre
             started.append(w[0])
         return w
 
-    monkeypatch.setattr(ProcHost, "_scan_watched", slow)
     monkeypatch.setattr(scanpool, "_start", start)
     host = ProcHost(_table(), proc=str(tree), workers=3)
     try:
@@ -240,9 +208,4 @@ def test_an_interrupt_while_the_workers_are_forked_leaves_none(small_shares, tre
         time.sleep(0.2)
         assert started and not any(_alive(p) for p in started)
     finally:
-        for p in started:
-            try:
-                os.kill(p, signal.SIGKILL)
-                os.waitpid(p, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+        _kill_all(started)

@@ -16,7 +16,7 @@ from pvegpu.adapters.procfs import ProcHost
 from pvegpu.audit import run_audit
 from tests.test_audit import NODES, FakeFiles
 from tests.test_nvml_per_gpu import LOST, READ, FakeLib, _Err, _node, fake_pynvml
-from tests.test_scan_ahead import _children, _stat_text, _table, small_shares, tree  # noqa: F401 - fixtures
+from tests.test_scan_ahead import _children, _stat_text, _table, small_shares, stall_workers, tree  # noqa: F401 - fixtures
 
 ONE = [{"minor": 0, "uuid": "GPU-ok-0"}]
 
@@ -131,15 +131,7 @@ def test_a_taken_prefetch_keeps_one_scan_deadline(small_shares, tree, monkeypatc
 def test_an_interrupt_while_a_prefetch_is_taken_leaves_no_worker(small_shares, tree, monkeypatch):  # noqa: F811
     """An interrupt (or any error) while holdings() lists /proc again to take the prefetch: the workers are still
     ended (by holdings itself, or by cancel_prefetch, what the audit's done() calls), none left running."""
-    real = ProcHost._scan_watched
-    parent = os.getpid()
-
-    def slow(self, todo, start, deep, out, end, stop=None):
-        if os.getpid() != parent:
-            time.sleep(30)
-        return real(self, todo, start, deep, out, end, stop)
-
-    monkeypatch.setattr(ProcHost, "_scan_watched", slow)
+    stall_workers(monkeypatch)
     before = _children()
     host = ProcHost(_table(), proc=str(tree), workers=2)
     host.prefetch()

@@ -51,6 +51,18 @@ def tree(tmp_path):
     return tmp_path
 
 
+def stall_workers(monkeypatch, seconds: float = 30.0) -> None:
+    """Forked scan workers sleep ``seconds`` before each stretch of their scan; this process scans as usual."""
+    parent, real = os.getpid(), ProcHost._scan_watched
+
+    def slow(self, todo, start, deep, out, end, stop=None):
+        if os.getpid() != parent:
+            time.sleep(seconds)
+        return real(self, todo, start, deep, out, end, stop)
+
+    monkeypatch.setattr(ProcHost, "_scan_watched", slow)
+
+
 def _children() -> set[int]:
     """This process's children now, zombies too (a worker never reaped is one); compare with the set before a test:
     other tests of this run may leave children of their own."""
@@ -155,16 +167,8 @@ def test_a_prefetch_past_its_freshness_or_of_another_depth_is_not_used(small_sha
 def test_cancel_prefetch_leaves_no_worker(small_shares, tree, monkeypatch):
     """A prefetch no scan takes is ended by cancel_prefetch(): its workers are killed and reaped, even one that
     would scan for a minute."""
-    real = ProcHost._scan_watched
-
-    def slow(self, todo, start, deep, out, end, stop=None):
-        if os.getpid() != parent:
-            time.sleep(60)
-        return real(self, todo, start, deep, out, end, stop)
-
-    parent = os.getpid()
     before = _children()
-    monkeypatch.setattr(ProcHost, "_scan_watched", slow)
+    stall_workers(monkeypatch, 60)
     host = ProcHost(_table(), proc=str(tree), workers=3)
     host.prefetch()
     assert _children() - before
