@@ -301,17 +301,44 @@ def test_prerm_names_this_nodes_guarded_containers_and_vms_only(tmp_path):
     (local / "lxc" / "130.conf").write_text("arch: amd64\n\n[snap1]\n" + guard)  # only an old snapshot had it
     (local / "qemu-server" / "200.conf").write_text("hostpci0: 0000:01:00.0\n" + guard + "\n[snap]\nmemory: 1\n")
     (pve / "nodes" / "pve2" / "lxc" / "140.conf").write_text(guard)  # another node's container
-    script = tmp_path / "prerm"
-    script.write_text(open(os.path.join(PACKAGING, "debian", "prerm")).read().replace("/etc/pve", str(pve)))
-    tools = tmp_path / "bin"  # no systemctl: the units are left alone
-    tools.mkdir()
-    for t in ("sed", "grep", "tr", "cat"):
-        (tools / t).symlink_to(shutil.which(t))
-    p = subprocess.run([shutil.which("sh"), str(script), "remove"], capture_output=True, text=True, timeout=30,
-                       env={"PATH": str(tools)})
+    p = _prerm(tmp_path, pve)
     assert p.returncode == 0, p.stderr
     named = p.stderr.splitlines()[0]
     assert "CT 129" in named and "VM 200" in named and "130" not in named and "140" not in named, p.stderr
+
+
+def _prerm(tmp_path, pve, hang: bool = False) -> subprocess.CompletedProcess[str]:
+    """prerm remove with /etc/pve at ``pve``, its 10 s bound at 1 s, no systemctl (the units are left alone);
+    ``hang``: every read of a config never returns (a cluster filesystem that hangs)."""
+    script = tmp_path / "prerm"
+    script.write_text(open(os.path.join(PACKAGING, "debian", "prerm")).read().replace("/etc/pve", str(pve))
+                      .replace("timeout -k 2 10 ", "timeout -k 1 1 "))
+    tools = tmp_path / "bin"
+    tools.mkdir(exist_ok=True)
+    for t in ("sed", "grep", "tr", "cat", "sh", "timeout", "sleep"):
+        if not (tools / t).exists():
+            (tools / t).symlink_to(shutil.which(t))
+    if hang:
+        (tools / "sed").unlink()
+        (tools / "sed").write_text("#!/bin/sh\nexec sleep 60\n")
+        (tools / "sed").chmod(0o755)
+    return subprocess.run([shutil.which("sh"), str(script), "remove"], capture_output=True, text=True, timeout=30,
+                          env={"PATH": str(tools)})
+
+
+def test_prerm_never_waits_on_a_hung_etc_pve(tmp_path):
+    """A cluster filesystem whose reads never return holds the removal for the bound only: prerm exits 0 within it and
+    says that which guests are still guarded is not known (never that none are)."""
+    import time
+
+    local = tmp_path / "pve" / "nodes" / "pve1"
+    (local / "lxc").mkdir(parents=True)
+    (tmp_path / "pve" / "local").symlink_to(local)
+    (local / "lxc" / "129.conf").write_text("hookscript: local:snippets/pvegpu-guard\n")
+    t = time.monotonic()
+    p = _prerm(tmp_path, tmp_path / "pve", hang=True)
+    assert p.returncode == 0 and time.monotonic() - t < 10, p.stderr
+    assert "not known" in p.stderr and "still guarded" not in p.stderr
 
 
 def test_license_is_mit_and_the_deb_copyright_carries_its_text():
