@@ -122,7 +122,8 @@ def inspect_gpus(
         for pid in listed:
             i = info(pid)
             first.listed[pid] = (i.ident.start_ticks, i.placement) if _live(i) and i is not None else None
-    widen = scan is not None and any(not _live(info(pid)) or _recycled_by_memory(first, pid, info(pid)) for pid in listed)
+    widen = scan is not None and any((not _live(info(pid)) or _recycled_by_memory(first, pid, info(pid)))
+                                     and not _was_target(first, pid, vmid) for pid in listed)
     if widen and scan is not None:  # a dead pid is listed: its memory may be held by an unlisted fork child
         scan = None if heir_pids is None else scan | set(heir_pids())
     holdings = host.holdings(scan)
@@ -204,6 +205,13 @@ def _recycled_by_memory(first: FirstReading | None, pid: int, i: ProcInfo | None
     seen = first.listed[pid]
     assert i is not None
     return seen is None or seen[0] != i.ident.start_ticks
+
+
+def _was_target(first: FirstReading | None, pid: int, vmid: int | None) -> bool:
+    """The first reading saw this listed pid alive in the target: dead or reused since, its memory is the target's
+    leftover whoever keeps its context (``target_ghosts``), so no heir of it is looked for on the rest of the node."""
+    seen = first.listed.get(pid) if first is not None else None
+    return seen is not None and _placed_in(seen[1], vmid)
 
 
 def _placed_in(p: Placement, vmid: int | None) -> bool:

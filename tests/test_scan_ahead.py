@@ -1,6 +1,7 @@
 """The audit's whole-node scan started ahead (``ProcHost.prefetch``) and split between workers and this process
 (``scanpool.Split``): the answer is the serial scan's whatever the shared hints say, a prefetch is taken once and
-only while fresh, no worker outlives it, and an NVML-listed pid the early scan lacks is looked at again."""
+only while fresh, no worker outlives it, and an NVML-listed pid the early scan lacks is looked at again; and
+when a reading needs the whole node at all."""
 
 from __future__ import annotations
 
@@ -293,3 +294,43 @@ def test_an_audit_whose_settings_fail_leaves_no_scan_running(tree_host, tmp_path
     with pytest.raises(E.PvegpuError):
         auditcmd.run(auditcmd.defaults(), GlobalOptions(config=str(bad)))
     assert not wiring._AHEAD and _children() <= before
+
+
+class _CountingHost(FakeHost):
+    """A FakeHost that records every holdings() call's pids (None: the whole node)."""
+
+    def __init__(self, clock):
+        super().__init__(clock)
+        self.asked: list = []
+
+    def holdings(self, pids=None, *, deep=False):
+        self.asked.append(None if pids is None else sorted(pids))
+        return super().holdings(pids, deep=deep)
+
+
+def test_a_dead_listed_pid_that_was_the_targets_widens_no_scan():
+    """A reset's readings after its holder died, while NVML still lists the dead pid (the release latency): the pid
+    was the target's at the first reading, so its memory is the target's leftover and no heir is looked for on the
+    rest of the node (no whole-node scan per poll); a dead listed pid of unknown origin still widens the scan."""
+    from pvegpu.holders import FirstReading
+
+    clock = FakeClock()
+    host = _CountingHost(clock)
+    probe = FakeProbe(host)
+    job = host.add(129, minors={0})
+    probe.context(0, 1024, job)
+    gpu = [GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")]
+    first = FirstReading()
+    inspect_gpus(129, gpu, host=host, probe=probe, first=first)
+    del host.procs[job.pid]  # SIGKILLed; NVML lists it until the release latency has passed
+    host.asked.clear()
+    facts = inspect_gpus(129, gpu, host=host, probe=probe, first=first)[0]
+    assert job.pid in facts.ghosts and job.pid in facts.target_ghosts
+    assert None not in host.asked
+    other = host.add(300, minors={0})  # a neighbour's job, dead before any reading of this reset
+    probe.context(0, 512, other)
+    del host.procs[other.pid]
+    host.asked.clear()
+    fresh = FirstReading()
+    facts = inspect_gpus(129, gpu, host=host, probe=probe, first=fresh)[0]
+    assert other.pid in facts.ghosts and None in host.asked
