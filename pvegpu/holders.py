@@ -162,8 +162,11 @@ def inspect_gpus(
         for proc in sample.processes or ():
             i = info(proc.pid)
             hold = holdings.get(proc.pid)
-            recycled = _live(i) and (_recycled_by_memory(first, proc.pid, i) or (
-                hold is None or (gpu.minor not in hold.minors and Via.UNREADABLE not in hold.via)))
+            holds = hold is not None and gpu.minor in hold.minors
+            # a new process with the pid (another start time than the first reading's) that holds this GPU is a live
+            # listed holder: NVML's entry is at least as plausibly its context, so it is never the old owner's leftover
+            recycled = _live(i) and not holds and (_recycled_by_memory(first, proc.pid, i) or hold is None
+                                                  or Via.UNREADABLE not in hold.via)
             if not _live(i) or recycled:  # describe() just read it: no second look
                 facts.ghosts.append(proc.pid)
                 if recycled:  # a new process got the pid: if it holds the GPU it stays a holder (never hidden), not listed

@@ -315,7 +315,7 @@ def _prerm(tmp_path, pve, hang: bool = False) -> subprocess.CompletedProcess[str
                       .replace("timeout -k 2 10 ", "timeout -k 1 1 "))
     tools = tmp_path / "bin"
     tools.mkdir(exist_ok=True)
-    for t in ("sed", "grep", "tr", "cat", "sh", "timeout", "sleep"):
+    for t in ("sed", "grep", "tr", "cat", "sh", "timeout", "sleep", "mktemp", "rm"):
         if not (tools / t).exists():
             (tools / t).symlink_to(shutil.which(t))
     if hang:
