@@ -32,21 +32,13 @@ def test_a_target_pid_reused_by_a_neighbours_gpu_job_is_never_the_targets_leftov
     """Pre-existing (unchanged by HEAD): the target's listed pid dies, its context is released, and a neighbour's new
     GPU job gets the pid (host pid reuse): NVML lists the neighbour's live context under it; that memory must count as
     the neighbour's, never as a ghost of the target that keeps it unclean and makes the reset restart it."""
-    from pvegpu.holders import FirstReading, inspect_gpus
+    from pvegpu.holders import inspect_gpus
     from pvegpu.leftover import LeftoverRule, baseline
-    from pvegpu.model import GpuInfo
     from pvegpu.reset.diagnosis import restart_would_not_help
     from pvegpu.reset.verify import is_clean
-    from pvegpu.testing import FakeClock, FakeHost, FakeProbe
+    from tests.test_scan_ahead import target_job
 
-    clock = FakeClock()
-    host = FakeHost(clock)
-    probe = FakeProbe(host)
-    job = host.add(129, minors={0})
-    probe.context(0, 1024, job)
-    gpu = [GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")]
-    first = FirstReading()
-    f0 = inspect_gpus(129, gpu, host=host, probe=probe, first=first)[0]
+    clock, host, probe, job, gpu, first, f0 = target_job()
     f0.baseline_bytes = baseline(f0, LeftoverRule())
     del host.procs[job.pid]  # stopped by the reset
     probe.model.sample([0])  # seen dead: the release latency runs

@@ -308,20 +308,29 @@ class _CountingHost(FakeHost):
         return super().holdings(pids, deep=deep)
 
 
+def target_job(host_type: type[FakeHost] = FakeHost):
+    """A reset's first reading of CT 129, whose one job holds GPU 0 with 1 GiB: (clock, host, probe, job, gpus, first,
+    that reading's facts of GPU 0)."""
+    from pvegpu.holders import FirstReading
+
+    clock = FakeClock()
+    host = host_type(clock)
+    probe = FakeProbe(host)
+    job = host.add(129, minors={0})
+    probe.context(0, 1024, job)
+    gpu = [GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")]
+    first = FirstReading()
+    facts = inspect_gpus(129, gpu, host=host, probe=probe, first=first)[0]
+    return clock, host, probe, job, gpu, first, facts
+
+
 def test_a_dead_listed_pid_that_was_the_targets_widens_no_scan():
     """A reset's readings after its holder died, while NVML still lists the dead pid (the release latency): the pid
     was the target's at the first reading, so its memory is the target's leftover and no heir is looked for on the
     rest of the node (no whole-node scan per poll); a dead listed pid of unknown origin still widens the scan."""
     from pvegpu.holders import FirstReading
 
-    clock = FakeClock()
-    host = _CountingHost(clock)
-    probe = FakeProbe(host)
-    job = host.add(129, minors={0})
-    probe.context(0, 1024, job)
-    gpu = [GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")]
-    first = FirstReading()
-    inspect_gpus(129, gpu, host=host, probe=probe, first=first)
+    _clock, host, probe, job, gpu, first, _f0 = target_job(_CountingHost)
     del host.procs[job.pid]  # SIGKILLed; NVML lists it until the release latency has passed
     host.asked.clear()
     facts = inspect_gpus(129, gpu, host=host, probe=probe, first=first)[0]
