@@ -296,6 +296,21 @@ def bounded(probe: GpuProbe, s: Settings) -> BoundedProbe:
     return BoundedProbe(probe, read_deadline(s))
 
 
+def bounded_opening(opener: Callable[[], GpuProbe], s: Settings) -> BoundedProbe:
+    """A GpuProbe opened by ``opener`` at its first reading, in the bounded worker of that reading: NVML's start
+    stuck in the driver is, like any read, over within the read deadline (``BoundedProbe``)."""
+    from .adapters.bounded import BoundedProbe
+
+    return BoundedProbe(None, read_deadline(s), opener=opener)
+
+
+def started(probe: BoundedProbe) -> BoundedProbe:
+    """``probe`` opened now (``BoundedProbe.start``): NVML that cannot start, or does not within the read deadline,
+    is a GpuQueryError here (``pvegpu audit`` reports it and still checks the configs)."""
+    probe.start()
+    return probe
+
+
 def open_nvml() -> GpuProbe:
     """NVML for ``pvegpu audit`` (bus ids, total memory, health): the ctypes reader with details, which reads what
     nvidia-ml-py's reader (``adapters/nvml.py``, the reference a GPU test compares it with) reads, without its
@@ -370,7 +385,7 @@ class LazyNvml:
             warm, self._warm = self._warm, None  # one warm-up, one NVML start: a reopen after close starts afresh
             # NVML's start (the warm-up's join, or nvmlInit) runs in the bounded worker too: a start stuck in the
             # driver is an unknown reading within the read deadline, never a hang of the reset
-            self._probe = bounded(_OpenOnce(lambda: open_nvml_lite(warm)), self._s)
+            self._probe = bounded_opening(lambda: open_nvml_lite(warm), self._s)
         return self._probe
 
     def gpus(self) -> list[GpuInfo]:
@@ -388,38 +403,6 @@ class LazyNvml:
         if self._probe is not None:
             self._probe.close()
             self._probe = None
-
-
-class _OpenOnce:
-    """A GpuProbe opened by its first reading (``open``, in the bounded worker that makes the reading)."""
-
-    def __init__(self, open: Callable[[], GpuProbe]) -> None:
-        self._open = open
-        self._probe: GpuProbe | None = None
-
-    def _get(self) -> GpuProbe:
-        if self._probe is None:
-            self._probe = self._open()
-        return self._probe
-
-    def gpus(self) -> list[GpuInfo]:
-        return list(self._get().gpus())
-
-    def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
-        return dict(self._get().sample(minors))
-
-    @property
-    def failed(self) -> list[str]:
-        return list(getattr(self._probe, "failed", ()))
-
-    @property
-    def lost(self) -> dict[int, str]:
-        return dict(getattr(self._probe, "lost", {}))
-
-    def close(self) -> None:
-        close = getattr(self._probe, "close", None)
-        if close is not None:
-            close()
 
 
 @record
@@ -455,7 +438,8 @@ class NodeWorld:
     """One node, simulated or this one, chosen once (``world(s)``): the ports every command of the run shares.
 
     ``reset_probe``: GPU readings for reset (bounded; on a node the ctypes reader, opened at the first reading);
-    ``audit_probe``: GPU readings and health for audit (bounded; on a node nvidia-ml-py). A plain class, not a
+    ``audit_probe``: GPU readings and health for audit (bounded, NVML's start included; on a node the ctypes reader
+    with details). A plain class, not a
     dataclass: the gate's path imports this module and pays for each class it builds."""
 
     __slots__ = ("settings", "simulated", "pve", "host", "files", "clock", "reset_probe", "audit_probe", "warm_up")
@@ -504,7 +488,7 @@ def world(s: Settings) -> NodeWorld:
 
     lazy = LazyNvml(s)  # one per run: the warm-up it may have started is the one its first reading takes over
     return NodeWorld(s, False, pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), system_clock(),
-                     lambda: lazy, lambda: bounded(open_nvml(), s), lazy.warm_up)
+                     lambda: lazy, lambda: started(bounded_opening(open_nvml, s)), lazy.warm_up)
 
 
 def user_names() -> Callable[[int], str | None]:

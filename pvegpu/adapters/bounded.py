@@ -5,6 +5,10 @@ the caller gets, for ``sample()``, every asked GPU as unknown (``GpuSample(minor
 not return within X s")``, never zero) and, for ``gpus()``, a GpuQueryError. The stuck worker is left behind
 (a thread in an uninterruptible driver call cannot be stopped); while it is stuck, later calls do not queue
 behind it: they answer unknown at once, until it returns. Manual equivalent: ``timeout 5 nvidia-smi``.
+
+Given an ``opener`` instead of a probe, the probe is opened by the first call, in that call's worker: NVML's own
+start (``nvmlInit``, which can sit in the driver as any read can) is under the same deadline; ``start()`` opens it
+now, a start that fails or does not return being a GpuQueryError.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ class _Stuck(Exception):
 
 
 class BoundedProbe:
-    """Wraps a GpuProbe (``inner``) so that no call takes longer than ``deadline`` seconds."""
+    """Wraps a GpuProbe (``inner``, or the one ``opener`` opens at the first call) so that no call takes longer than
+    ``deadline`` seconds."""
 
-    def __init__(self, inner: Any, deadline: float) -> None:
+    def __init__(self, inner: Any, deadline: float, *, opener: Callable[[], Any] | None = None) -> None:
         self.inner = inner
+        self._opener = opener
         self.deadline = deadline
         self._lock = threading.Lock()
         self._busy: threading.Thread | None = None  # a worker that has not returned yet
@@ -59,10 +65,24 @@ class BoundedProbe:
             raise box["error"]
         return box["value"]  # type: ignore[no-any-return]
 
+    def _probe(self) -> Any:
+        """The inner probe, opened now if it is not yet (in the worker of the call that needs it)."""
+        if self.inner is None and self._opener is not None:
+            self.inner = self._opener()
+        return self.inner
+
+    def start(self) -> None:
+        """Open the inner probe now, bounded: a start that fails or does not return within the deadline is a
+        GpuQueryError (what the opener raised, or that it is stuck)."""
+        try:
+            self._run(self._probe)
+        except _Stuck as exc:
+            raise GpuQueryError(f"NVML did not start: {exc.what}", _HINT) from None
+
     def gpus(self) -> list[GpuInfo]:
         """``nvidia-smi -L``, bounded: a stuck read is a GpuQueryError (exit 5)."""
         try:
-            return self._run(self.inner.gpus)
+            return self._run(lambda: self._probe().gpus())
         except _Stuck as exc:
             raise GpuQueryError(f"cannot list the GPUs: {exc.what}", _HINT) from None
 
@@ -70,14 +90,14 @@ class BoundedProbe:
         """Memory and processes per GPU, bounded: a stuck read gives every asked GPU as unknown."""
         wanted = list(minors)
         try:
-            return self._run(lambda: self.inner.sample(wanted))
+            return self._run(lambda: self._probe().sample(wanted))
         except _Stuck as exc:
             return {m: GpuSample(m, None, None, exc.what) for m in wanted}
 
     def health(self, minor: int) -> Any:
         """The inner probe's health reading (audit), bounded: a stuck read is a GpuQueryError."""
         try:
-            return self._run(lambda: self.inner.health(minor))
+            return self._run(lambda: self._probe().health(minor))
         except _Stuck as exc:
             raise GpuQueryError(f"GPU minor {minor} health: {exc.what}", _HINT) from None
 
