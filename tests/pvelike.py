@@ -88,6 +88,16 @@ def release_vmid(vmid: int) -> None:
         pass
 
 
+def kill_and_reap(*pids: int) -> None:
+    """SIGKILL and reap children a test left behind (any already gone or reaped is skipped)."""
+    for p in pids:
+        try:
+            os.kill(p, 9)
+            os.waitpid(p, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
 def cgroup_dir(vmid: int) -> str:
     """The payload cgroup of CT vmid, as PVE lays it out (v2, or the unified hierarchy of a hybrid host)."""
     base = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"

@@ -6,6 +6,7 @@ import json
 
 from pvegpu.adapters.child import Child, call_in_child
 from pvegpu.gate import GateState
+from tests.pvelike import kill_and_reap
 
 
 def test_the_answer_arrives_as_json_would_bring_it():
@@ -67,7 +68,6 @@ def test_the_gates_verdict_does_not_wait_for_its_childs_exit():
     """reap=False (the start gate, which exits right after): the answer is returned as soon as the pipe is at EOF,
     while the child's exit still lingers (its NVML files closing); reap=True waits for it, up to the deadline."""
     import os
-    import signal
     import time
 
     def answers_then_lingers() -> dict:
@@ -85,10 +85,6 @@ def test_the_gates_verdict_does_not_wait_for_its_childs_exit():
             done, ans = child.result(2.0, reap=reap)
             took = time.monotonic() - t0
         finally:
-            try:
-                os.kill(child.pid, signal.SIGKILL)
-                os.waitpid(child.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+            kill_and_reap(child.pid)
         assert done and ans == {"ok": {"allow": True}}, reap
         assert (took >= 1.5) == slow, (reap, took)

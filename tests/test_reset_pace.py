@@ -16,6 +16,7 @@ SETTLE, POLL, FAST = 0.25, 0.02, 0.005
 
 @pytest.fixture
 def node():
+    """CT 129 with its init on a fake node (clock, host, NVML on the driver model, PVE)."""
     clock = FakeClock()
     host = FakeHost(clock)
     probe = FakeProbe(host)
@@ -23,6 +24,8 @@ def node():
     pve.add_ct(129)
     host.add(129, init=True, comm="init")
     return clock, host, probe, pve
+
+
 
 
 def _readings(node):
@@ -119,25 +122,25 @@ def test_settle_window_is_still_read_every_poll(node):
     assert len(during) >= SETTLE / POLL and max(gaps) <= POLL + 1e-9 and min(gaps[:-1]) >= POLL - 1e-9
 
 
-def test_readings_take_at_most_half_the_fast_phase(node):
-    """A costly reading (12 ms: a crowded container) is followed by a pause at least as long: fast polls are bounded."""
+def _gaps_while_memory_held(node, read_secs: float) -> list[float]:
+    """Time between reading starts while the memory is still held (0.45 s), each reading costing ``read_secs``."""
     reads = _readings(node)
     t0 = _memory(node, [0.45])
-    node[2].read_secs = 0.012
+    node[2].read_secs = read_secs
     _run(node)
     before = [s for s, _ in reads if s < t0 + 0.45 and s > reads[0][1]]
-    gaps = [b - a for a, b in zip(before, before[1:])]
+    return [b - a for a, b in zip(before, before[1:])]
+
+
+def test_readings_take_at_most_half_the_fast_phase(node):
+    """A costly reading (12 ms: a crowded container) is followed by a pause at least as long: fast polls are bounded."""
+    gaps = _gaps_while_memory_held(node, 0.012)
     assert gaps and min(gaps) >= 2 * 0.012 - 1e-9
 
 
 def test_reading_dearer_than_poll_is_paced_by_poll(node):
     """A reading that costs more than poll gets today's poll pause, never a shorter one."""
-    reads = _readings(node)
-    t0 = _memory(node, [0.45])
-    node[2].read_secs = 0.03
-    _run(node)
-    before = [s for s, _ in reads if s < t0 + 0.45 and s > reads[0][1]]
-    gaps = [b - a for a, b in zip(before, before[1:])]
+    gaps = _gaps_while_memory_held(node, 0.03)
     assert gaps and min(gaps) >= 0.03 + POLL - 1e-9
 
 

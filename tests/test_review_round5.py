@@ -7,6 +7,7 @@ import threading
 import time
 
 from pvegpu.model import GpuSample
+from tests.pvelike import kill_and_reap
 
 
 class _StuckLib:
@@ -87,7 +88,6 @@ def test_a_forked_check_answers_its_verdict_as_json_did():
 def test_a_child_that_closed_its_pipe_but_does_not_exit_is_not_waited_for_past_the_deadline():
     """Child.result returns within its deadline when the pipe is at EOF but the child never exits (its exit stuck in the driver)."""
     import os
-    import signal
 
     from pvegpu.adapters.child import Child
 
@@ -101,11 +101,7 @@ def test_a_child_that_closed_its_pipe_but_does_not_exit_is_not_waited_for_past_t
         done, ans = child.result(2.0)
         took = time.monotonic() - t0
     finally:
-        try:
-            os.kill(child.pid, signal.SIGKILL)
-            os.waitpid(child.pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
+        kill_and_reap(child.pid)
     assert took < 6.0, f"result() waited {took:.1f} s for the child's exit"
     assert ans is None or "crash" in ans
 

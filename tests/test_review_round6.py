@@ -17,6 +17,7 @@ from pvegpu.adapters.procfs import ProcHost
 from pvegpu.holders import inspect_gpus
 from pvegpu.model import GpuInfo, Holding, Via
 from pvegpu.testing import FakeClock, FakeHost, FakeProbe, FakeProc
+from tests.pvelike import kill_and_reap
 from tests.test_scan_ahead import _EarlyScan, _stat_text, _table, small_shares, stall_workers  # noqa: F401 - a fixture
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,16 +38,6 @@ def tree(tmp_path):
     for i in range(40):
         _proc(tmp_path, 7000 + i, i % 3 == 0)
     return tmp_path
-
-
-def _kill_all(pids: list[int]) -> None:
-    """Kill and reap what a failing test left behind."""
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-            os.waitpid(p, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
 
 
 def _alive(pid: int) -> bool:
@@ -133,7 +124,7 @@ def test_an_interrupted_finish_leaves_no_worker(small_shares, tree, monkeypatch)
         host.cancel_prefetch()  # what auditcmd's finally does
         assert not any(_alive(p) for p in pids)
     finally:
-        _kill_all(pids)
+        kill_and_reap(*pids)
 
 
 SCRIPT = textwrap.dedent("""
@@ -208,4 +199,4 @@ def test_an_interrupt_while_the_workers_are_forked_leaves_none(small_shares, tre
         time.sleep(0.2)
         assert started and not any(_alive(p) for p in started)
     finally:
-        _kill_all(started)
+        kill_and_reap(*started)

@@ -201,11 +201,6 @@ def read_file(path: str, problems: list[str], snapshot_dir: str | None) -> dict[
     return data
 
 
-def snapshot_dir_for(path: str) -> str | None:
-    """Where the snapshot of ``path`` lives: every file has one (``snapshot_name`` says which slot)."""
-    return SNAPSHOT_DIR
-
-
 def load(path: str | None = None, env: Mapping[str, str] | None = None, overrides: dict[str, Any] | None = None,
          *, snapshot_dir: str | None = "") -> Settings:
     """Settings from file (missing default file is fine), environment and overrides ("reset.grace": 3).
@@ -213,5 +208,5 @@ def load(path: str | None = None, env: Mapping[str, str] | None = None, override
     env = os.environ if env is None else env
     path = path or env.get("PVEGPU_CONFIG") or DEFAULT_PATH
     problems: list[str] = []
-    data = read_file(path, problems, snapshot_dir_for(path) if snapshot_dir == "" else snapshot_dir)
+    data = read_file(path, problems, SNAPSHOT_DIR if snapshot_dir == "" else snapshot_dir)
     return build(data, env, overrides, path, problems)
