@@ -343,3 +343,17 @@ def test_a_dead_listed_pid_that_was_the_targets_widens_no_scan():
     fresh = FirstReading()
     facts = inspect_gpus(129, gpu, host=host, probe=probe, first=fresh)[0]
     assert other.pid in facts.ghosts and None in host.asked
+
+
+def test_a_split_without_a_shared_page_still_gives_the_serial_answer(small_shares, tree, monkeypatch):
+    """No shared page for the hints (mmap refused): the workers and this process never see each other's progress,
+    and the answer is still the serial scan's (the hints are only hints), never an error of the scan."""
+    import mmap
+
+    def refused(*a, **kw):
+        raise OSError(12, "Cannot allocate memory")
+
+    serial = ProcHost(_table(), proc=str(tree), workers=1).holdings()
+    monkeypatch.setattr(mmap, "mmap", refused)
+    host = ProcHost(_table(), proc=str(tree), workers=2)
+    assert list(scanpool.Split(host, host.all_pids(), False, time.monotonic() + 60, 1).finish().items()) == list(serial.items())

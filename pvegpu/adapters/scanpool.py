@@ -100,7 +100,11 @@ class Split:
         k = max(1, workers)
         cuts = [len(todo) * i // k for i in range(k + 1)]
         self.segments = list(zip(cuts, cuts[1:], strict=False))
-        self.hints = mmap.mmap(-1, 8 * k)  # anonymous and shared: the workers see what this process writes
+        self.hints: mmap.mmap | bytearray
+        try:
+            self.hints = mmap.mmap(-1, 8 * k)  # anonymous and shared: the workers see what this process writes
+        except OSError:  # no shared page (out of memory): hints only this process sees; still exact (gaps, overlap)
+            self.hints = bytearray(8 * k)
         for i, (a, b) in enumerate(self.segments):
             _SLOT.pack_into(self.hints, 8 * i, a)
             _SLOT.pack_into(self.hints, 8 * i + 4, b)
