@@ -22,26 +22,45 @@ class _StuckLib:
         return 9  # NVML_ERROR_DRIVER_NOT_LOADED, once let go
 
 
-def test_a_reset_whose_nvml_start_hangs_gets_unknown_within_the_read_deadline(monkeypatch):
-    """A reset's first GPU reading, with the warm-up's nvmlInit stuck in the driver, answers unknown within the read deadline."""
+def while_nvml_start_hangs(monkeypatch, call, limit_extra: float = 5.0) -> tuple[bool, float, dict[str, object]]:
+    """Run ``call(settings)`` in a thread while every nvmlInit sits in the driver: (whether it returned within the
+    read deadline + ``limit_extra`` s, how long it took, ``{"value": ...}`` or ``{"error": ...}``); then NVML is let go."""
     from pvegpu import wiring
     from pvegpu.adapters.settingsfile import load
 
     release = threading.Event()
     monkeypatch.setattr(ctypes, "CDLL", lambda name: _StuckLib(release))
     s = load(None, env={}, snapshot_dir=None)
-    lazy = wiring.LazyNvml(s)
-    lazy.warm_up()
     box: dict[str, object] = {}
-    t = threading.Thread(target=lambda: box.setdefault("v", lazy.sample([0])), daemon=True)
+
+    def run() -> None:
+        try:
+            box["value"] = call(s)
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
     t0 = time.monotonic()
     t.start()
-    t.join(wiring.read_deadline(s) + 5.0)
+    t.join(wiring.read_deadline(s) + limit_extra)
     finished, took = not t.is_alive(), time.monotonic() - t0
     release.set()
     t.join(30)
+    return finished, took, box
+
+
+def test_a_reset_whose_nvml_start_hangs_gets_unknown_within_the_read_deadline(monkeypatch):
+    """A reset's first GPU reading, with the warm-up's nvmlInit stuck in the driver, answers unknown within the read deadline."""
+    from pvegpu import wiring
+
+    def first_reading(s):
+        lazy = wiring.LazyNvml(s)
+        lazy.warm_up()
+        return lazy.sample([0])
+
+    finished, took, box = while_nvml_start_hangs(monkeypatch, first_reading)
     assert finished, f"the reading was still waiting after {took:.1f} s"
-    sample = box["v"]
+    sample = box["value"]
     assert isinstance(sample, dict) and isinstance(sample[0], GpuSample) and sample[0].used_bytes is None
 
 

@@ -157,31 +157,10 @@ def test_an_interrupt_while_a_prefetch_is_taken_leaves_no_worker(small_shares, t
 def test_an_audit_whose_nvml_start_hangs_reports_it_within_the_read_deadline(monkeypatch):
     """``pvegpu audit``'s NVML, its nvmlInit stuck in the driver: the audit's probe gives up within the read deadline
     with an error (the audit still checks the configs), never a hang of the command."""
-    import threading
-
     from pvegpu import wiring
-    from pvegpu.adapters.settingsfile import load
-    from tests.test_review_round5 import _StuckLib
+    from tests.test_review_round5 import while_nvml_start_hangs
 
-    release = threading.Event()
-    monkeypatch.setattr(ctypes, "CDLL", lambda name: _StuckLib(release))
-    s = load(None, env={}, snapshot_dir=None)
     monkeypatch.setattr(wiring, "pve_port", lambda s: object())  # no /etc/pve here: the audit's NVML is what is tried
-    open_probe = wiring.world(s).audit_probe
-    box: dict[str, object] = {}
-
-    def open_it() -> None:
-        try:
-            open_probe()
-        except E.GpuQueryError as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=open_it, daemon=True)
-    t0 = time.monotonic()
-    t.start()
-    t.join(wiring.read_deadline(s) + 5.0)
-    finished, took = not t.is_alive(), time.monotonic() - t0
-    release.set()
-    t.join(30)
+    finished, took, box = while_nvml_start_hangs(monkeypatch, lambda s: wiring.world(s).audit_probe())
     assert finished, f"the audit's NVML start was still waiting after {took:.1f} s"
     assert isinstance(box.get("error"), E.GpuQueryError)
