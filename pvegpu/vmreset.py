@@ -139,6 +139,19 @@ class _Run:
         """Whether a look started now may end by ``end``, judged by the last look's duration."""
         return end.fits(self.last_look)
 
+    def waiting(self, what: str, seconds: float) -> Callable[[], None]:
+        """A progress line for a wait of up to ``seconds`` (call it before each pause): said once a second, from
+        the first second on, with how long it has waited ("waiting for VM 200 to be running: 3 s of 60")."""
+        t0, said = self.clock.monotonic(), [0.0]
+
+        def tick() -> None:
+            waited = self.clock.monotonic() - t0
+            if self.on_progress is not None and waited >= 1.0 and waited - said[0] >= 1.0:
+                said[0] = waited
+                self.on_progress(f"waiting for {what}: {waited:.0f} s of {seconds:g}")
+
+        return tick
+
 
 def reset_vm(vmid: int, api: VmApi, clock: Clock, policy: VmPolicy, on_step: Callable[[Step], None] | None = None,
              log: Any = None, interrupts: Interrupts | None = None, on_progress: Callable[[str], None] | None = None) -> VmReport:
@@ -429,7 +442,8 @@ def _state(run: _Run) -> str:
 def _await_state(run: _Run, want: str, seconds: float) -> str:
     """The VM's state once it is ``want``, or when ``seconds`` have passed (``reset.poll.until``, as a CT's waits)."""
     end = deadline_in(run.clock, seconds)
-    _, state = until(lambda: _state(run), lambda s: s if s == want else None, expired=end.expired, pause=lambda: end.pause(STATE_POLL))
+    _, state = until(lambda: _state(run), lambda s: s if s == want else None, expired=end.expired, pause=lambda: end.pause(STATE_POLL),
+                     on_wait=run.waiting(f"VM {run.vmid} to be {want}", seconds))
     return state
 
 
@@ -509,11 +523,13 @@ def _verify_after_boot(run: _Run) -> None:
         r.add(f"VM {run.vmid} was rebooted, but its GPU could not be verified: {run.blind.message}", run.blind.hint or "")
         return _finish(run, None, VmOutcome.NOT_VERIFIED, run.blind.exit_code)
     end = deadline_in(run.clock, pol.task_timeout)
+    tick = run.waiting(f"VM {run.vmid}'s guest agent after the reboot", pol.task_timeout)
     while True:
         try:
             run.api.agent_ping(run.guest)
             break
         except E.PvegpuError as exc:
+            tick()
             if end.expired():
                 r.add(f"VM {run.vmid} was rebooted, but its guest agent did not answer within {pol.task_timeout:g} s: "
                                     f"{exc.message}", f"`qm agent {run.vmid} ping`; is qemu-guest-agent enabled in the guest?")

@@ -377,3 +377,24 @@ def test_a_vm_waiting_for_its_reset_lock_is_named_a_vm(tmp_path):
     with ct_lock(locks, 200, 0), resetcmd._Signals(200, "VM") as sigs, pytest.raises(E.BusyError) as err:
         resetcmd._vm_reset(s, 200, sigs, dry_run=False, json_out=True, verbose=False)
     assert err.value.exit_code == E.EXIT_BUSY and "VM 200" in err.value.message and "CT 200" not in err.value.message
+
+
+def test_a_vm_reset_waiting_for_its_guest_agent_says_so_every_second():
+    """After the reboot, a guest agent that does not answer is waited for with a progress line about once a second
+    (what is waited for, for how long of how long), never a silent wait."""
+    from pvegpu.testing import FakeClock
+    from pvegpu.vmguest import AgentUnavailable
+    from pvegpu.vmreset import VmPolicy, reset_vm
+    from tests.test_review_vm import FakeVm
+
+    clock = FakeClock()
+    vm = FakeVm(clock, kill_ignored=True)
+
+    def ping(g):
+        raise AgentUnavailable("the guest agent of VM 200 does not answer", None)
+
+    vm.agent_ping = ping
+    said: list[str] = []
+    reset_vm(200, vm, clock, VmPolicy(grace=1, kill_wait=1, timeout=1, task_timeout=4.5), on_progress=said.append)
+    lines = [t for t in said if "guest agent after the reboot" in t]
+    assert len(lines) >= 3 and all(" of 4.5" in t for t in lines)
