@@ -14,10 +14,11 @@ Rules a tenant cannot bend:
 - Every process has a budget (fds, maps lines and bytes, wall time). A process that runs over it is
   reported with ``via = {"unreadable", "budget"}`` and whatever it was already seen to hold: unknown
   for that process, never "holds nothing", and never a failure of the whole scan.
-- Nothing a FUSE or NFS server answers is waited for: an fd is stat'ed only when it names a path (pipes,
-  sockets and anon inodes never are), and then with ``statx(AT_STATX_DONT_SYNC)``, which FUSE, NFS, CIFS
-  and overlayfs answer from the inode the kernel already has, never asking the server (a server that never
-  answers cannot hold the scan, nor leave pvegpu's threads unkillable in the kernel). Mapped files likewise.
+- Nothing a FUSE or NFS server answers is waited for: every fd is stat'ed with ``statx(AT_STATX_DONT_SYNC)``,
+  which FUSE, NFS, CIFS and overlayfs answer from the inode the kernel already has, never asking the server (a
+  server that never answers cannot hold the scan, nor leave pvegpu's threads unkillable in the kernel); pipes,
+  sockets and anon inodes are answered by the kernel alone. Mapped files likewise. (An injected ``stat_of``, or
+  ``os.stat`` where libc lacks ``statx``, is only handed fds whose link names a path.)
 - A process whose main thread exited while other threads run has an empty ``fd`` directory and no
   ``map_files``; its threads' ``task/<tid>/fd`` are scanned, and mappings that cannot be proven make it
   ``unreadable``.
@@ -265,16 +266,17 @@ class ProcessScan:
                     raise _OverBudget
                 if count % 256 == 0:
                     self._check()
-                try:  # a path, not pipe:[..], socket:[..], anon_inode:..: only those can be device nodes
+                try:
                     path: Any = entry.path
-                    if not readlink(path).startswith(slash):
-                        continue
-                    if statx is None:
-                        m = of_mode(*stat_of(path))
-                    elif statx(_AT_FDCWD, path, flags, _STATX_TYPE_MODE, buf) != 0 or mode_of(buf, 28)[0] & _S_IFMT != _S_IFCHR:
-                        continue  # gone, unreadable (as os.stat's OSError), or no character device
-                    else:
+                    if statx is not None:  # every fd, pipes and sockets too: statx(DONT_SYNC) asks no server, and one
+                        # call per fd costs less than a readlink to pick the paths first (fuser stats every fd too)
+                        if statx(_AT_FDCWD, path, flags, _STATX_TYPE_MODE, buf) != 0 or mode_of(buf, 28)[0] & _S_IFMT != _S_IFCHR:
+                            continue  # gone, unreadable (as os.stat's OSError), or no character device
                         m = numbers(*rdev_of(buf, 128))
+                    elif not readlink(path).startswith(slash):  # an injected stat (or os.stat): paths only, as always
+                        continue  # pipe:[..], socket:[..], anon_inode:..: never device nodes
+                    else:
+                        m = of_mode(*stat_of(path))
                 except OSError:
                     continue
                 if m is not None:
