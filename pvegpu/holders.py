@@ -126,7 +126,9 @@ def inspect_gpus(
                                      and not _was_target(first, pid, vmid) for pid in listed)
     if widen and scan is not None:  # a dead pid is listed: its memory may be held by an unlisted fork child
         scan = None if heir_pids is None else scan | set(heir_pids())
-    holdings = host.holdings(scan)
+    # a whole-host scan reads the maps of GPU fd holders too (``deep``), so that none is read again below: in a
+    # split scan (``scanpool``) that reading is spread over the workers with the rest
+    holdings = host.holdings(scan, deep=whole_host)
     if scan is None:  # a whole-node scan may have begun before NVML's reading (``ProcHost.prefetch``): every listed
         # pid gets a second look now, as a scan after the reading would read it (one that started its context since
         # is a holder, never a recycled pid; one whose pid a new process took since is recycled, never that process)
@@ -140,7 +142,7 @@ def inspect_gpus(
         extra = set(heir_pids()) - scan if heir_pids is not None else None
         holdings.update(host.holdings(extra))
     fd_only = [pid for pid, h in holdings.items() if pid not in listed and Via.MAPS not in h.via and any(m >= 0 for m in h.minors)]
-    if fd_only:  # unlisted GPU fd holders: a context owner (maps the device) or an NVML client (fd only)?
+    if fd_only and not whole_host:  # unlisted GPU fd holders: a context owner (maps the device) or an NVML client?
         holdings.update(host.holdings(fd_only, deep=True))
 
     out: dict[int, GpuFacts] = {}

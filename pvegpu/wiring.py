@@ -353,7 +353,7 @@ def scan_ahead(opts: GlobalOptions) -> None:
     host = proc_host()
     prefetch = getattr(host, "prefetch", None)
     if prefetch is not None:
-        prefetch()
+        prefetch(deep=True)  # as the audit's whole-host reading scans (``inspect_gpus``)
     _AHEAD.append(host)
 
 
