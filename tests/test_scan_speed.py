@@ -239,18 +239,32 @@ def test_kernel_thread_flag_is_read_from_stat():
 
 
 def test_kernel_threads_are_not_scanned_and_user_processes_still_are(tmp_path):
-    """A pid whose stat has PF_KTHREAD is skipped before its fds are read; the same tree with the flag cleared holds
-    the stand-in device (so the skip is what hides it, not a broken tree)."""
+    """A pid with no fd whose stat has PF_KTHREAD is skipped before its maps are read; the same tree with the flag
+    cleared maps the stand-in device (so the skip is what hides it, not a broken tree); stat is read only then."""
     full = os.stat("/dev/full").st_rdev
     table = DeviceTable({(os.major(full), os.minor(full)): 0})
     for pid, flags in ((4301, 0x00208040), (4302, 0x00400100)):
         d = tmp_path / str(pid)
         (d / "fd").mkdir(parents=True)
-        (d / "fd" / "3").symlink_to("/dev/full")
+        (d / "map_files").mkdir()
         (d / "stat").write_bytes(_stat_text(pid, flags))
-        (d / "maps").write_bytes(b"")
+        (d / "maps").write_bytes(b"7f000000-7f001000 rw-s 00000000 00:05 901 /dev/nvidia0\n")
+        (d / "map_files" / "7f000000-7f001000").symlink_to("/dev/full")
     held = ProcHost(table, proc=str(tmp_path)).holdings([4301, 4302])
-    assert 4301 not in held and held[4302].minors == {0}
+    assert 4301 not in held and held[4302].minors == {0} and held[4302].via == {"maps"}
+
+
+def test_stat_is_read_only_for_a_process_without_fds(tmp_path):
+    """A process with an open fd is scanned without its stat: a stat that says kernel thread does not hide its GPU fd
+    (no kernel thread has fds)."""
+    full = os.stat("/dev/full").st_rdev
+    table = DeviceTable({(os.major(full), os.minor(full)): 0})
+    d = tmp_path / "4303"
+    (d / "fd").mkdir(parents=True)
+    (d / "fd" / "3").symlink_to("/dev/full")
+    (d / "stat").write_bytes(_stat_text(4303, 0x00208040))
+    (d / "maps").write_bytes(b"")
+    assert ProcHost(table, proc=str(tmp_path)).holdings([4303])[4303].minors == {0}
 
 
 def test_real_kernel_threads_hold_nothing():

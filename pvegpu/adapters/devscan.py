@@ -37,6 +37,7 @@ import time
 from ..lxcconf import NVIDIA_MAJOR
 from ..model import CONTROL, Holding, Via
 from ..record import record
+from .procstat import kernel_thread, parse_stat, read_small
 
 TYPE_CHECKING = False  # typing is not imported at run time (start gate path)
 if TYPE_CHECKING:
@@ -205,21 +206,33 @@ class ProcessScan:
         self._deadline = 0.0
         self._fds = 0
 
-    def run(self, proc: str, pid: int, leader_zombie: bool = False, deep: bool = False) -> Holding | None:
-        """The process's holding, None when it holds no GPU (or is gone); ``deep`` reads maps even after a GPU fd."""
+    def run(self, proc: str, pid: int, leader_zombie: bool | None = None, deep: bool = False) -> Holding | None:
+        """The process's holding, None when it holds no GPU (or is gone); ``deep`` reads maps even after a GPU fd.
+
+        ``leader_zombie`` None: told here, from ``/proc/<pid>/stat``, which is read only when the fd table is empty
+        (every process that runs a program has fds; a kernel thread, a zombie and a leader whose threads live on have
+        none): a kernel thread holds nothing, and a leader that exited while its threads run is scanned through them."""
         minors: set[int] = set()
         via: set[str] = set()
         self._deadline = self._now() + self.budget.seconds
         self._fds = 0
         try:
-            fd_dirs = self._fd_dirs(proc, pid, leader_zombie)
+            fd_dirs = self._fd_dirs(proc, pid, bool(leader_zombie))
             if fd_dirs is None:
                 return None
             for d in fd_dirs:
                 if self._scan_fds(d, minors):
                     via.add(Via.FD)
+            if leader_zombie is None and not self._fds:
+                raw = read_small(f"{proc}/{pid}/stat")
+                st = parse_stat(raw) if raw is not None else None
+                # a kernel thread (a child of kthreadd, pid 2, or kthreadd itself) has no mm and no files: holds nothing
+                if st is not None and st.ppid in (0, 2) and kernel_thread(raw):
+                    return None
+                if st is not None and st.state == "Z" and st.threads > 1:
+                    return self.run(proc, pid, True, deep)
             if deep or not minors or max(minors) < 0:  # no GPU (CONTROL is -1) by fd yet
-                unproven = self._scan_maps(proc, pid, leader_zombie, minors, via)
+                unproven = self._scan_maps(proc, pid, bool(leader_zombie), minors, via)
                 if unproven:
                     via.add(UNREADABLE)
         except (ProcessLookupError, FileNotFoundError):  # exited mid-scan (ESRCH on a read of maps)

@@ -18,7 +18,7 @@ from ..cgroup import UNKNOWN, parse_cgroup
 from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult, Via
 from ..safetext import escape
 from .devscan import BUDGET, UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors, stat_nosync
-from .procstat import Stat, parse_stat, read_stat
+from .procstat import PF_KTHREAD, Stat, kernel_thread, parse_stat, read_stat  # noqa: F401 - kernel_thread, PF_KTHREAD: re-exported
 
 STUCK = Via.STUCK  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
 
@@ -53,7 +53,6 @@ CMDLINE_SHOWN = 512  # characters kept after escaping
 DEAD = ("Z", "X")
 CMDLINE_CACHE = 65_536  # identities whose command line one run keeps (bounded: a node of many short-lived processes)
 _MIN_SHARE = 600  # scanpool.MIN_PER_WORKER (not imported for a scan that stays serial: the gate's path)
-PF_KTHREAD = 0x00200000  # stat field 9 (flags): a kernel thread; the kernel sets it, no process can
 
 
 def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
@@ -76,30 +75,6 @@ def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
         os.close(fd)
 
 
-def _read_small(path: str) -> bytes | None:
-    """One read of up to 4 KiB (a stat line), None when it cannot be read: ``_read_bytes`` without a file object."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def kernel_thread(stat_text: bytes | None) -> bool:
-    """Is ``/proc/<pid>/stat`` that of a kernel thread (``PF_KTHREAD`` in field 9, flags)? The kernel sets the flag;
-    a kernel thread has no user memory (empty ``maps``) and no fd table of a process, so it holds no GPU."""
-    if not stat_text:
-        return False
-    fields = stat_text[stat_text.rfind(b")") + 1 :].split()
-    try:
-        return len(fields) > 6 and int(fields[6]) & PF_KTHREAD != 0
-    except ValueError:
-        return False
 
 
 def _read_at(dirfd: int, name: str, limit: int = 1 << 20) -> bytes:
@@ -467,9 +442,11 @@ class ProcHost:
         import time
 
         found: dict[int, Holding] = {}
-        at: list[Any] = [start, time.monotonic(), None]  # index, since when, (pid, start ticks)
+        at: list[Any] = [start, time.monotonic(), None]  # index, since when, pid
         halt = [len(todo)]
         done, abandoned = threading.Event(), threading.Event()
+
+        stuck = {p for p, _ticks in self._stuck}  # grows only once this scan's thread is given up (a new one reads it)
 
         def work() -> None:
             scan = self._scan_type(self.devices, self.budget, cache={}, stat_of=self._stat_of)
@@ -480,18 +457,13 @@ class ProcHost:
                     halt[0] = j
                     break
                 pid = todo[j]
-                raw = _read_small(f"{self.proc}/{pid}/stat")
-                st = parse_stat(raw) if raw is not None else None
-                # a kernel thread (a child of kthreadd, pid 2, or kthreadd itself) has no mm and no files: holds nothing
-                if st is not None and st.ppid in (0, 2) and kernel_thread(raw):
-                    continue
-                ident = (pid, st.start_ticks) if st is not None else None
-                at[:] = [j, time.monotonic(), ident]
-                if ident in self._stuck:
+                at[:] = [j, time.monotonic(), pid]
+                if pid in stuck and self._identity(pid) in self._stuck:  # the process that blocked before: not again
                     found[pid] = Holding(pid, frozenset(), frozenset({UNREADABLE, STUCK}))
                     continue
-                zombie_leader = st is not None and st.state == "Z" and st.threads > 1
-                held = scan.run(self.proc, pid, zombie_leader, deep=deep)
+                # kernel threads and leaders whose threads live on are told by their stat, read only for a process with
+                # no fd at all (``ProcessScan.run``)
+                held = scan.run(self.proc, pid, deep=deep)
                 if held is not None:
                     found[pid] = held
             done.set()
@@ -499,7 +471,7 @@ class ProcHost:
         threading.Thread(target=work, daemon=True, name="pvegpu-scan").start()
         limit = self.budget.seconds + 0.5
         while not done.wait(0.05):
-            j, since, ident = at
+            j, since, _pid = at
             if time.monotonic() > end:  # the whole scan's bound: what is not read by now is unknown
                 abandoned.set()
                 rest = set(todo[j:])  # in progress or not reached
@@ -508,13 +480,20 @@ class ProcHost:
                 return len(todo)
             if time.monotonic() - since > limit:
                 abandoned.set()
-                if ident is not None:
+                # who it is, read now: a process blocked in the kernel keeps its pid, and its stat needs none of the
+                # locks it may hold (the kernel writes stat without the process's mm lock, unlike its maps)
+                if (ident := self._identity(todo[j])) is not None:
                     self._stuck.add(ident)
                 out.update({p: h for p, h in dict(found).items() if p != todo[j]})
                 out[todo[j]] = Holding(todo[j], frozenset(), frozenset({UNREADABLE, STUCK}))
                 return int(j) + 1
         out.update(found)
         return halt[0]
+
+    def _identity(self, pid: int) -> tuple[int, int] | None:
+        """(pid, start ticks) of the process now at ``pid``, None when it is gone."""
+        st = read_stat(pid, self.proc)
+        return (pid, st.start_ticks) if st is not None else None
 
     def alive(self, ident: ProcIdentity) -> bool:
         st = read_stat(ident.pid, self.proc)

@@ -7,6 +7,7 @@ An adapter (the core never reads ``/proc``); a leaf with no pvegpu imports.
 
 from __future__ import annotations
 
+import os
 from collections import namedtuple
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate reads /proc through this module
@@ -50,3 +51,32 @@ def read_stat(pid: int | str, proc: str = "/proc") -> Stat | None:
             return parse_stat(f.read())
     except OSError:
         return None
+
+
+PF_KTHREAD = 0x00200000  # stat field 9 (flags): a kernel thread; the kernel sets it, no process can
+
+
+def read_small(path: str) -> bytes | None:
+    """One read of up to 4 KiB (a stat line), None when it cannot be read: ``read_stat``'s text without a file object."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def kernel_thread(stat_text: bytes | None) -> bool:
+    """Is ``/proc/<pid>/stat`` that of a kernel thread (``PF_KTHREAD`` in field 9, flags)? The kernel sets the flag;
+    a kernel thread has no user memory (empty ``maps``) and no fd table of a process, so it holds no GPU."""
+    if not stat_text:
+        return False
+    fields = stat_text[stat_text.rfind(b")") + 1 :].split()
+    try:
+        return len(fields) > 6 and int(fields[6]) & PF_KTHREAD != 0
+    except ValueError:
+        return False
