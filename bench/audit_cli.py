@@ -15,7 +15,9 @@ itself imports their module, so every import and its cost stays where the comman
 - with ``BENCH_SCAN_WORKERS=N`` in the environment, ``pvegpu.adapters.procfs``: the whole-node scan uses at most N
   shares (1: serial), to time serial against forked workers as whole processes.
 
-Then ``pvegpu.__main__.main`` runs, exactly as the ``pvegpu`` entry point does (it ends with ``os._exit``).
+Then ``pvegpu.__main__.main`` runs, exactly as the ``pvegpu`` entry point does (it ends with ``os._exit``). Run as
+``python -I -S audit_cli.py ...`` (what the .deb's launcher runs, ``packaging/launcher.py``), it puts the directories
+named in ``BENCH_SITE_PATH`` after the standard library, as the launcher names the venv's site-packages.
 """
 
 from __future__ import annotations
@@ -241,7 +243,11 @@ if __name__ == "__main__":
     sys.meta_path.insert(0, _Finder())
     STATE = sys.argv[1]
     sys.argv = ["pvegpu", *sys.argv[2:]]
-    sys.path[0] = REPO  # as the installed entry point: pvegpu from the checkout, not bench/
+    if sys.flags.safe_path:  # -I (-P): no script directory first; as the .deb's launcher, the site-packages are named
+        sys.path.insert(0, REPO)
+        sys.path.extend(p for p in os.environ.get("BENCH_SITE_PATH", "").split(os.pathsep) if p)
+    else:
+        sys.path[0] = REPO  # as the installed entry point: pvegpu from the checkout, not bench/
     from pvegpu.__main__ import main
 
     main()

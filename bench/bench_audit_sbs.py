@@ -113,7 +113,15 @@ def cli_holders(stdout: bytes) -> int:
     return sum(len([h for h in g["holders"] if h["place"] == "lxc"]) for n in doc["nodes"] for g in n["gpus"])
 
 
-def measure(size: int, rounds: int, lsof_rounds: int, base_repo: str = "", python: str = sys.executable) -> dict[str, object]:
+def site_path(python: str) -> str:
+    """What ``site`` adds to ``python``'s path (its site-packages and what their ``.pth`` files name), joined by
+    ``os.pathsep``: what the .deb's launcher names for its venv."""
+    code = "import sys; bare = set(sys.path); import site; site.main(); print(__import__('os').pathsep.join(p for p in sys.path if p not in bare))"
+    return subprocess.run([python, "-I", "-S", "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def measure(size: int, rounds: int, lsof_rounds: int, base_repo: str = "", python: str = sys.executable,
+            launcher: bool = True) -> dict[str, object]:
     from pvegpu.adapters.nodefiles import LocalNodeFiles
     from pvegpu.adapters.procfs import DeviceTable, ProcHost
     try:
@@ -151,6 +159,10 @@ def measure(size: int, rounds: int, lsof_rounds: int, base_repo: str = "", pytho
             if path:
                 subprocess.run([python, "-m", "compileall", "-q", os.path.join(path, "pvegpu")], capture_output=True)
         cli_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PVEGPU_PVE_ROOT": root}
+        cli_python = [python]
+        if launcher:  # as the .deb runs pvegpu: the interpreter -IS, the site-packages named (packaging/launcher.py)
+            cli_python += ["-I", "-S"]
+            cli_env["BENCH_SITE_PATH"] = site_path(python)
         clis = [(key, path, env) for key, path, env in (
             ("cli", REPO, cli_env), ("cli_serial", REPO, cli_env | {"BENCH_SCAN_WORKERS": "1"}), ("base_cli", base_repo, cli_env))
             if path]
@@ -178,7 +190,7 @@ def measure(size: int, rounds: int, lsof_rounds: int, base_repo: str = "", pytho
                 rows[key].append(dt)
                 rows[key + "_audit"].append(float(out.stderr.split()[-1]))
             for key, path, env in clis:
-                dt, out = timed([python, os.path.join(path, "bench", "audit_cli.py"), state, "audit", "--json"], env)
+                dt, out = timed([*cli_python, os.path.join(path, "bench", "audit_cli.py"), state, "audit", "--json"], env)
                 codes.setdefault(key, set()).add(out.returncode)
                 if out.returncode not in (0, 8):
                     raise RuntimeError(out.stderr.decode()[-2000:])
@@ -240,6 +252,7 @@ def main() -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--base", default="", help="a checkout of an older release (with this script copied into its bench/) to run beside")
     ap.add_argument("--python", default=sys.executable, help="the interpreter of the CLI processes (default: this one)")
+    ap.add_argument("--site", action="store_true", help="run the CLI with site (pip's console script), not -IS as the .deb's launcher")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
@@ -249,11 +262,12 @@ def main() -> int:
         return 2
     when = datetime.datetime.now(datetime.UTC)
     head = (f"{when:%Y-%m-%d %H:%M} UTC, {platform.node()}: {os.cpu_count()} CPUs, Linux {platform.release()}, "
-            f"Python {sys.version.split()[0]}; CLI interpreter {a.python}\n\n`{' '.join(sys.argv)}`\n")
+            f"Python {sys.version.split()[0]}; CLI interpreter {a.python}"
+            f"{' with site' if a.site else ' -I -S, its site-packages named (as the .deb launcher runs it)'}\n\n`{' '.join(sys.argv)}`\n")
     print(head, flush=True)
     text = head + "\n"
     for size in (int(x) for x in a.sizes.split(",") if x):
-        t = table(measure(size, a.rounds, a.lsof_rounds, os.path.abspath(a.base) if a.base else "", a.python))
+        t = table(measure(size, a.rounds, a.lsof_rounds, os.path.abspath(a.base) if a.base else "", a.python, not a.site))
         print(t, flush=True)
         text += t + "\n"
     if a.out:
