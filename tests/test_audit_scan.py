@@ -9,11 +9,13 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pvegpu.adapters import devscan
 from pvegpu.adapters.devscan import ProcessScan, maps_files
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
-from tests.test_scan_speed import ADVERSARIAL, _real_maps, _stat_text, old_maps
+from tests.test_scan_speed import _FIELD, ADVERSARIAL, _real_maps, _stat_text, old_maps
 
 
 class OldScan(ProcessScan):
@@ -49,7 +51,7 @@ class OldScan(ProcessScan):
 
     def _scan_maps(self, proc, pid, leader_zombie, minors, via):
         real = devscan.maps_files
-        devscan.maps_files = lambda lines, files, known=None: real(lines, files)  # the cache is not consulted
+        devscan.maps_files = lambda lines, files, known=None, skip=None: real(lines, files)  # neither cache is consulted
         try:
             return super()._scan_maps(proc, pid, leader_zombie, minors, via)
         finally:
@@ -106,6 +108,42 @@ def test_maps_parse_with_the_scans_cache_leaves_out_only_files_known_to_be_no_gp
         files: dict[tuple[bytes, bytes], bytes] = {}
         maps_files(lines, files, known)
         assert files == {k: v for k, v in old.items() if known.get(k, 0) is not None}
+
+
+def _in_one_scan(texts, known, skip):
+    """maps_files over ``texts`` one after the other, as one scan reads its processes (``skip`` shared); each text's files."""
+    out = []
+    for text in texts:
+        lines = text.split(b"\n")
+        lines.pop()
+        files: dict[tuple[bytes, bytes], bytes] = {}
+        maps_files(lines, files, known, skip)
+        out.append(files)
+    return out
+
+
+@pytest.mark.parametrize("room", [devscan.SKIP_TEXTS, 3])
+def test_maps_lines_a_scan_skips_by_their_text_give_the_same_files(monkeypatch, room):
+    """Every real maps text and the crafted lines, read in one scan twice over (the second pass skips most lines by
+    their text after the address): the same files per text as the parse without the skipped texts, a file known to be
+    a GPU is never skipped, and the remembered texts stay within their bound."""
+    monkeypatch.setattr(devscan, "SKIP_TEXTS", room)
+    texts = [*_real_maps(), b"".join(ADVERSARIAL[:-1])] * 2
+    keys = sorted({k for t in texts for k in old_maps(t)})
+    known = {k: (0 if i % 5 == 0 else None) for i, k in enumerate(keys) if i % 2 == 0}
+    skip: set[bytes] = set()
+    assert _in_one_scan(texts, known, skip) == _in_one_scan(texts, known, None)
+    assert len(skip) <= room and (room < 10 or skip)
+    gpu = {k for k, v in known.items() if v == 0}
+    assert not any(line.split(b" ")[3:5] == list(k) for line in skip for k in gpu)
+
+
+@given(st.lists(st.lists(st.lists(_FIELD, max_size=8).map(lambda f: b" ".join(f)), max_size=8), max_size=4))
+def test_maps_lines_skipped_by_text_give_the_same_files_on_generated_lines(texts):
+    """Maps-like lines in any order, texts read in one scan: skipping by text gives the files of the parse without it."""
+    texts = [b"".join(line + b"\n" for line in lines) for lines in texts]
+    known = {(b"fd:01", b"12"): None, (b"00:00", b"12"): 0, (b"fd:01", b"012"): None}
+    assert _in_one_scan(texts, known, set()) == _in_one_scan(texts, known, None)
 
 
 @pytest.mark.parametrize("deep", [False, True])

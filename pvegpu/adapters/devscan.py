@@ -50,21 +50,45 @@ _CHUNK = 65536
 
 
 def maps_files(lines: list[bytes], files: dict[tuple[bytes, bytes], bytes],
-               known: Mapping[tuple[bytes, bytes], int | None] | None = None) -> None:
+               known: Mapping[tuple[bytes, bytes], int | None] | None = None, skip: set[bytes] | None = None) -> None:
     """Add each file-backed mapping of ``lines`` (``/proc/<pid>/maps`` split on ``\\n``) to ``files``:
     (dev, inode) -> the first range that maps it.
 
     Exactly what ``_MAPS_LINE.findall`` over the text gives, faster: a split on the first five spaces skips
     anonymous lines (inode 0) and files already seen, and only a line naming a new file is checked against the
-    full pattern. The path (tenant text: spaces, `` (deleted)``, escaped newlines) is never looked at.
+    full pattern. The path (tenant text: spaces, `` (deleted)``, escaped newlines) is never parsed.
     ``known``: the scan's cache (file -> GPU minor, None for no GPU); a file it already knows is no GPU is left
-    out (proving it again could only give None), one it knows is a GPU is kept."""
+    out (proving it again could only give None), one it knows is a GPU is kept.
+    ``skip`` (the scan's, with ``known``): each line's text after its address range, for lines found to name no
+    file or a file ``known`` says is no GPU. The same text again (the same library in the next process: only the
+    addresses differ) is skipped without a split: equal texts have equal perms, offset, device and inode fields,
+    whatever the path says, so the line names the same file (or none). Bounded: ``SKIP_TEXTS`` texts at most."""
     get = (known or {}).get
+    if skip is None:
+        for line in lines:
+            p = line.split(b" ", 5)
+            if len(p) == 6 and p[4] != b"0" and (key := (p[3], p[4])) not in files and get(key, 0) is not None \
+                    and (m := _MAPS_LINE.match(line)):
+                files[(m[2], m[3])] = m[1]
+        return
+    room = len(skip) < SKIP_TEXTS
     for line in lines:
+        at = line.find(b" ")
+        if at >= 0 and line[at:] in skip:
+            continue
         p = line.split(b" ", 5)
-        if len(p) == 6 and p[4] != b"0" and (key := (p[3], p[4])) not in files and get(key, 0) is not None \
-                and (m := _MAPS_LINE.match(line)):
+        if len(p) != 6:
+            continue
+        if p[4] == b"0" or get(key := (p[3], p[4]), 0) is None:  # anonymous, or a file known to be no GPU
+            if room:
+                skip.add(line[at:])
+                room = len(skip) < SKIP_TEXTS
+            continue
+        if key not in files and (m := _MAPS_LINE.match(line)):
             files[(m[2], m[3])] = m[1]
+
+
+SKIP_TEXTS = 65_536  # line texts one scan remembers as naming no GPU (maps_files); past that, lines are split again
 UNREADABLE = Via.UNREADABLE  # via: this process could not be fully read (permissions, or over budget)
 BUDGET = Via.BUDGET  # via, with UNREADABLE: the per-process scan budget ran out (or the whole scan's)
 
@@ -130,6 +154,7 @@ class StatNosync:
         return _MODE.unpack_from(buf, 28)[0], os.makedev(rmaj, rmin)
 
 
+_FS_ENCODING = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())  # what os.fsencode encodes with
 _MODE, _RDEV = struct.Struct("=H"), struct.Struct("=II")  # stx_mode (u16 at 28), stx_rdev_major/minor (u32 at 128/132)
 _S_IFMT, _S_IFCHR = stat.S_IFMT(0o177777), stat.S_IFCHR
 
@@ -200,12 +225,24 @@ class ProcessScan:
     def __init__(self, devices: DeviceTable, budget: ScanBudget, cache: dict[tuple[bytes, bytes], int | None],
                  clock: Callable[[], float] = time.monotonic, stat_of: Callable[[str], tuple[int, int]] = stat_nosync) -> None:
         self.devices = devices
-        self._stat = StatNosync() if stat_of is stat_nosync else stat_of
+        self._use_stat(StatNosync() if stat_of is stat_nosync else stat_of)
         self.budget = budget
         self.cache = cache
         self._now = clock
         self._deadline = 0.0
         self._fds = 0
+        # what every process's scan reads, looked up once (the loops below run for every process and fd of the node)
+        self._seconds, self._fd_limit = budget.seconds, budget.fds
+        self._map_lines, self._map_bytes = budget.map_lines, budget.map_bytes
+        self._skip: set[bytes] = set()  # maps lines known to name no GPU (maps_files), for this scan as its cache
+
+    def _use_stat(self, stat_of: Callable[[str], tuple[int, int]]) -> None:
+        """Stat fds and mapped files with ``stat_of``: the default (``StatNosync``) is inlined as bytes paths and
+        ``statx`` into its buffer; any other is handed text paths."""
+        self._stat = stat_of
+        self._raw = isinstance(stat_of, StatNosync)
+        self._statx = _STATX if self._raw else None
+        self._buf: Any = getattr(stat_of, "_buf", None)
 
     def run(self, proc: str, pid: int, leader_zombie: bool | None = None, deep: bool = False) -> Holding | None:
         """The process's holding, None when it holds no GPU (or is gone); ``deep`` reads maps even after a GPU fd.
@@ -215,7 +252,7 @@ class ProcessScan:
         none): a kernel thread holds nothing, and a leader that exited while its threads run is scanned through them."""
         minors: set[int] = set()
         via: set[str] = set()
-        self._deadline = self._now() + self.budget.seconds
+        self._deadline = self._now() + self._seconds
         self._fds = 0
         try:
             fd_dirs = self._fd_dirs(proc, pid, bool(leader_zombie))
@@ -261,18 +298,17 @@ class ProcessScan:
 
     def _scan_fds(self, fd_dir: str, minors: set[int]) -> bool:
         found = False
-        raw = isinstance(self._stat, StatNosync)  # bytes paths: no encoding per fd (an injected stat_of gets text)
-        slash: Any = b"/" if raw else "/"
+        raw = self._raw
         try:
-            entries = os.scandir(os.fsencode(fd_dir) if raw else fd_dir)
+            entries = os.scandir(fd_dir.encode(*_FS_ENCODING) if raw else fd_dir)  # os.fsencode, without its call
         except (FileNotFoundError, NotADirectoryError):
             return False
-        of_mode, stat_of, readlink = self.devices.of_mode, self._stat, os.readlink
         # the default stat, inlined: statx into the scan's own buffer, the mode's type checked before the device
-        statx = _STATX if raw else None
-        buf: Any = getattr(self._stat, "_buf", None)
-        mode_of, rdev_of, numbers = _MODE.unpack_from, _RDEV.unpack_from, self.devices.gpu_numbers
-        flags, count, limit = _AT_STATX_DONT_SYNC | _AT_NO_AUTOMOUNT, self._fds, self.budget.fds
+        statx, buf, numbers = self._statx, self._buf, self.devices.gpu_numbers
+        mode_of, rdev_of, flags = _MODE.unpack_from, _RDEV.unpack_from, _AT_STATX_DONT_SYNC | _AT_NO_AUTOMOUNT
+        count, limit = self._fds, self._fd_limit
+        if statx is None:
+            of_mode, stat_of, readlink, slash = self.devices.of_mode, self._stat, os.readlink, "/"
         with entries:
             for entry in entries:
                 count += 1
@@ -322,12 +358,11 @@ class ProcessScan:
             while chunk := os.read(fd, _CHUNK):
                 size += len(chunk)
                 lines += chunk.count(b"\n")
-                if lines > self.budget.map_lines or size > self.budget.map_bytes:
+                if lines > self._map_lines or size > self._map_bytes or self._now() > self._deadline:
                     raise _OverBudget
-                self._check()
                 whole = (rest + chunk).split(b"\n")
                 rest = whole.pop()  # a line not ended yet: completed by the next chunk (or ignored at the end)
-                maps_files(whole, files, self.cache)
+                maps_files(whole, files, self.cache, self._skip)
         finally:
             os.close(fd)
         return self._prove(proc, pid, leader_zombie, files, minors, via) if files else False  # nothing left to prove

@@ -90,7 +90,7 @@ class StandInScan(ProcessScan):
                  clock: Callable[[], float] = time.monotonic, stat_of: Callable[[str], tuple[int, int]] = stat_nosync) -> None:
         super().__init__(devices, budget, cache, clock=clock, stat_of=stat_of)
         if isinstance(devices, StandInTable) and devices.private:
-            self._stat = _private_stat(devices.private, devices.private_paths, stat_of)
+            self._use_stat(_private_stat(devices.private, devices.private_paths, stat_of))
 
     def _prove(self, proc: str, pid: int, leader_zombie: bool, files: dict[tuple[bytes, bytes], bytes],
                minors: set[int], via: set[str]) -> bool:
