@@ -87,7 +87,6 @@ def run(values: dict[str, Any], opts: wiring.GlobalOptions) -> int:
 
 
 def _run(values: dict[str, Any], opts: wiring.GlobalOptions) -> int:
-    import json
 
     from . import contract
     from .audit import audit_document, audit_once
@@ -113,7 +112,7 @@ def _run(values: dict[str, Any], opts: wiring.GlobalOptions) -> int:
     if prometheus:
         wiring.write_textfile(prometheus, doc)
     if values["json_out"]:
-        _out(json.dumps(contract.document("audit", doc), indent=2))
+        _out(contract.dumps(contract.document("audit", doc)))
     elif not prometheus:
         from .render_audit import audit_table  # render.audit_text without render's reset imports
 

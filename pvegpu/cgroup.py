@@ -54,6 +54,8 @@ def parse_cgroup(text: str | bytes) -> tuple[Placement, str]:
         if len(parts) != 3:
             continue
         lines += 1
+        if parts[2] == "/":  # a hierarchy left at the root (hybrid hosts): the host's, what placement_of_path says
+            continue
         place = placement_of_path(parts[2])
         if place.place is not Place.HOST:
             found.append((place, parts[2]))

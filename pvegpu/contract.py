@@ -92,3 +92,65 @@ def check_error_document(exc: object, vmid: int | None) -> dict:
     return document("check", {"vmid": vmid, "allow": False, "reasons": [message], "fix": [h for h in [getattr(exc, "hint", None)] if h],
                               "gpus": [], "error": message, "hint": getattr(exc, "hint", None),
                               "exit_code": int(getattr(exc, "exit_code", 1))})
+
+
+def dumps(doc: object) -> str:
+    """``json.dumps(doc, indent=2)``, byte for byte, about twice as fast for the audit's large documents: the standard
+    library encodes an indented document in pure Python, token by token (its C encoder only writes compact JSON).
+    Dicts with str keys, lists, str, int, float, bool and None are written here, each string by the C escaper; any
+    other value (a tuple, a non-str key, a float that is not finite) leaves it to ``json.dumps`` for the whole."""
+    import json
+    from json.encoder import encode_basestring_ascii as esc  # type: ignore[attr-defined]
+
+    out: list[str] = []
+    put = out.append
+
+    def enc(value: object, ind: str, depth: int) -> None:
+        if value.__class__ is str:
+            put(esc(value))
+        elif value is None:
+            put("null")
+        elif value is True:
+            put("true")
+        elif value is False:
+            put("false")
+        elif value.__class__ is int:
+            put(int.__repr__(value))  # type: ignore[arg-type]
+        elif value.__class__ is float and value - value == 0.0:  # type: ignore[operator]  # finite: NaN, inf go to json
+            put(float.__repr__(value))  # type: ignore[arg-type]
+        elif depth > _MAX_DEPTH:
+            raise ValueError
+        elif value.__class__ is dict:
+            if not value:
+                put("{}")
+                return
+            inner = ind + "  "
+            sep = "{\n" + inner
+            for k, v in value.items():  # type: ignore[attr-defined]
+                if k.__class__ is not str:
+                    raise ValueError
+                put(sep)
+                put(esc(k))
+                put(": ")
+                enc(v, inner, depth + 1)
+                sep = ",\n" + inner
+            put("\n" + ind + "}")
+        elif value.__class__ is list:
+            if not value:
+                put("[]")
+                return
+            inner = ind + "  "
+            sep = "[\n" + inner
+            for v in value:  # type: ignore[attr-defined]
+                put(sep)
+                enc(v, inner, depth + 1)
+                sep = ",\n" + inner
+            put("\n" + ind + "]")
+        else:
+            raise ValueError
+
+    try:
+        enc(doc, "", 0)
+    except (ValueError, RecursionError):
+        return json.dumps(doc, indent=2)
+    return "".join(out)

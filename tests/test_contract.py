@@ -12,6 +12,8 @@ import sys
 
 import jsonschema
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pvegpu import contract
 from pvegpu.sim import scenario as sc
@@ -85,6 +87,29 @@ def test_audit_document_validates_and_speaks_the_one_vocabulary(demo):
     assert {h["location"] for h in holders if h["vmid"] == 129} == {"container"} and {h["place"] for h in holders if h["vmid"] == 129} == {"lxc"}
     assert all(isinstance(h["used_bytes"], int) or h["used_bytes"] is None for h in holders)
     _aliases_agree(doc)
+
+
+_JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(), st.sampled_from(["\u2028", "\ud800", '"\\']))
+_JSON_ANY = st.recursive(_JSON_LEAF, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.tuples(inner), st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    st.dictionaries(st.integers(), inner, max_size=2)), max_leaves=30)
+
+
+@given(_JSON_ANY)
+def test_dumps_writes_what_json_dumps_with_indent_2_writes(value):
+    """Any value (NaN and infinities, tuples, int keys, lone surrogates, empty containers at any depth): the text
+    ``json.dumps(value, indent=2)`` gives."""
+    assert contract.dumps(value) == json.dumps(value, indent=2)
+
+
+def test_dumps_of_a_deep_and_a_real_audit_document_equals_json_dumps(demo):
+    """Nesting past the contract's depth bound, and the simulated node's audit document as printed: the same text."""
+    deep: object = 1
+    for _ in range(100):
+        deep = [deep, {"k": deep}] if _ % 10 == 0 else [deep]
+    assert contract.dumps(deep) == json.dumps(deep, indent=2)
+    r, doc = _pvegpu("--simulate", demo.root, "audit", "--json")
+    assert doc is not None and r.stdout.rstrip("\n") == json.dumps(doc, indent=2) == contract.dumps(doc)
 
 
 def test_reset_documents_validate_clean_and_dry_run(demo):

@@ -18,7 +18,7 @@ from ..cgroup import UNKNOWN, parse_cgroup
 from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult, Via
 from ..safetext import escape
 from .devscan import BUDGET, UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors, stat_nosync
-from .procstat import PF_KTHREAD, Stat, kernel_thread, parse_stat, read_stat  # noqa: F401 - kernel_thread, PF_KTHREAD: re-exported
+from .procstat import PF_KTHREAD, Stat, kernel_thread, parse_stat, read_small, read_stat  # noqa: F401 - kernel_thread, PF_KTHREAD: re-exported
 
 STUCK = Via.STUCK  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
 
@@ -317,7 +317,8 @@ class ProcHost:
         """What the process is now: stat, status, cgroup (and cgroup.events) are read at every call; only the
         command line (display text, never decided on) is read once per identity (pid + start time) and run, since
         a reset's polls describe every NVML-listed neighbour again and again."""
-        st = read_stat(pid, self.proc)
+        raw = read_small(f"{self.proc}/{pid}/stat")  # read_stat's answer, without a file object
+        st = parse_stat(raw) if raw is not None else None
         if st is None:
             return None
         status = _read_bytes(f"{self.proc}/{pid}/status") or b""
