@@ -252,6 +252,7 @@ class CgroupBoundary:
         return any(os.path.exists(os.path.join(self.cgroup_root, sub, "cgroup.procs")) for sub in CGROUP_ROOTS)
 
 
+_BOTH: Any = object()  # a pid two sides of a split scan described: neither description is handed out
 PREFETCH_FRESH = 5.0  # seconds a prefetched whole-node scan may wait for the holdings() call that takes it
 
 
@@ -296,6 +297,11 @@ class ProcHost:
         self._cmdlines: dict[tuple[int, int], str] = {}  # identity -> escaped cmdline, read once per run (display only)
         self.workers = workers  # whole-node scans: shares at most (None: one per core; 1: serial), see scanpool
         self._early: _Early | None = None  # a whole-node scan started ahead (``prefetch``)
+        # A prefetched scan also describes each holder it finds, beside its holding (``_describing`` while it scans,
+        # in its workers too); the reading that takes it leaves them in ``_seen``, and ``describe()`` hands each out
+        # once: the description read with the holding, in the scan's watched thread, not again after the scan.
+        self._describing: dict[int, ProcInfo] | None = None
+        self._seen: dict[int, ProcInfo] = {}
 
     # -- liveness -------------------------------------------------------------------------------
     def _live_state(self, pid: int, st: Stat) -> str:
@@ -316,7 +322,13 @@ class ProcHost:
     def describe(self, pid: int) -> ProcInfo | None:
         """What the process is now: stat, status, cgroup (and cgroup.events) are read at every call; only the
         command line (display text, never decided on) is read once per identity (pid + start time) and run, since
-        a reset's polls describe every NVML-listed neighbour again and again."""
+        a reset's polls describe every NVML-listed neighbour again and again. A holder the last prefetched whole-node
+        reading found (the audit's) is described as that reading read it, beside its holding, once."""
+        if self._seen and (seen := self._seen.pop(pid, None)) is not None:
+            return seen
+        return self._describe_now(pid)
+
+    def _describe_now(self, pid: int) -> ProcInfo | None:
         raw = read_small(f"{self.proc}/{pid}/stat")  # read_stat's answer, without a file object
         st = parse_stat(raw) if raw is not None else None
         if st is None:
@@ -379,6 +391,7 @@ class ProcHost:
         """
         import time
 
+        self._seen = {} if pids is None else self._seen
         if pids is None and self._early is not None:
             early, self._early = self._early, None
             if early.deep == deep and time.monotonic() - early.started <= PREFETCH_FRESH:
@@ -388,12 +401,21 @@ class ProcHost:
                 except BaseException:
                     early.cancel()
                     raise
-                got = early.finish()
-                start = 0
-                while start < len(later):  # within the prefetch's own deadline: one scan, one bound
-                    start = self._scan_watched(later, start, deep, got, early.split.end)
+                self._describing = {}
+                try:
+                    got = early.finish()
+                    start = 0
+                    while start < len(later):  # within the prefetch's own deadline: one scan, one bound
+                        start = self._scan_watched(later, start, deep, got, early.split.end)
+                    self._seen = {p: i for p, i in self._describing.items() if p in got and i is not _BOTH}
+                finally:
+                    self._describing = None
                 return got
             early.cancel()
+        elif pids is not None and self._seen:
+            pids = list(pids)
+            for p in pids:  # read again now: described again now too (``inspect_gpus``' second look at listed pids)
+                self._seen.pop(p, None)
         todo = [p for p in (self.all_pids() if pids is None else pids) if p != self.self_pid]
         out: dict[int, Holding] = {}
         end = time.monotonic() + self.budget.total
@@ -427,11 +449,16 @@ class ProcHost:
         n = scanpool.shares(len(todo), self.workers)
         if n > 1 and scanpool.forkable():
             started = time.monotonic()
-            self._early = _Early(scanpool.Split(self, todo, deep, started + self.budget.total, n - 1), deep, started)
+            self._describing = {}  # what the workers are forked with: each describes the holders it finds
+            try:
+                self._early = _Early(scanpool.Split(self, todo, deep, started + self.budget.total, n - 1), deep, started)
+            finally:
+                self._describing = None
 
     def cancel_prefetch(self) -> None:
         """Kill the workers of a ``prefetch()`` no scan took."""
         early, self._early = self._early, None
+        self._seen = {}
         if early is not None:
             early.cancel()
 
@@ -448,6 +475,8 @@ class ProcHost:
         done, abandoned = threading.Event(), threading.Event()
 
         stuck = {p for p, _ticks in self._stuck}  # grows only once this scan's thread is given up (a new one reads it)
+        describing = self._describing
+        described: dict[int, ProcInfo] = {}
 
         def work() -> None:
             scan = self._scan_type(self.devices, self.budget, cache={}, stat_of=self._stat_of)
@@ -467,6 +496,8 @@ class ProcHost:
                 held = scan.run(self.proc, pid, deep=deep)
                 if held is not None:
                     found[pid] = held
+                    if describing is not None and (info := self._describe_now(pid)) is not None:
+                        described[pid] = info
             done.set()
 
         threading.Thread(target=work, daemon=True, name="pvegpu-scan").start()
@@ -476,8 +507,10 @@ class ProcHost:
             if time.monotonic() > end:  # the whole scan's bound: what is not read by now is unknown
                 abandoned.set()
                 rest = set(todo[j:])  # in progress or not reached
-                out.update({p: h for p, h in dict(found).items() if p not in rest})
+                kept = {p: h for p, h in dict(found).items() if p not in rest}
+                out.update(kept)
                 out.update({p: Holding(p, frozenset(), frozenset({UNREADABLE, BUDGET})) for p in rest})
+                self._keep_described(describing, described, kept)
                 return len(todo)
             if time.monotonic() - since > limit:
                 abandoned.set()
@@ -485,11 +518,41 @@ class ProcHost:
                 # locks it may hold (the kernel writes stat without the process's mm lock, unlike its maps)
                 if (ident := self._identity(todo[j])) is not None:
                     self._stuck.add(ident)
-                out.update({p: h for p, h in dict(found).items() if p != todo[j]})
+                kept = {p: h for p, h in dict(found).items() if p != todo[j]}
+                out.update(kept)
                 out[todo[j]] = Holding(todo[j], frozenset(), frozenset({UNREADABLE, STUCK}))
+                self._keep_described(describing, described, kept)
                 return int(j) + 1
         out.update(found)
+        self._keep_described(describing, described, found)
         return halt[0]
+
+    def _described_rows(self) -> list[tuple[object, ...]] | None:
+        """A forked worker's descriptions as plain values (``scanpool`` sends them back with its holdings)."""
+        if self._describing is None:
+            return None
+        return [(i.pid, i.ident.start_ticks, i.comm, i.state, i.placement.place.value, i.placement.vmid, i.cgroup, i.ns_pid,
+                 i.is_ct_init, i.ppid, i.uid, i.cmdline, i.term_futile, i.pgid, i.sid, i.frozen) for i in self._describing.values()]
+
+    def _add_described(self, rows: list[tuple[object, ...]]) -> None:
+        """A worker's descriptions, into this scan's. A pid both sides found holding (where they met) keeps neither:
+        it is described again when asked, so a description always goes with the reading that was kept."""
+        if self._describing is None:
+            return
+        for row in rows:
+            pid, (ticks, comm, state, place, vmid, cgroup, ns_pid, init, ppid, uid, cmdline, futile, pgid, sid, frozen) = int(row[0]), row[1:]  # type: ignore[call-overload]
+            if pid in self._describing:
+                self._describing[pid] = _BOTH
+                continue
+            self._describing[pid] = ProcInfo(ProcIdentity(pid, ticks), comm, state, Placement(Place(place), vmid),  # type: ignore[arg-type]
+                                             cgroup, ns_pid, init, ppid, uid, cmdline, futile, pgid, sid, frozen)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _keep_described(describing: dict[int, ProcInfo] | None, described: dict[int, ProcInfo],
+                        kept: dict[int, Holding]) -> None:
+        """The descriptions read beside the holdings ``kept`` (a scan's answer), into the scan's ``describing``."""
+        if describing is not None:
+            describing.update({p: i for p, i in dict(described).items() if p in kept})
 
     def _identity(self, pid: int) -> tuple[int, int] | None:
         """(pid, start ticks) of the process now at ``pid``, None when it is gone."""
@@ -511,7 +574,7 @@ class ProcHost:
             return SignalResult.GONE
         try:
             # The pidfd pins the process; re-check identity now, so a recycled pid is never hit.
-            info = self.describe(ident.pid)
+            info = self._describe_now(ident.pid)
             if info is None or info.ident != ident or info.state in DEAD:
                 return SignalResult.GONE
             if info.placement != Placement(Place.CONTAINER, vmid):

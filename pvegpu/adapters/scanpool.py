@@ -42,6 +42,10 @@ if TYPE_CHECKING:
         def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float,
                           stop: Callable[[int], bool] | None = None) -> int: ...
 
+        def _described_rows(self) -> list[tuple[object, ...]] | None: ...
+
+        def _add_described(self, rows: list[tuple[object, ...]]) -> None: ...
+
 MAX_WORKERS = 8  # forked workers at most, whatever the cores
 MIN_PER_WORKER = 600  # pids per share at least: below that a fork costs more than it saves
 GRACE = 1.0  # seconds past the scan's deadline a worker may take to hand its answer over
@@ -299,7 +303,7 @@ def _worker(host: Scanner, part: list[int], deep: bool, end: float, w: int, r: i
     out: dict[int, Holding] = {}
     done = _serial(host, part, deep, end, out, stop)
     rows = [(h.pid, sorted(h.minors), sorted(h.via)) for h in out.values()]
-    data = marshal.dumps((rows, sorted(host._stuck), done))
+    data = marshal.dumps((rows, sorted(host._stuck), done, host._described_rows()))
     view = memoryview(data)
     while view:
         view = view[os.write(w, view):]
@@ -332,7 +336,7 @@ def _collect(host: Scanner, worker: tuple[int, int], deadline: float, first: int
     if not ended:
         return None
     try:
-        rows, stuck, done = marshal.loads(b"".join(chunks))
+        rows, stuck, done, described = marshal.loads(b"".join(chunks))
         got = {int(p): Holding(int(p), frozenset(int(m) for m in minors), frozenset(str(v) for v in via))
                for p, minors, via in rows}
         stuck_ids = {(int(a), int(b)) for a, b in stuck}
@@ -340,6 +344,8 @@ def _collect(host: Scanner, worker: tuple[int, int], deadline: float, first: int
     except (EOFError, ValueError, TypeError):  # it died before or while writing: nothing it says is taken
         return None
     host._stuck.update(stuck_ids)
+    if described:
+        host._add_described(described)
     return got, upto
 
 
