@@ -125,6 +125,7 @@ def test_a_taken_prefetch_keeps_one_scan_deadline(small_shares, tree, monkeypatc
     host.holdings()
     took = time.monotonic() - t
     assert took < 1.5 + 0.2 + 0.5, f"one whole-node scan took {took:.1f} s against a 1.5 s budget"
+    scanpool.reap_exited()  # what the audit's done() does (cancel_prefetch): answered workers reaped
     assert _children() <= before
 
 

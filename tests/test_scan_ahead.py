@@ -139,6 +139,7 @@ def test_prefetch_is_taken_once_and_gives_the_serial_answer(small_shares, tree):
     assert list(host.holdings().items()) == list(serial.items())
     assert host._early is None
     assert list(host.holdings().items()) == list(serial.items())
+    scanpool.reap_exited()  # what the audit's done() does (cancel_prefetch): answered workers reaped
     assert _children() <= before
 
 
@@ -162,6 +163,7 @@ def test_a_prefetch_past_its_freshness_or_of_another_depth_is_not_used(small_sha
         (new / "fd").rmdir()
         (new / "stat").unlink()
         new.rmdir()
+    scanpool.reap_exited()  # what the audit's done() does (cancel_prefetch): answered workers reaped
     assert _children() <= before
 
 
@@ -191,6 +193,7 @@ def test_a_crashed_prefetch_worker_share_is_scanned_here(small_shares, tree, mon
     host = ProcHost(_table(), proc=str(tree), workers=2)
     host.prefetch()
     assert list(host.holdings().items()) == list(serial.items())
+    scanpool.reap_exited()  # what the audit's done() does (cancel_prefetch): answered workers reaped
     assert _children() <= before
 
 
@@ -357,3 +360,15 @@ def test_a_split_without_a_shared_page_still_gives_the_serial_answer(small_share
     monkeypatch.setattr(mmap, "mmap", refused)
     host = ProcHost(_table(), proc=str(tree), workers=2)
     assert list(scanpool.Split(host, host.all_pids(), False, time.monotonic() + 60, 1).finish().items()) == list(serial.items())
+
+
+def test_answered_workers_are_reaped_by_the_next_split_or_when_done(small_shares, tree):
+    """A worker that answered is not waited for while it exits, but never accumulates: after five split readings
+    at most the last one's worker is left, and none once the host is done (``cancel_prefetch``, the audit's done())."""
+    before = _children()
+    host = ProcHost(_table(), proc=str(tree), workers=2)
+    for _ in range(5):
+        assert 7000 in host.holdings()
+    assert len(_children() - before) <= 1
+    host.cancel_prefetch()
+    assert _children() <= before

@@ -456,11 +456,16 @@ class ProcHost:
                 self._describing = None
 
     def cancel_prefetch(self) -> None:
-        """Kill the workers of a ``prefetch()`` no scan took."""
+        """Kill the workers of a ``prefetch()`` no scan took, and reap those of the scans that were taken."""
         early, self._early = self._early, None
         self._seen = {}
         if early is not None:
             early.cancel()
+        import sys
+
+        pool = sys.modules.get(f"{__package__}.scanpool")  # loaded only by a process that split a scan
+        if pool is not None:
+            pool.reap_exited()
 
     def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float,
                       stop: Callable[[int], bool] | None = None) -> int:

@@ -12,6 +12,8 @@ worker (``Split``). The merged result is what one serial scan gives. Rules:
   says how far it got, and what neither side scanned is scanned here before the merge.
 - Any worker that fails (fork refused, killed, crashed, late, an unreadable answer) is killed and its share scanned
   again here, serially, within what is left of the deadline: never a hole in the answer, never a second deadline.
+- A worker that answered is reaped once it has exited, not waited for (``reap_exited``: at the next split, or when
+  the host's scans are done, ``ProcHost.cancel_prefetch``); it dies with this process in any case.
 - A worker holds nothing of this process: it closes every inherited fd but its pipe (NVML's device fds included, so
   no other scan sees a pvegpu worker hold a GPU), takes the default action for every signal (a Ctrl-C never runs
   this process's handlers twice), touches no NVML, no API, no file but ``/proc``, and ends with ``os._exit``.
@@ -99,6 +101,8 @@ class Split:
 
     def __init__(self, host: Scanner, todo: list[int], deep: bool, end: float, workers: int) -> None:
         import mmap
+
+        reap_exited()  # the last split's workers, if still exiting: none accumulates
 
         self.host, self.todo, self.deep, self.end = host, todo, deep, end
         k = max(1, workers)
@@ -332,9 +336,10 @@ def _collect(host: Scanner, worker: tuple[int, int], deadline: float, first: int
         ended = False
     finally:
         os.close(r)
-    _reap(pid, kill=not ended)
     if not ended:
+        _reap(pid, kill=True)
         return None
+    _reap_later(pid)  # it answered and is exiting (its address space torn down): no wait for that here
     try:
         rows, stuck, done, described = marshal.loads(b"".join(chunks))
         got = {int(p): Holding(int(p), frozenset(int(m) for m in minors), frozenset(str(v) for v in via))
@@ -347,6 +352,26 @@ def _collect(host: Scanner, worker: tuple[int, int], deadline: float, first: int
     if described:
         host._add_described(described)
     return got, upto
+
+
+_EXITING: list[int] = []  # workers that answered and are exiting, not reaped yet (``reap_exited``)
+
+
+def _reap_later(pid: int) -> None:
+    """Reap a worker that answered if it has exited already, else leave it to ``reap_exited()``: the next split
+    scan, or the host's ``cancel_prefetch()`` (the audit's ``done()``), whichever comes first."""
+    try:
+        done, _status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return
+    if not done:
+        _EXITING.append(pid)
+
+
+def reap_exited() -> None:
+    """Reap the workers that answered and were still exiting (each within ``REAP_WAIT``, as ``_reap``)."""
+    while _EXITING:
+        _reap(_EXITING.pop(), kill=False)
 
 
 def _reap(pid: int, kill: bool) -> None:
