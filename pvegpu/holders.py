@@ -146,14 +146,12 @@ def inspect_gpus(
         holdings.update(host.holdings(fd_only, deep=True))
 
     out: dict[int, GpuFacts] = {}
+    live = [(pid, held, i) for pid, held in holdings.items() if _live(i := info(pid)) and i is not None]  # once, not per GPU
     for gpu in gpus:
         sample = samples.get(gpu.minor) or GpuSample(gpu.minor, None, None, "no reading")
         facts = GpuFacts(gpu, sample)
         by_pid: dict[int, tuple[set[str], ProcInfo]] = {}
-        for pid, held in holdings.items():
-            i = info(pid)
-            if i is None or i.state in ("Z", "X"):
-                continue
+        for pid, held, i in live:
             if Via.UNREADABLE in held.via and vmid is not None and _in_ct(i, vmid):
                 facts.unreadable.append(pid)
             # a container process on a control node (nvidiactl, nvidia-uvm) uses the container's GPUs;
