@@ -16,7 +16,7 @@ from .audit_model import Flag, FlagKind, GpuRow, HolderRow, NodeAudit, document
 from .errors import PvegpuError
 from .holders import GpuFacts, inspect_gpus
 from .leftover import LeftoverRule, leftover
-from .model import GpuHealth, GpuInfo, Holder, Place, Via
+from .model import GpuHealth, GpuInfo, GpuSample, Holder, Place, Via
 from .qemuconf import same_device
 from .record import replace
 from .units import mib_figure
@@ -93,20 +93,42 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
         rep.flags.append(Flag(FlagKind.UNREADABLE, "all GPUs", rep.error))
         return
     lost = dict(getattr(probe, "lost", {}))  # GPUs NVML could not name, by index (read now: later reads may redo gpus())
-    facts = inspect_gpus(None, gpus, host=host, probe=probe, whole_host=True)
+    ahead = _HealthAhead(probe)
+    facts = inspect_gpus(None, gpus, host=host, probe=ahead, whole_host=True)
     health_of = getattr(probe, "health", None)
     for gpu in gpus:
         row = _gpu_row(gpu, facts[gpu.minor], host.self_pid, scan, threshold, rep.flags)
         if users is not None:
             row.holders = [replace(h, user=users(h.uid)) if h.uid is not None else h for h in row.holders]
         if health_of is not None and row.error is None:
-            row.health = _health(health_of, gpu.minor)
+            row.health = ahead.read[gpu.minor] if gpu.minor in ahead.read else _health(health_of, gpu.minor)
             _health_flags(row, rep.flags)
         rep.gpus.append(row)
     for index, why in sorted(lost.items()):  # NVML could not name it: an error row, never a gap
         rep.gpus.append(GpuRow(index, -1, "?", "?", "", error=why))
         rep.flags.append(Flag(FlagKind.UNREADABLE, f"GPU {index}", f"NVML index {index}: {why}"))
     rep.gpus.sort(key=lambda g: g.index)
+
+
+class _HealthAhead:
+    """The audit's probe for ``inspect_gpus``: each GPU whose memory was read has its health read right after (the
+    node's scan still runs beside it), not after the scan; ``read`` keeps them for the GPU rows."""
+
+    def __init__(self, inner: GpuProbe) -> None:
+        self.inner = inner
+        self.read: dict[int, GpuHealth] = {}
+
+    def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
+        got = self.inner.sample(minors)
+        health_of = getattr(self.inner, "health", None)
+        if health_of is not None:
+            for minor, sample in got.items():
+                if sample.known:  # a GPU whose reading failed gets no health row (its row is an error)
+                    self.read[minor] = _health(health_of, minor)
+        return got
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def _health(read: Callable[[int], GpuHealth], minor: int) -> GpuHealth:
