@@ -21,7 +21,8 @@ Rules a tenant cannot bend:
   ``os.stat`` where libc lacks ``statx``, is only handed fds whose link names a path.)
 - A process whose main thread exited while other threads run has an empty ``fd`` directory and no
   ``map_files``; its threads' ``task/<tid>/fd`` are scanned, and mappings that cannot be proven make it
-  ``unreadable``.
+  ``unreadable``. ``/proc/<pid>/stat`` (kernel-written) tells such a leader, and a kernel thread, apart; it is
+  read only for a process whose fd table is empty, since every process that runs a program has fds.
 """
 
 from __future__ import annotations
