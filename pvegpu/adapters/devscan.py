@@ -97,6 +97,7 @@ _AT_FDCWD = -100
 _AT_NO_AUTOMOUNT = 0x800
 _AT_STATX_DONT_SYNC = 0x4000  # take the attributes the kernel has: no round trip to a FUSE/NFS/CIFS server
 _STATX_TYPE_MODE = 0x3
+_STATX_INO = 0x100
 _STATX_SIZE = 256  # struct statx; stx_mode at 28 (u16), stx_rdev_major/minor at 128/132 (u32)
 
 
@@ -143,6 +144,21 @@ class StatNosync:
     def __init__(self) -> None:
         self._buf = ctypes.create_string_buffer(_STATX_SIZE)
 
+    def named(self, path: str, key: tuple[bytes, bytes]) -> tuple[int, int, bool]:
+        """(st_mode, st_rdev) of ``path``, and whether it is the file ``key`` names (``maps``' device and inode
+        fields, b"fd:01", b"1234"): a range mapped again between reading ``maps`` and this stat is another file."""
+        if _STATX is None:
+            st = os.stat(path)
+            return st.st_mode, st.st_rdev, _is_key(key, os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+        buf = self._buf
+        if _STATX(_AT_FDCWD, os.fsencode(path), _AT_STATX_DONT_SYNC | _AT_NO_AUTOMOUNT, _STATX_TYPE_MODE | _STATX_INO, buf) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), path)
+        rmaj, rmin = _RDEV.unpack_from(buf, 128)
+        dmaj, dmin = _RDEV.unpack_from(buf, 136)
+        same = bool(_MASK.unpack_from(buf, 0)[0] & _STATX_INO) and _is_key(key, dmaj, dmin, _INO.unpack_from(buf, 32)[0])
+        return _MODE.unpack_from(buf, 28)[0], os.makedev(rmaj, rmin), same
+
     def __call__(self, path: str | bytes) -> tuple[int, int]:
         if _STATX is None:
             return stat_nosync(os.fsdecode(path))
@@ -155,6 +171,16 @@ class StatNosync:
         return _MODE.unpack_from(buf, 28)[0], os.makedev(rmaj, rmin)
 
 
+def _is_key(key: tuple[bytes, bytes], major: int, minor: int, ino: int) -> bool:
+    """Is (major, minor, ino) the file of a ``maps`` key (``%02x:%02x`` device, decimal inode)?"""
+    dev, _, mn = key[0].partition(b":")
+    try:
+        return (int(dev, 16), int(mn, 16), int(key[1])) == (major, minor, ino)
+    except ValueError:
+        return False
+
+
+_MASK, _INO = struct.Struct("=I"), struct.Struct("=Q")  # stx_mask (u32 at 0: was the inode asked for given), stx_ino (u64 at 32)
 _FS_ENCODING = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())  # what os.fsencode encodes with
 _MODE, _RDEV = struct.Struct("=H"), struct.Struct("=II")  # stx_mode (u16 at 28), stx_rdev_major/minor (u32 at 128/132)
 _S_IFMT, _S_IFCHR = stat.S_IFMT(0o177777), stat.S_IFCHR
@@ -378,7 +404,11 @@ class ProcessScan:
                 m = self.cache[key]
             else:
                 try:
-                    mode, rdev = self._stat(f"{proc}/{pid}/map_files/{rng.decode('ascii')}")
+                    path = f"{proc}/{pid}/map_files/{rng.decode('ascii')}"
+                    if self._raw:  # the file stat'ed must be the (device, inode) the line named to stand for it
+                        mode, rdev, same = self._stat.named(path, key)  # type: ignore[attr-defined]
+                    else:
+                        (mode, rdev), same = self._stat(path), True  # an injected stat: no inode to check (tests)
                 except (FileNotFoundError, ProcessLookupError):
                     if not leader_zombie:
                         continue  # unmapped since, or the process is gone
@@ -387,7 +417,9 @@ class ProcessScan:
                 except PermissionError:
                     unproven = True
                     continue
-                m = self.cache[key] = self.devices.of_mode(mode, rdev)
+                m = self.devices.of_mode(mode, rdev)
+                if same:  # else the range was mapped again since maps was read: true of this process now, not of the key
+                    self.cache[key] = m
             if m is not None:
                 minors.add(m)
                 via.add(Via.MAPS)

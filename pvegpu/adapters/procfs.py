@@ -77,6 +77,29 @@ def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
 
 
 
+CMDLINE_WAIT = 0.25  # seconds a command line's read may take outside a watched scan ("?" past it)
+CMDLINE_STUCK = 8  # readers left blocked in the kernel at most: past that, an unread command line is "?" at once
+_TIMED_OUT: Any = object()
+_STUCK_READERS: list[object] = []
+
+
+def _read_bounded(path: str, limit: int, wait: float) -> bytes | None:
+    """``_read_bytes(path, limit)`` in a thread of its own, given ``wait`` seconds: ``_TIMED_OUT`` past them (the
+    reader is left blocked in the kernel, a daemon; at most ``CMDLINE_STUCK`` of them, then no new one is started)."""
+    import threading
+
+    if len(_STUCK_READERS) >= CMDLINE_STUCK:
+        return _TIMED_OUT  # type: ignore[no-any-return]
+    box: list[bytes | None] = []
+    reader = threading.Thread(target=lambda: box.append(_read_bytes(path, limit)), daemon=True, name="pvegpu-cmdline")
+    reader.start()
+    reader.join(wait)
+    if not box:
+        _STUCK_READERS.append(reader)
+        return _TIMED_OUT  # type: ignore[no-any-return]
+    return box[0]
+
+
 def _read_at(dirfd: int, name: str, limit: int = 1 << 20) -> bytes:
     try:
         fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dirfd)
@@ -302,6 +325,7 @@ class ProcHost:
         # once: the description read with the holding, in the scan's watched thread, not again after the scan.
         self._describing: dict[int, ProcInfo] | None = None
         self._seen: dict[int, ProcInfo] = {}
+        self._took_prefetch = False  # a reading took a prefetched scan: later readings of listed pids describe too
 
     # -- liveness -------------------------------------------------------------------------------
     def _live_state(self, pid: int, st: Stat) -> str:
@@ -328,7 +352,10 @@ class ProcHost:
             return seen
         return self._describe_now(pid)
 
-    def _describe_now(self, pid: int) -> ProcInfo | None:
+    def _describe_now(self, pid: int, watched: bool = False) -> ProcInfo | None:
+        """``describe`` as the process is now. Its command line is read by the kernel under the process's mm lock,
+        which a process can leave held (a thread stuck in a driver's munmap): outside a watched scan thread (``watched``)
+        it is read within ``CMDLINE_WAIT``, else shown as ``?`` (display text, never decided on)."""
         raw = read_small(f"{self.proc}/{pid}/stat")  # read_stat's answer, without a file object
         st = parse_stat(raw) if raw is not None else None
         if st is None:
@@ -344,7 +371,9 @@ class ProcHost:
         key = (pid, st.start_ticks)
         cmdline = self._cmdlines.get(key)
         if cmdline is None:
-            cmd = (_read_bytes(f"{self.proc}/{pid}/cmdline", CMDLINE_READ) or b"").rstrip(b"\0").replace(b"\0", b" ")
+            where = f"{self.proc}/{pid}/cmdline"
+            got = _read_bytes(where, CMDLINE_READ) if watched else _read_bounded(where, CMDLINE_READ, CMDLINE_WAIT)
+            cmd = b"?" if got is _TIMED_OUT else (got or b"").rstrip(b"\0").replace(b"\0", b" ")  # type: ignore[union-attr]
             cmdline = escape(cmd, CMDLINE_SHOWN)
             if cmd:  # an empty one (a zombie, a kernel thread, not yet exec'd) is read again next time
                 if len(self._cmdlines) >= CMDLINE_CACHE:
@@ -401,7 +430,7 @@ class ProcHost:
                 except BaseException:
                     early.cancel()
                     raise
-                self._describing = {}
+                self._describing, self._took_prefetch = {}, True
                 try:
                     got = early.finish()
                     start = 0
@@ -412,10 +441,24 @@ class ProcHost:
                     self._describing = None
                 return got
             early.cancel()
-        elif pids is not None and self._seen:
+        elif pids is not None and self._took_prefetch:
+            # read again now (``inspect_gpus``' second look at NVML's listed pids): described again now too, the holders
+            # beside their holdings as the prefetched reading's were
             pids = list(pids)
-            for p in pids:  # read again now: described again now too (``inspect_gpus``' second look at listed pids)
+            for p in pids:
                 self._seen.pop(p, None)
+            self._describing = {}
+            try:
+                got = self._holdings_of(pids, deep)
+                self._seen.update({p: i for p, i in self._describing.items() if p in got})
+            finally:
+                self._describing = None
+            return got
+        return self._holdings_of(None if pids is None else list(pids), deep)
+
+    def _holdings_of(self, pids: list[int] | None, deep: bool) -> dict[int, Holding]:
+        import time
+
         todo = [p for p in (self.all_pids() if pids is None else pids) if p != self.self_pid]
         out: dict[int, Holding] = {}
         end = time.monotonic() + self.budget.total
@@ -475,7 +518,7 @@ class ProcHost:
         import time
 
         found: dict[int, Holding] = {}
-        at: list[Any] = [start, time.monotonic(), None]  # index, since when, pid
+        at: list[Any] = [start, time.monotonic(), None, False]  # index, since when, pid, describing its proven holding
         halt = [len(todo)]
         done, abandoned = threading.Event(), threading.Event()
 
@@ -492,7 +535,7 @@ class ProcHost:
                     halt[0] = j
                     break
                 pid = todo[j]
-                at[:] = [j, time.monotonic(), pid]
+                at[:] = [j, time.monotonic(), pid, False]
                 if pid in stuck and self._identity(pid) in self._stuck:  # the process that blocked before: not again
                     found[pid] = Holding(pid, frozenset(), frozenset({UNREADABLE, STUCK}))
                     continue
@@ -501,22 +544,30 @@ class ProcHost:
                 held = scan.run(self.proc, pid, deep=deep)
                 if held is not None:
                     found[pid] = held
-                    if describing is not None and (info := self._describe_now(pid)) is not None:
-                        described[pid] = info
+                    if describing is not None:  # display facts of a proven holding: a stall here costs its description only
+                        at[:] = [j, time.monotonic(), pid, True]
+                        if (info := self._describe_now(pid, watched=True)) is not None:
+                            described[pid] = info
             done.set()
 
         threading.Thread(target=work, daemon=True, name="pvegpu-scan").start()
         limit = self.budget.seconds + 0.5
         while not done.wait(0.05):
-            j, since, _pid = at
+            j, since, _pid, describing_it = at
             if time.monotonic() > end:  # the whole scan's bound: what is not read by now is unknown
                 abandoned.set()
-                rest = set(todo[j:])  # in progress or not reached
+                rest = set(todo[j + 1 if describing_it else j:])  # in progress (unless only its description) or not reached
                 kept = {p: h for p, h in dict(found).items() if p not in rest}
                 out.update(kept)
                 out.update({p: Holding(p, frozenset(), frozenset({UNREADABLE, BUDGET})) for p in rest})
                 self._keep_described(describing, described, kept)
                 return len(todo)
+            if time.monotonic() - since > limit and describing_it:  # its holding was proven: kept, described later
+                abandoned.set()
+                kept = dict(found)
+                out.update(kept)
+                self._keep_described(describing, described, kept)
+                return int(j) + 1
             if time.monotonic() - since > limit:
                 abandoned.set()
                 # who it is, read now: a process blocked in the kernel keeps its pid, and its stat needs none of the
