@@ -242,6 +242,9 @@ class ScanBudget:
     total: float = 20.0  # wall time for one whole scan (every process): past it, the rest is unknown
 
 
+_NOTHING: tuple[int, frozenset[int]] = (-1, frozenset())
+
+
 class _OverBudget(Exception):
     pass
 
@@ -262,6 +265,7 @@ class ProcessScan:
         self._seconds, self._fd_limit = budget.seconds, budget.fds
         self._map_lines, self._map_bytes = budget.map_lines, budget.map_bytes
         self._skip: set[bytes] = set()  # maps lines known to name no GPU (maps_files), for this scan as its cache
+        self.proven: tuple[int, frozenset[int]] = _NOTHING  # (pid, minors its fds proved) while its maps are read
 
     def _use_stat(self, stat_of: Callable[[str], tuple[int, int]]) -> None:
         """Stat fds and mapped files with ``stat_of``: the default (``StatNosync``) is inlined as bytes paths and
@@ -281,6 +285,7 @@ class ProcessScan:
         via: set[str] = set()
         self._deadline = self._now() + self._seconds
         self._fds = 0
+        self.proven = _NOTHING
         try:
             fd_dirs = self._fd_dirs(proc, pid, bool(leader_zombie))
             if fd_dirs is None:
@@ -297,6 +302,8 @@ class ProcessScan:
                 if st is not None and st.state == "Z" and st.threads > 1:
                     return self.run(proc, pid, True, deep)
             if deep or not minors or max(minors) < 0:  # no GPU (CONTROL is -1) by fd yet
+                if minors:  # what the fds proved, for a watcher that gives this process up while its maps are read
+                    self.proven = (pid, frozenset(minors))
                 unproven = self._scan_maps(proc, pid, bool(leader_zombie), minors, via)
                 if unproven:
                     via.add(UNREADABLE)

@@ -88,11 +88,15 @@ def _read_bounded(path: str, limit: int, wait: float) -> bytes | None:
     reader is left blocked in the kernel, a daemon; at most ``CMDLINE_STUCK`` of them, then no new one is started)."""
     import threading
 
+    _STUCK_READERS[:] = [t for t in _STUCK_READERS if t.is_alive()]  # type: ignore[attr-defined]  # unblocked since
     if len(_STUCK_READERS) >= CMDLINE_STUCK:
         return _TIMED_OUT  # type: ignore[no-any-return]
     box: list[bytes | None] = []
     reader = threading.Thread(target=lambda: box.append(_read_bytes(path, limit)), daemon=True, name="pvegpu-cmdline")
-    reader.start()
+    try:
+        reader.start()
+    except RuntimeError:  # no thread can be started (a process limit): not read, as a read that timed out
+        return _TIMED_OUT  # type: ignore[no-any-return]
     reader.join(wait)
     if not box:
         _STUCK_READERS.append(reader)
@@ -273,6 +277,15 @@ class CgroupBoundary:
     def _cgroupfs_mounted(self) -> bool:
         """A cgroup v2 root or a v1/hybrid hierarchy is mounted, so a missing lxc/<vmid> dir means an empty CT."""
         return any(os.path.exists(os.path.join(self.cgroup_root, sub, "cgroup.procs")) for sub in CGROUP_ROOTS)
+
+
+def _given_up(pid: int, scan: ProcessScan, why: str) -> Holding:
+    """The holding of a process whose scan was given up (``why``: stuck, or the whole scan's deadline): unknown, with
+    whatever its fds had already proved (a deep scan was reading its maps after them), never less."""
+    at, proven = getattr(scan, "proven", (-1, frozenset()))
+    if at == pid and proven:
+        return Holding(pid, proven, frozenset({UNREADABLE, why, Via.FD}))
+    return Holding(pid, frozenset(), frozenset({UNREADABLE, why}))
 
 
 _BOTH: Any = object()  # a pid two sides of a split scan described: neither description is handed out
@@ -526,8 +539,9 @@ class ProcHost:
         describing = self._describing
         described: dict[int, ProcInfo] = {}
 
+        scan = self._scan_type(self.devices, self.budget, cache={}, stat_of=self._stat_of)
+
         def work() -> None:
-            scan = self._scan_type(self.devices, self.budget, cache={}, stat_of=self._stat_of)
             for j in range(start, len(todo)):
                 if abandoned.is_set():
                     return
@@ -560,6 +574,8 @@ class ProcHost:
                 kept = {p: h for p, h in dict(found).items() if p not in rest}
                 out.update(kept)
                 out.update({p: Holding(p, frozenset(), frozenset({UNREADABLE, BUDGET})) for p in rest})
+                if not describing_it:
+                    out[todo[j]] = _given_up(todo[j], scan, BUDGET)
                 self._keep_described(describing, described, kept)
                 return len(todo)
             if time.monotonic() - since > limit and describing_it:  # its holding was proven: kept, described later
@@ -576,7 +592,8 @@ class ProcHost:
                     self._stuck.add(ident)
                 kept = {p: h for p, h in dict(found).items() if p != todo[j]}
                 out.update(kept)
-                out[todo[j]] = Holding(todo[j], frozenset(), frozenset({UNREADABLE, STUCK}))
+                # what its fds already proved (a deep scan then reads its maps) stays: unknown beyond it, never less
+                out[todo[j]] = _given_up(todo[j], scan, STUCK)
                 self._keep_described(describing, described, kept)
                 return int(j) + 1
         out.update(found)
