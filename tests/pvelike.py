@@ -134,12 +134,24 @@ def destroy_ct(vmid: int) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
-    top = os.path.dirname(cgroup_dir(vmid))
-    for dirpath, _d, _f in sorted(os.walk(top), key=lambda t: -len(t[0])):
-        try:
-            os.rmdir(dirpath)
-        except OSError:
-            pass
+    remove_cgroup_tree(os.path.dirname(cgroup_dir(vmid)))
+
+
+def remove_cgroup_tree(top: str) -> None:
+    """``rmdir`` every cgroup below ``top``, deepest first, then ``top``: by directory fd, so a tree a test nested past
+    PATH_MAX goes too (a path-based walk fails there and leaves it behind for every later run)."""
+    if not os.path.isdir(top):
+        return
+    for _path, dirs, _files, dirfd in os.fwalk(top, topdown=False):
+        for d in dirs:
+            try:
+                os.rmdir(d, dir_fd=dirfd)
+            except OSError:
+                pass
+    try:
+        os.rmdir(top)
+    except OSError:
+        pass
 
 
 # -- generated process trees (tests/test_safety_property.py) ---------------------------------------------
