@@ -245,6 +245,13 @@ class ScanBudget:
 _NOTHING: tuple[int, frozenset[int]] = (-1, frozenset())
 
 
+def _kthread(raw: bytes | None) -> bool:
+    """Is this ``/proc/<pid>/stat`` text a kernel thread's (a child of kthreadd, pid 2, or kthreadd itself, with the
+    kernel's own ``PF_KTHREAD``)?"""
+    st = parse_stat(raw) if raw is not None else None
+    return st is not None and st.ppid in (0, 2) and kernel_thread(raw)
+
+
 class _OverBudget(Exception):
     pass
 
@@ -290,14 +297,19 @@ class ProcessScan:
             fd_dirs = self._fd_dirs(proc, pid, bool(leader_zombie))
             if fd_dirs is None:
                 return None
-            for d in fd_dirs:
-                if self._scan_fds(d, minors):
-                    via.add(Via.FD)
+            try:
+                for d in fd_dirs:
+                    if self._scan_fds(d, minors):
+                        via.add(Via.FD)
+            except PermissionError:  # a user's scan: a kernel thread's fds are root's to read, and it holds nothing
+                if leader_zombie is None and _kthread(read_small(f"{proc}/{pid}/stat")):
+                    return None
+                raise
             if leader_zombie is None and not self._fds:
                 raw = read_small(f"{proc}/{pid}/stat")
                 st = parse_stat(raw) if raw is not None else None
                 # a kernel thread (a child of kthreadd, pid 2, or kthreadd itself) has no mm and no files: holds nothing
-                if st is not None and st.ppid in (0, 2) and kernel_thread(raw):
+                if _kthread(raw):
                     return None
                 if st is not None and st.state == "Z" and st.threads > 1:
                     return self.run(proc, pid, True, deep)
