@@ -120,32 +120,24 @@ def dumps(doc: object) -> str:
             put(float.__repr__(value))  # type: ignore[arg-type]
         elif depth > _MAX_DEPTH:
             raise ValueError
-        elif value.__class__ is dict:
+        elif value.__class__ is dict or value.__class__ is list:
+            keyed = value.__class__ is dict
             if not value:
-                put("{}")
+                put("{}" if keyed else "[]")
                 return
             inner = ind + "  "
-            sep = "{\n" + inner
-            for k, v in value.items():  # type: ignore[attr-defined]
-                if k.__class__ is not str:
-                    raise ValueError
+            sep = ("{\n" if keyed else "[\n") + inner
+            for item in (value.items() if keyed else value):  # type: ignore[union-attr]
                 put(sep)
-                put(esc(k))
-                put(": ")
-                enc(v, inner, depth + 1)
+                if keyed:
+                    k, item = item
+                    if k.__class__ is not str:
+                        raise ValueError
+                    put(esc(k))
+                    put(": ")
+                enc(item, inner, depth + 1)
                 sep = ",\n" + inner
-            put("\n" + ind + "}")
-        elif value.__class__ is list:
-            if not value:
-                put("[]")
-                return
-            inner = ind + "  "
-            sep = "[\n" + inner
-            for v in value:  # type: ignore[attr-defined]
-                put(sep)
-                enc(v, inner, depth + 1)
-                sep = ",\n" + inner
-            put("\n" + ind + "]")
+            put("\n" + ind + ("}" if keyed else "]"))
         else:
             raise ValueError
 

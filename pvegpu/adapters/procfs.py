@@ -282,7 +282,7 @@ class CgroupBoundary:
 def _given_up(pid: int, scan: ProcessScan, why: str) -> Holding:
     """The holding of a process whose scan was given up (``why``: stuck, or the whole scan's deadline): unknown, with
     whatever its fds had already proved (a deep scan was reading its maps after them), never less."""
-    at, proven = getattr(scan, "proven", (-1, frozenset()))
+    at, proven = scan.proven
     if at == pid and proven:
         return Holding(pid, proven, frozenset({UNREADABLE, why, Via.FD}))
     return Holding(pid, frozenset(), frozenset({UNREADABLE, why}))
@@ -433,7 +433,8 @@ class ProcHost:
         """
         import time
 
-        self._seen = {} if pids is None else self._seen
+        if pids is None:  # a whole-node reading: the last one's descriptions go with it
+            self._seen = {}
         if pids is None and self._early is not None:
             early, self._early = self._early, None
             if early.deep == deep and time.monotonic() - early.started <= PREFETCH_FRESH:
