@@ -16,26 +16,36 @@ Tenant-proof rules (``cat /proc/<pid>/cgroup`` by hand shows the same lines):
 
 from __future__ import annotations
 
-import re
-
 from .model import Place, Placement
-
-_CT = re.compile(r"/lxc/(\d+)(?:/|\Z)")
-_MONITOR = re.compile(r"/lxc\.monitor/(\d+)(?:/|\Z)")
-_VM = re.compile(r"/qemu\.slice/(\d+)\.scope(?:/|\Z)")
 
 HOST = Placement(Place.HOST)
 UNKNOWN = Placement(Place.UNKNOWN)
 
 
+def _vmid(path: str, prefix: str, suffix: str = "") -> int | None:
+    r"""The vmid of ``path`` when its leading components are ``<prefix><digits><suffix>`` (then ``/`` or the end):
+    ``re.match(prefix + r"(\d+)" + suffix + r"(?:/|\Z)", path)``, without ``re`` (the start gate pays for its
+    import). ``\d`` is any Unicode decimal digit, as ``str.isdecimal`` and ``int`` take them."""
+    if not path.startswith(prefix):
+        return None
+    end = path.find("/", len(prefix))
+    part = path[len(prefix):] if end < 0 else path[len(prefix):end]
+    if suffix:
+        if not part.endswith(suffix):
+            return None
+        part = part[: -len(suffix)]
+    return int(part) if part.isdecimal() else None  # "".isdecimal() is False: one digit at least
+
+
 def placement_of_path(path: str) -> Placement:
-    """Classify one cgroup path (the third field of a ``/proc/<pid>/cgroup`` line) by its leading components."""
-    if m := _MONITOR.match(path):
-        return Placement(Place.MONITOR, int(m.group(1)))
-    if m := _CT.match(path):
-        return Placement(Place.CONTAINER, int(m.group(1)))
-    if m := _VM.match(path):
-        return Placement(Place.VM, int(m.group(1)))
+    """Classify one cgroup path (the third field of a ``/proc/<pid>/cgroup`` line) by its leading components:
+    ``/lxc.monitor/<vmid>``, ``/lxc/<vmid>``, ``/qemu.slice/<vmid>.scope``, each followed by ``/`` or the end."""
+    if (vmid := _vmid(path, "/lxc.monitor/")) is not None:
+        return Placement(Place.MONITOR, vmid)
+    if (vmid := _vmid(path, "/lxc/")) is not None:
+        return Placement(Place.CONTAINER, vmid)
+    if (vmid := _vmid(path, "/qemu.slice/", ".scope")) is not None:
+        return Placement(Place.VM, vmid)
     return HOST
 
 

@@ -12,8 +12,6 @@ Manual equivalent: ``nvidia-smi --query-gpu=index,memory.used`` + ``--query-comp
 
 from __future__ import annotations
 
-import enum
-
 from .errors import GpuQueryError, PvegpuError
 from .holders import GpuFacts, inspect_gpus
 from .leftover import LeftoverRule, leftover
@@ -26,12 +24,15 @@ from .settings import GateSettings
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
     from collections.abc import Collection
+    from enum import StrEnum
     from typing import Any
 
     from .ports import GpuProbe, Host, PveReader
+else:
+    from .strenum import StrEnum  # enum's StrEnum without the enum module at import
 
 
-class GateState(enum.StrEnum):
+class GateState(StrEnum):
     """One GPU's verdict for a start."""
 
     CLEAN = "clean"

@@ -8,13 +8,13 @@ its cgroup. Manual equivalent: ``nvidia-smi --query-compute-apps=pid,used_memory
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-
 from .model import CONTROL, GpuInfo, GpuSample, Holder, Place, Placement, ProcInfo, Via
 from .record import field, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from .ports import GpuProbe, Host
 
 

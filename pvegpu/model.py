@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import enum
-
 from .record import field, record
+
+TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
+if TYPE_CHECKING:
+    from enum import StrEnum
+else:
+    from .strenum import StrEnum  # enum's StrEnum without the enum module at import
 
 MIB = 1024 * 1024
 CONTROL = -1  # pseudo-minor: nvidiactl, nvidia-modeset, nvidia-uvm(-tools), nvidia-caps (no particular GPU)
@@ -84,7 +88,7 @@ class GpuSample:
         return self.used_bytes is not None and self.processes is not None
 
 
-class Place(enum.Enum):
+class Place(StrEnum):
     """Where a host process sits, from ``/proc/<pid>/cgroup``."""
 
     CONTAINER = "container"  # /lxc/<vmid>/...
@@ -100,7 +104,7 @@ class Placement:
     vmid: int | None = None
 
 
-class SignalResult(enum.StrEnum):
+class SignalResult(StrEnum):
     """What ``Host.signal`` did: a str enum, so JSON and logs show the plain word."""
 
     SENT = "sent"  # delivered through the pidfd

@@ -178,9 +178,18 @@ def test_escape_fast_path_edges(text):
         assert escape(text.encode(), limit) == old_escape(text.encode(), limit)
 
 
-def test_devscan_keeps_its_pattern():
-    """The full pattern still decides every line the split lets through (it is the one of release 19)."""
-    assert devscan._MAPS_LINE.pattern == _OLD_LINE.pattern
+_FIELD = st.sampled_from([b"", b"0", b"7", b"00", b"10", b"a", b"f", b"g", b"A", b"-", b":", b"\t", b"\x0b", b"\r", b"\xff",
+                          b"7f00-7f10", b"fd:01", b"r-xp", b"00001000", b"12345", b"0a-", b":1", b"1:"])
+
+
+@given(st.lists(st.lists(_FIELD, max_size=3).map(b"".join), min_size=6, max_size=6))
+def test_the_hand_match_of_a_maps_line_is_the_pattern_of_release_19(fields):
+    """Each line the split lets through is decided as the full pattern of release 19 decides it (``_file_line``)."""
+    line = b" ".join(fields)
+    p = line.split(b" ", 5)
+    m = _OLD_LINE.match(line)
+    got = devscan._file_line(p) if len(p) == 6 else None
+    assert got == (None if m is None else (m[1], m[2], m[3]))
 
 
 # -- status in one pass ----------------------------------------------------------------------------------------

@@ -111,6 +111,8 @@ def _run_child(fn: Callable[[], Any], r: int, w: int) -> None:
         except (TypeError, ValueError) as exc:
             data = marshal.dumps({"crash": f"{type(exc).__name__}: {exc}"})
         _write_all(w, data)
+        os.close(w)  # the answer is complete: the parent sees its end now, not when this process has exited (closing
+        # NVML's files at exit takes ~2 ms on the H200)
     except BaseException:  # noqa: BLE001
         code = 1
     finally:

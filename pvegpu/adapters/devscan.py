@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import stat
 import struct
 import sys
@@ -45,8 +44,28 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-# start-end perms offset dev inode: file-backed lines only (inode 0 is anonymous memory, heap, stack)
-_MAPS_LINE = re.compile(rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+:[0-9a-f]+) ([1-9][0-9]*) ", re.M)
+# start-end perms offset dev inode: file-backed lines only (inode 0 is anonymous memory, heap, stack). The pattern
+# rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+:[0-9a-f]+) ([1-9][0-9]*) " is matched by hand (``_file_line``): ``re``
+# and the ``enum`` it imports would cost the scan's early fork 3-8 ms; tests/test_scan_speed.py runs both on every line
+_HEX = b"0123456789abcdef"
+_SPACE = b"\t\n\x0b\x0c\r"  # bytes ``\S``: none of these (nor the space the line is split on)
+
+
+def _hex_pair(field: bytes, sep: bytes) -> bool:
+    """``[0-9a-f]+<sep>[0-9a-f]+``."""
+    a, found, b = field.partition(sep)
+    return bool(found and a and b) and not a.translate(None, _HEX) and not b.translate(None, _HEX)
+
+
+def _file_line(p: list[bytes]) -> tuple[bytes, bytes, bytes] | None:
+    """(range, dev, inode) of a maps line split on its first five spaces (six parts), when the whole line matches
+    the pattern above; else None."""
+    rng, perms, offset, dev, inode = p[0], p[1], p[2], p[3], p[4]
+    if not (inode[:1] in b"123456789" and inode[:1] and inode.isdigit()):
+        return None
+    if not (perms and offset) or perms.translate(None, _SPACE) != perms or offset.translate(None, _SPACE) != offset:
+        return None
+    return (rng, dev, inode) if _hex_pair(rng, b"-") and _hex_pair(dev, b":") else None
 _CHUNK = 65536
 
 
@@ -55,9 +74,9 @@ def maps_files(lines: list[bytes], files: dict[tuple[bytes, bytes], bytes],
     """Add each file-backed mapping of ``lines`` (``/proc/<pid>/maps`` split on ``\\n``) to ``files``:
     (dev, inode) -> the first range that maps it.
 
-    Exactly what ``_MAPS_LINE.findall`` over the text gives, faster: a split on the first five spaces skips
-    anonymous lines (inode 0) and files already seen, and only a line naming a new file is checked against the
-    full pattern. The path (tenant text: spaces, `` (deleted)``, escaped newlines) is never parsed.
+    Exactly what ``findall`` of the pattern above over the text gives, faster: a split on the first five spaces
+    skips anonymous lines (inode 0) and files already seen, and only a line naming a new file is checked against the
+    full pattern (``_file_line``). The path (tenant text: spaces, `` (deleted)``, escaped newlines) is never parsed.
     ``known``: the scan's cache (file -> GPU minor, None for no GPU); a file it already knows is no GPU is left
     out (proving it again could only give None), one it knows is a GPU is kept.
     ``skip`` (the scan's, with ``known``): each line's text after its address range, for lines found to name no
@@ -69,8 +88,8 @@ def maps_files(lines: list[bytes], files: dict[tuple[bytes, bytes], bytes],
         for line in lines:
             p = line.split(b" ", 5)
             if len(p) == 6 and p[4] != b"0" and (key := (p[3], p[4])) not in files and get(key, 0) is not None \
-                    and (m := _MAPS_LINE.match(line)):
-                files[(m[2], m[3])] = m[1]
+                    and (m := _file_line(p)):
+                files[(m[1], m[2])] = m[0]
         return
     room = len(skip) < SKIP_TEXTS
     for line in lines:
@@ -85,8 +104,8 @@ def maps_files(lines: list[bytes], files: dict[tuple[bytes, bytes], bytes],
                 skip.add(line[at:])
                 room = len(skip) < SKIP_TEXTS
             continue
-        if key not in files and (m := _MAPS_LINE.match(line)):
-            files[(m[2], m[3])] = m[1]
+        if key not in files and (m := _file_line(p)):
+            files[(m[1], m[2])] = m[0]
 
 
 SKIP_TEXTS = 65_536  # line texts one scan remembers as naming no GPU (maps_files); past that, lines are split again

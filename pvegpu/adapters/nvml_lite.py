@@ -13,13 +13,13 @@ driver, and on the H200).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable
 
 from ..errors import GpuQueryError
 from ..model import GpuHealth, GpuInfo, GpuSample, NvmlProcess
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
 
     from .nvml_warm import NvmlWarmup

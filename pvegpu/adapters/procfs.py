@@ -12,7 +12,6 @@ never decides anything: placement is parsed from the raw bytes, the init from ke
 from __future__ import annotations
 
 import os
-import signal as _signal
 
 from ..cgroup import UNKNOWN, parse_cgroup
 from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult, Via
@@ -655,7 +654,9 @@ class ProcHost:
                 return SignalResult.MOVED
             if info.is_ct_init or info.pid == self.self_pid:
                 return SignalResult.REFUSED
-            _signal.pidfd_send_signal(pidfd, sig)  # to the whole thread group, even with its leader gone
+            import signal  # here: a scan imports no enum (the reset has it loaded already)
+
+            signal.pidfd_send_signal(pidfd, sig)  # to the whole thread group, even with its leader gone
             return SignalResult.SENT
         except ProcessLookupError:
             return SignalResult.GONE

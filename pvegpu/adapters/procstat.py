@@ -8,7 +8,6 @@ An adapter (the core never reads ``/proc``); a leaf with no pvegpu imports.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate reads /proc through this module
 if TYPE_CHECKING:
@@ -25,7 +24,25 @@ if TYPE_CHECKING:
         threads: int  # field 20 (num_threads)
         start_ticks: int  # field 22 (starttime, clock ticks after boot)
 else:
-    Stat = namedtuple("Stat", "comm state ppid pgid sid threads start_ticks")
+    class Stat(tuple):
+        """``namedtuple("Stat", "comm state ppid pgid sid threads start_ticks")`` without ``collections``."""
+
+        __slots__ = ()
+        _fields = ("comm", "state", "ppid", "pgid", "sid", "threads", "start_ticks")
+
+        def __new__(cls, comm, state, ppid, pgid, sid, threads, start_ticks):
+            return tuple.__new__(cls, (comm, state, ppid, pgid, sid, threads, start_ticks))
+
+        def __repr__(self):
+            return "Stat(" + ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self)) + ")"
+
+        comm = property(lambda self: self[0])
+        state = property(lambda self: self[1])
+        ppid = property(lambda self: self[2])
+        pgid = property(lambda self: self[3])
+        sid = property(lambda self: self[4])
+        threads = property(lambda self: self[5])
+        start_ticks = property(lambda self: self[6])
 
 
 def parse_stat(data: bytes | str) -> Stat | None:
