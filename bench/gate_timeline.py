@@ -53,11 +53,12 @@ MARKS = [
 ]
 
 
-def instrument(src: str, dst: str, marks_file: str) -> None:
+def instrument(src: str, dst: str, marks_file: str, marks: list[tuple[str, str, str, bool]] = MARKS) -> None:
+    """``src``'s pvegpu copied to ``dst`` with ``marks`` (file, anchor, name, after) added, appending to ``marks_file``."""
     shutil.copytree(os.path.join(src, "pvegpu"), os.path.join(dst, "pvegpu"), ignore=shutil.ignore_patterns("__pycache__"))
     stmt = ("import os as _o, time as _t; _o.write(_o.open(%r, 1089, 0o644), b'%%s %%d %%.3f\\n' %% (%r, _o.getpid(), "
             "_t.perf_counter() * 1000))")
-    for rel, anchor, name, after in MARKS:
+    for rel, anchor, name, after in marks:
         path = os.path.join(dst, rel)
         with open(path) as f:
             text = f.read()

@@ -99,8 +99,10 @@ def dumps(doc: object) -> str:
     library encodes an indented document in pure Python, token by token (its C encoder only writes compact JSON).
     Dicts with str keys, lists, str, int, float, bool and None are written here, each string by the C escaper; any
     other value (a tuple, a non-str key, a float that is not finite) leaves it to ``json.dumps`` for the whole."""
-    import json
-    from json.encoder import encode_basestring_ascii as esc  # type: ignore[attr-defined]
+    try:  # json.encoder's own C escaper, without importing json (its decoder and encoder import re: ~3 ms)
+        from _json import encode_basestring_ascii as esc
+    except ImportError:  # an interpreter without the C accelerator
+        from json.encoder import encode_basestring_ascii as esc  # type: ignore[attr-defined]
 
     out: list[str] = []
     put = out.append
@@ -144,5 +146,7 @@ def dumps(doc: object) -> str:
     try:
         enc(doc, "", 0)
     except (ValueError, RecursionError):
+        import json
+
         return json.dumps(doc, indent=2)
     return "".join(out)

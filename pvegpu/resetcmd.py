@@ -9,8 +9,7 @@ Both ways end in ``run``.
 
 from __future__ import annotations
 
-import json
-import signal
+import _signal  # type: ignore[import-not-found]  # signal's C core: the module adds enums (enum: ~2-5 ms of start-up)
 import sys
 
 from . import contract, wiring
@@ -103,16 +102,16 @@ def main(args: list[str], opts: wiring.GlobalOptions) -> int | None:
         return run(values, opts)
     except E.PvegpuError as exc:  # as cli.run: the JSON consumer gets JSON; the person watching still gets the message
         if json_out:
-            _say(json.dumps(contract.error_document(exc, "reset"), indent=2), err=False)
+            _say(contract.dumps(contract.error_document(exc, "reset")), err=False)
         return exc.show(sys.stderr)
     except KeyboardInterrupt:  # before the handlers were in place: the front door says so on stderr (exit 130)
         if json_out:
-            _say(json.dumps(contract.error_document(E.SignalledError("interrupted", None, 130), "reset"), indent=2), err=False)
+            _say(contract.dumps(contract.error_document(E.SignalledError("interrupted", None, 130), "reset")), err=False)
         raise
     except Exception as exc:  # noqa: BLE001 - the front door renders it (one line); --json still gets its document
         if json_out:
-            _say(json.dumps(contract.error_document(E.PvegpuError(f"internal error: {type(exc).__name__}: {exc}"), "reset"),
-                            indent=2), err=False)
+            _say(contract.dumps(contract.error_document(E.PvegpuError(f"internal error: {type(exc).__name__}: {exc}"), "reset")),
+                 err=False)
         raise
 
 
@@ -168,7 +167,7 @@ def _vm_reset(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: 
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of VM {vmid}: VM {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(contract.document("reset", report.to_json()), indent=2) if json_out else "\n" + vm_human(report, verbose), err=False)
+    _say(contract.dumps(contract.document("reset", report.to_json())) if json_out else "\n" + vm_human(report, verbose), err=False)
     return int(report.exit_code)
 
 
@@ -177,7 +176,8 @@ class _Signals:
     signal ends the run at once (nothing was stopped). From it on, the first signal is recorded and said, and
     the restart is finished (then exit 128+n); a second one abandons it (the report still says where the CT is)."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
+    NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM", _signal.SIGHUP: "SIGHUP"}
 
     def __init__(self, vmid: int, kind: str | None = "CT") -> None:
         self.vmid, self.kind = vmid, kind  # kind None: not located yet ("guest VMID" until it is "CT" or "VM")
@@ -187,12 +187,12 @@ class _Signals:
 
     def __enter__(self) -> _Signals:
         for sig in self.SIGNALS:
-            self.previous[sig] = signal.signal(sig, self._handle)
+            self.previous[sig] = _signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+            _signal.signal(sig, handler)
 
     def critical(self) -> None:
         self.in_critical = True
@@ -203,7 +203,7 @@ class _Signals:
     def _handle(self, signum: int, frame: Any) -> None:
         from .ports import Interrupted
 
-        name, code = signal.Signals(signum).name, 128 + signum
+        name, code = self.NAMES.get(signum, f"signal {signum}"), 128 + signum
         if self.done:  # the report is being printed: let it finish
             self.got = self.got or (name, code)
             return
@@ -221,7 +221,7 @@ class _Signals:
                       f"so pvegpu finishes the restart first (then exits {code}); a second Ctrl-C or SIGTERM abandons it",
                       "pvegpu: ", "    "))
             return
-        if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
+        if signum == _signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
             return
         self.raised = True  # at most once: a third signal must not break the abandon's report
         raise Interrupted(name, code, abandoned=True)
@@ -270,5 +270,5 @@ def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool
     if report.interrupted or report.left_stopped:
         wiring.journal_line(next((p for p, _ in report.diagnosis if "interrupted by" in p), "")
                             or f"pvegpu reset of CT {vmid}: CT {vmid} was left STOPPED ({report.outcome.value}, exit {report.exit_code})")
-    _say(json.dumps(contract.document("reset", reset_json(report)), indent=2) if json_out else "\n" + reset_human(report, verbose), err=False)
+    _say(contract.dumps(contract.document("reset", reset_json(report))) if json_out else "\n" + reset_human(report, verbose), err=False)
     return int(report.exit_code)

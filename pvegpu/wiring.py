@@ -275,7 +275,7 @@ def pve_port(s: Settings) -> PveApi:
         return _sim_ports(s)[0]
     from .adapters.etcpve import EtcPve, NodePve
 
-    local = EtcPve(s.pve_root, node=s.node) if EtcPve.present(s.pve_root) else None
+    local = EtcPve(s.pve_root, node=s.node, local_first=True) if EtcPve.present(s.pve_root) else None  # where(): no .vmlist json
     has_api = resolve_backend(s) is not None
     if local is None and not has_api:
         raise no_pve(s.pve_root)
