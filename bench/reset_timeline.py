@@ -44,7 +44,17 @@ MARKS = [
     ("pvegpu/resetcmd.py", "        ports.lock, ports.interrupts = lock, signals", "locked", False),
     ("pvegpu/resetcmd.py", "        signals.done = True  # the report is final", "reset done", False),
     ("pvegpu/adapters/nvml_warm.py", "self._done.release()  # the thread's last step", "W nvml", False),
-    ("pvegpu/adapters/procfs.py", "            signal.pidfd_send_signal(pidfd, sig)", "signal", True),
+    ("pvegpu/reset/find.py", "    run.located = loc = locate(run.vmid", "R find", False),
+    ("pvegpu/reset/find.py", "    run.located = loc = locate(run.vmid", "R located", True),
+    ("pvegpu/reset/find.py", "    facts = r.before = run.inspect()", "R first reading", True),
+    ("pvegpu/reset/stop.py", "            killed |= signal_round(run, rounds, todo)", "R round", False),
+    ("pvegpu/reset/stop.py", "        decided = run.targets(facts)  # the one rule", "R targets", True),
+    ("pvegpu/reset/machine.py", "    stopped = stop_and_verify(run, facts)", "R earlier noted", False),
+    ("pvegpu/reset/run.py", "        facts = inspect_gpus(self.vmid, self.located.gpus", "R inspect", False),
+    ("pvegpu/holders.py", "    samples = probe.sample(minors)", "R sampled", True),
+    ("pvegpu/adapters/procfs.py", "            info = self._describe_now(ident.pid)", "S describe", False),
+    ("pvegpu/adapters/procfs.py", "            info = self._describe_now(ident.pid)", "S described", True),
+    ("pvegpu/adapters/procfs.py", "pidfd_send_signal(pidfd, sig)", "signal", True),
 ]
 
 
@@ -91,6 +101,8 @@ def main() -> None:
     try:
         for r in range(n + importtime):
             N.kill_ct(VMID)
+            if os.path.exists(f"{tmp}/ready"):  # the last run's holder said it was ready: this one has to say so itself
+                os.unlink(f"{tmp}/ready")
             init = N.start_ct(VMID, payload)
             holder = _payload(init, tmp, bool(opts["--stand-in"]))
             env["FNVML_PID"] = str(holder)
@@ -106,10 +118,12 @@ def main() -> None:
                               key=lambda ln: -int(ln.split("|")[1]))[:25]
                 continue
             got: dict[str, float] = {"END (exit seen)": end}
+            seen: dict[str, int] = {}
             with open(marks) as f:
                 for line in f:
                     name, _pid, at = line.rsplit(" ", 2)
-                    got.setdefault(name, float(at) - t0)
+                    seen[name] = seen.get(name, 0) + 1
+                    got.setdefault(name if seen[name] == 1 else f"{name} #{seen[name]}", float(at) - t0)
             try:
                 rep = json.loads(p.stdout)
                 got["(report) outcome " + str(rep.get("outcome"))] = end
