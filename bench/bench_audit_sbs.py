@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import marshal
 import os
 import platform
 import signal
@@ -150,6 +151,8 @@ def measure(size: int, rounds: int, lsof_rounds: int, base_repo: str = "", pytho
         state = os.path.join(tmp, "state.json")
         with open(state, "w") as f:
             json.dump({"root": root, "owners": owners}, f)
+        with open(state + ".marshal", "wb") as f:  # the same owners for audit_cli.py, read without json
+            marshal.dump({int(k): list(v) for k, v in owners.items()}, f)
         table = DeviceTable({(os.major(os.stat(d).st_rdev), os.minor(os.stat(d).st_rdev)): m for m, d in enumerate(STAND_INS)})
         files = LocalNodeFiles(root, dev_map={f"/dev/nvidia{m}": "/dev/full" for m in range(GPUS)} | {"/dev/nvidiactl": "/dev/full"})
         probe, pve = StandInNvml(owners), CountingPve(root, node="bench")

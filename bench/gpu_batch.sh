@@ -34,6 +34,14 @@ echo "== gate vs nvidia-smi"; date +%s
 timeout "${T_GATE:-90}" $PY bench/bench_gate.py "${GATE_N:-40}" 2>&1 | tee "$OUT/gate.txt"
 echo "== gate, layer by layer (COMPARE=DIR: the hook rows from another checkout too)"; date +%s
 timeout "${T_PARTS:-120}" $PY bench/gate_parts.py "${PARTS_N:-25}" ${COMPARE:+--compare "$COMPARE"} 2>&1 | grep -v "exit 10" | tee "$OUT/gate_parts.txt"
+echo "== NVML's calls, the gate's and the reset's timelines"; date +%s
+timeout "${T_TL:-120}" $PY bench/nvml_calls.py 20 2>&1 | tee "$OUT/nvml_calls.txt"
+timeout "${T_TL:-120}" $PY bench/gate_timeline.py 25 2>&1 | tee "$OUT/gate_timeline.txt"
+timeout "${T_TL:-120}" $PY bench/reset_timeline.py 12 2>&1 | tee "$OUT/reset_timeline.txt"
+if [ -n "${COMPARE:-}" ]; then
+  timeout "${T_TL:-120}" $PY bench/gate_timeline.py 25 --tree "$COMPARE" 2>&1 | tee "$OUT/gate_timeline-compare.txt"
+  timeout "${T_TL:-120}" $PY bench/reset_timeline.py 12 --tree "$COMPARE" 2>&1 | tee "$OUT/reset_timeline-compare.txt"
+fi
 echo "== side by side"; date +%s
 timeout "${T_SBS:-200}" $PY bench/side_by_side.py --out "$OUT" --name "${SBS_NAME:-side_by_side}" --methods manual,pvegpu,floor ${SBS_PVEGPU:+--pvegpu "$SBS_PVEGPU"} \
   --scenarios "${SBS_SCENARIOS:-hold-20,ignore-term,two-cts}" --reps "${SBS_REPS:-3}" 2>&1 | tail -30

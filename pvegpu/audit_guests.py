@@ -8,25 +8,20 @@ for this node) and the driver bound to each device now. Manual equivalent: ``pct
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-
 from .audit_model import Flag, FlagKind, GuestRow, PassthroughRow
 from .errors import PvegpuError
-from .lxcconf import parse_config
+from .lxcconf import any_pair, dev_key, parse_config
 from .model import Guest
-from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping
 from .record import field, record
 
 TYPE_CHECKING = False  # typing (and the ports, named for annotations only) is not imported at run time: ~2 ms of the audit's start
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from .ports import Host, NodeFiles, PveApi
 
 NVIDIA_VENDOR = "0x10de"
-_DEV_KEY = re.compile(r"^dev\d+$")
-_PAIR = re.compile(r"^([a-z][a-z0-9_.\-]*)\s*[:=]\s*(.*?)\s*$")
 
 
 @record
@@ -46,14 +41,14 @@ def device_paths(conf: str | Mapping[str, Any]) -> list[str]:
             line = line.strip()
             if line.startswith("["):
                 break
-            if m := _PAIR.match(line):
-                pairs.append((m.group(1), m.group(2)))
+            if (pair := any_pair(line)) is not None:
+                pairs.append(pair)
     else:
         pairs = [(str(k), str(v)) for k, v in conf.items() if k != "lxc"]
         pairs += [(str(i[0]), str(i[1])) for i in conf.get("lxc") or [] if isinstance(i, (list, tuple)) and len(i) == 2]
     out: list[str] = []
     for key, value in pairs:
-        if _DEV_KEY.match(key):
+        if dev_key(key):
             first = value.split(",")[0]
             path = first[5:] if first.startswith("path=") else first
         elif key == "lxc.mount.entry" and value.split() and "optional" not in value:
@@ -125,6 +120,8 @@ def _container(scan: GuestScan, pve: PveApi, host: Host | None, files: NodeFiles
 
 
 def _vm(scan: GuestScan, files: NodeFiles, g: Guest, mapping_text: str | None) -> None:
+    from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping  # a node with VMs only: its re is ~3 ms
+
     gid = f"qemu/{g.vmid}"
     text = files.read_pve(f"nodes/{g.node}/qemu-server/{g.vmid}.conf")
     if text is None:

@@ -13,21 +13,22 @@ a field is removed or changes meaning only with a new version. ``pvegpu.contract
 
 from __future__ import annotations
 
-import enum
-
 from .model import GpuHealth, Via
 from .record import field, record
 from .units import whole_mib as _mib
 
 TYPE_CHECKING = False  # typing is not imported at run time
 if TYPE_CHECKING:
+    from enum import StrEnum
     from typing import Any
+else:
+    from .strenum import StrEnum  # enum's StrEnum without the enum module at import
 
 SCHEMA = "pvegpu-audit"
 SCHEMA_VERSION = 1
 
 
-class FlagKind(enum.StrEnum):
+class FlagKind(StrEnum):
     """What the audit found; ``attention`` says whether an operator must act."""
 
     SHARED = "shared"

@@ -57,18 +57,36 @@ def _value(rest: str) -> str | None:
     return None if "\n" in value else value
 
 
-def _raw(line: str) -> tuple[str, str] | None:
-    r"""``^(lxc\.[a-z0-9_\-.]+)\s*(?::|=)\s*(.*?)\s*$``: a raw ``lxc.*`` key and its value."""
-    if not line.startswith("lxc."):
-        return None
-    end = 4
+def _key_then_value(line: str, start: int) -> tuple[str, str] | None:
+    r"""The key ``line[:start]`` runs on over ``[a-z0-9_\-.]*``, then ``\s*(?::|=)\s*(.*?)\s*$``: (key, value)."""
+    end = start
     while end < len(line) and line[end] in _RAW_KEY:
         end += 1
     rest = line[end:].lstrip()
-    if end == 4 or not rest or rest[0] not in ":=":
+    if not rest or rest[0] not in ":=":
         return None
     value = _value(rest[1:])
     return None if value is None else (line[:end], value)
+
+
+def _raw(line: str) -> tuple[str, str] | None:
+    r"""``^(lxc\.[a-z0-9_\-.]+)\s*(?::|=)\s*(.*?)\s*$``: a raw ``lxc.*`` key and its value."""
+    if not line.startswith("lxc.") or len(line) < 5 or line[4] not in _RAW_KEY:
+        return None
+    return _key_then_value(line, 5)
+
+
+def any_pair(line: str) -> tuple[str, str] | None:
+    r"""``^([a-z][a-z0-9_.\-]*)\s*[:=]\s*(.*?)\s*$``: any key (PVE's or a raw ``lxc.*``) and its value
+    (``audit_guests``: the device paths a start needs)."""
+    if not line or line[0] not in _LOWER:
+        return None
+    return _key_then_value(line, 1)
+
+
+def dev_key(key: str) -> bool:
+    r"""``^dev(\d+)$``: a ``devN`` passthrough key."""
+    return key.startswith("dev") and _digits(key[3:]) is not None
 
 
 def _key(line: str) -> tuple[str, str] | None:
@@ -86,9 +104,6 @@ def _key(line: str) -> tuple[str, str] | None:
     return None if value is None else (key, value)
 
 
-def _dev_key(key: str) -> bool:
-    r"""``^dev(\d+)$``."""
-    return key.startswith("dev") and _digits(key[3:]) is not None
 
 
 def _allow(value: str) -> tuple[str, str] | None:
@@ -191,7 +206,7 @@ def _from_pairs(pairs: list[tuple[str, str]], notes: list[str]) -> CtConfig:
     named_nodes = False
     lock = tags = hookscript = hostname = None
     for key, value in pairs:
-        if _dev_key(key):
+        if dev_key(key):
             path = _dev_path(value)
             if path.startswith("/dev/nvidia"):
                 named_nodes = True

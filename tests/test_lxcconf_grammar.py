@@ -26,6 +26,7 @@ RAW = re.compile(r"^(lxc\.[a-z0-9_\-.]+)\s*(?::|=)\s*(.*?)\s*$")
 KEY = re.compile(r"^([a-z][a-z_]*\d*):\s*(.*?)\s*$")
 DEV = re.compile(r"^dev(\d+)$")
 ALLOW = re.compile(r"^c\s+(\d+|\*):(\d+|\*)\s+\S+$")
+PAIR = re.compile(r"^([a-z][a-z0-9_.\-]*)\s*[:=]\s*(.*?)\s*$")  # audit_guests' of release 19
 CT = re.compile(r"/lxc/(\d+)(?:/|\Z)")
 MONITOR = re.compile(r"/lxc\.monitor/(\d+)(?:/|\Z)")
 VM = re.compile(r"/qemu\.slice/(\d+)\.scope(?:/|\Z)")
@@ -58,8 +59,9 @@ def test_the_config_matchers_are_the_patterns_of_release_19(text):
     assert lxcconf._section(text) == group(SECTION.match(text), 1)
     assert lxcconf._raw(text) == group(RAW.match(text), 1, 2)
     assert lxcconf._key(text) == group(KEY.match(text), 1, 2)
-    assert lxcconf._dev_key(text) == bool(DEV.match(text))
+    assert lxcconf.dev_key(text) == bool(DEV.match(text))
     assert lxcconf._allow(text) == group(ALLOW.match(text), 1, 2)
+    assert lxcconf.any_pair(text) == group(PAIR.match(text), 1, 2)
 
 
 @settings(max_examples=300)

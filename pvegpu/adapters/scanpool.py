@@ -236,7 +236,7 @@ def _start(host: Scanner, part: list[int], deep: bool, end: float,
         r, w = os.pipe()
     except OSError:
         return None
-    import signal
+    import _signal as signal  # type: ignore[import-not-found]  # signal's C core: no enum for the scan
 
     parent = os.getpid()
     _prctl()  # resolved before the fork: the worker only calls it
@@ -280,7 +280,7 @@ def _prctl() -> Callable[..., int] | None:
 def _die_with(parent: int) -> None:
     """In a worker, signals still blocked: be killed when this process's parent ends, however it ends (SIGTERM,
     SIGHUP, SIGKILL reach pvegpu alone when systemd, ``timeout`` or ``kill`` send them); and end now if it already has."""
-    import signal
+    import _signal as signal  # type: ignore[import-not-found]  # signal's C core: no enum for the scan
 
     prctl = _prctl()
     if prctl is not None:
@@ -291,8 +291,8 @@ def _die_with(parent: int) -> None:
 
 def _worker(host: Scanner, part: list[int], deep: bool, end: float, w: int, r: int, mask: set[int | signal.Signals],
             stop: Callable[[int], bool] | None = None) -> None:
+    import _signal as signal  # type: ignore[import-not-found]  # signal's C core: no enum for the scan
     import marshal
-    import signal
 
     for sig in signal.valid_signals():
         try:
@@ -377,7 +377,7 @@ def reap_exited() -> None:
 def _reap(pid: int, kill: bool) -> None:
     """Reap the worker (killed first when it has not answered). One that does not exit within a moment (a thread
     of it blocked in the kernel) is left to a reaper thread; later scans of this run are then serial (``forkable``)."""
-    import signal
+    import _signal as signal  # type: ignore[import-not-found]  # signal's C core: no enum for the scan
     import time
 
     if kill:
