@@ -70,13 +70,16 @@ def shares(count: int, limit: int | None = None) -> int:
 
 def forkable() -> bool:
     """This process may fork scan workers now: main thread, no other Python thread (``threading``'s, or NVML's
-    warm-up, ``nvml_warm.running``)."""
+    warm-up, ``nvml_warm.running``). ``threading`` is not imported for the question (~3 ms before the audit's
+    fork): a process that has not imported it started no thread through it (pvegpu starts its others, NVML's
+    warm-up, through ``_thread``: asked below), and runs this in its main thread."""
     import sys
-    import threading
 
     warm = sys.modules.get(__package__ + ".nvml_warm")  # only a process that imported it can have one running
-    busy = warm is not None and warm.running()
-    return threading.current_thread() is threading.main_thread() and threading.active_count() == 1 and not busy
+    if warm is not None and warm.running():
+        return False
+    threading = sys.modules.get("threading")
+    return threading is None or (threading.current_thread() is threading.main_thread() and threading.active_count() == 1)
 
 
 def scan(host: Scanner, todo: list[int], deep: bool, end: float, n: int) -> dict[int, Holding]:
