@@ -18,7 +18,6 @@ from .record import record
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
-    from typing import Any
 
     from .adapters.agent import ProxmoxerVm
     from .adapters.bounded import BoundedProbe
@@ -192,7 +191,7 @@ def gate_ports(s: Settings, warm: NvmlWarmup | None = None) -> GatePorts:
 class _OpenedOnFirstRead:
     """The gate's NVML reader, taking over ``warm`` at its first reading rather than when the ports are made: the
     guest's config and processes are read while NVML's start (``adapters/nvml_warm.py``) finishes in its thread (on
-    the H200 its GPU attach alone is ~7 ms). The same reader and answers, ``failed`` and the rest passed through."""
+    the H200 its GPU attach alone is ~7 ms). The same reader and answers; ``failed`` as the reader's."""
 
     def __init__(self, warm: NvmlWarmup) -> None:
         self._warm: NvmlWarmup | None = warm
@@ -210,10 +209,10 @@ class _OpenedOnFirstRead:
     def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
         return self._opened().sample(minors)
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._opened(), name)
+    @property
+    def failed(self) -> list[str]:
+        """The reader's: the GPUs its last ``gpus()`` could not read, and why (none before a reading)."""
+        return list(getattr(self._probe, "failed", ())) if self._probe is not None else []
 
 
 def gate_files(s: Settings) -> NodeFiles:
