@@ -37,7 +37,7 @@ MARKS = [
     ("pvegpu/frontdoor.py", "    argv = sys.argv[1:] if argv is None else argv", "frontdoor", False),
     ("pvegpu/resetcmd.py", "    values = parse(args)", "resetcmd", False),
     ("pvegpu/resetcmd.py", "    s = wiring.settings(opts, overrides(values))", "settings", True),
-    ("pvegpu/resetcmd.py", "    world = wiring.world(s)  # one node world", "world", True),
+    ("pvegpu/resetcmd.py", "    world = wiring.world(s", "world", True),
     ("pvegpu/resetcmd.py", "    guest = world.pve.where(vmid)", "located", True),
     ("pvegpu/resetcmd.py", "        world.warm_up()", "warm", True),
     ("pvegpu/resetcmd.py", "    log = configure(verbose=verbose", "imported", False),

@@ -503,8 +503,10 @@ class NodeWorld:
         return ports
 
 
-def world(s: Settings) -> NodeWorld:
-    """The node this run works on: the simulated node under ``s.simulate``, else this node (the only branch)."""
+def world(s: Settings, *, warm_ct: int | None = None) -> NodeWorld:
+    """The node this run works on: the simulated node under ``s.simulate``, else this node (the only branch).
+    ``warm_ct``: when that vmid is a container of this node (its config is in this node's directory), NVML's start
+    begins before the rest is built (``LazyNvml.warm_up``: a reset's first reading waits for it)."""
     if s.simulate:
         from .sim.nodefiles import SimNodeFiles
 
@@ -512,11 +514,23 @@ def world(s: Settings) -> NodeWorld:
         pve, probe, host = _sim_ports(s)
         sim_probe = bounded(probe, s)
         return NodeWorld(s, True, pve, host, SimNodeFiles(s.simulate), system_clock(), lambda: sim_probe, lambda: bounded(probe, s))
+    lazy = LazyNvml(s)  # one per run: the warm-up it may have started is the one its first reading takes over
+    if warm_ct is not None and _local_ct(s, warm_ct):
+        lazy.warm_up()
     from .adapters.nodefiles import LocalNodeFiles
 
-    lazy = LazyNvml(s)  # one per run: the warm-up it may have started is the one its first reading takes over
     return NodeWorld(s, False, pve_port(s), proc_host(), LocalNodeFiles(s.pve_root), system_clock(),
                      lambda: lazy, lambda: started(bounded_opening(open_nvml, s)), lazy.warm_up)
+
+
+def _local_ct(s: Settings, vmid: int) -> bool:
+    """``vmid`` is a container of this node, as its config directory in ``/etc/pve`` says."""
+    from .adapters.etcpve import EtcPve
+
+    if not EtcPve.present(s.pve_root):
+        return False
+    guest = EtcPve(s.pve_root, node=s.node).local_guest(vmid)
+    return guest is not None and guest.type == "lxc"
 
 
 def user_names() -> Callable[[int], str | None]:

@@ -94,7 +94,7 @@ def test_a_sigint_while_the_guest_is_located_is_the_handlers_and_gets_a_json_err
             raise AssertionError("the handler raises at the signal")
 
     journal: list[str] = []
-    monkeypatch.setattr(wiring, "world", lambda s: type("W", (), {"pve": Pve()})())
+    monkeypatch.setattr(wiring, "world", lambda s, **kw: type("W", (), {"pve": Pve()})())
     monkeypatch.setattr(wiring, "journal_line", journal.append)
     code = frontdoor.main(["reset", "129", "--json"])
     doc = json.loads(capsys.readouterr().out)

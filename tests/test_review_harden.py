@@ -29,7 +29,7 @@ def _interrupted_reset(monkeypatch, capsys, guest, where_signal=False):
         raise AssertionError("the handler raises at the signal")
 
     journal: list[str] = []
-    monkeypatch.setattr(wiring, "world", lambda s: type("W", (), {"pve": Pve(), "warm_up": lambda self: None})())
+    monkeypatch.setattr(wiring, "world", lambda s, **kw: type("W", (), {"pve": Pve(), "warm_up": lambda self: None})())
     monkeypatch.setattr(wiring, "ct_lock", lock)
     monkeypatch.setattr(wiring, "vm_api", lambda s: None)
     monkeypatch.setattr(wiring, "journal_line", journal.append)

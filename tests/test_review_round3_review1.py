@@ -125,7 +125,7 @@ def test_reset_json_gets_a_document_for_a_ctrl_c_or_an_internal_error_before_the
         def where(self, vmid):
             raise exc("boom")
 
-    monkeypatch.setattr(wiring, "world", lambda s: type("W", (), {"pve": Pve()})())
+    monkeypatch.setattr(wiring, "world", lambda s, **kw: type("W", (), {"pve": Pve()})())
     code = frontdoor.main(["reset", "129", "--json"])
     out = capsys.readouterr().out
     assert code in (1, 130)

@@ -21,9 +21,9 @@ def test_reset_asks_the_composition_root_for_its_node_once(sim_node, monkeypatch
     calls = {"world": 0, "sim": 0}
     real_world, real_sim = wiring.world, wiring._sim_ports
 
-    def world(s):
+    def world(s, **kw):
         calls["world"] += 1
-        return real_world(s)
+        return real_world(s, **kw)
 
     def sim(s):
         calls["sim"] += 1

@@ -99,15 +99,21 @@ class EtcPve:
         """Where ``vmid`` lives, as ``.vmlist`` says. With ``local_first``, a config of this node's (``nodes/<node>/
         lxc|qemu-server/<vmid>.conf``) answers first: pmxcfs builds ``.vmlist`` from those very files, and a vmid is
         one guest's in the whole cluster, so the answer is the same, without parsing ``.vmlist``."""
-        if self._local_first:
-            node = self.local_node()
-            for kind, gtype in (("lxc", "lxc"), ("qemu-server", "qemu")):
-                if node and os.path.isfile(os.path.join(self.root, "nodes", node, kind, f"{vmid}.conf")):
-                    return Guest(vmid, node, gtype)
+        if self._local_first and (guest := self.local_guest(vmid)) is not None:
+            return guest
         entry = self._vmlist().get(str(vmid))
         if not entry:
             return None
         return Guest(vmid, str(entry.get("node", "")), str(entry.get("type", "")))
+
+    def local_guest(self, vmid: int) -> Guest | None:
+        """``vmid`` when this node's config directory holds its config (``nodes/<node>/lxc|qemu-server/<vmid>.conf``),
+        else None (not here, or not known here: ``where`` then asks ``.vmlist``)."""
+        node = self.local_node()
+        for kind, gtype in (("lxc", "lxc"), ("qemu-server", "qemu")):
+            if node and os.path.isfile(os.path.join(self.root, "nodes", node, kind, f"{vmid}.conf")):
+                return Guest(vmid, node, gtype)
+        return None
 
     def guests(self) -> list[Guest]:
         return sorted((Guest(int(k), str(v.get("node", "")), str(v.get("type", ""))) for k, v in self._vmlist().items()),
