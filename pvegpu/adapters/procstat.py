@@ -36,6 +36,21 @@ else:
         def __repr__(self):
             return "Stat(" + ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self)) + ")"
 
+        def __getnewargs__(self):  # copy and pickle: the seven fields, as a namedtuple gives them
+            return tuple(self)
+
+        __match_args__ = _fields
+
+        @classmethod
+        def _make(cls, fields):
+            return cls(*fields)
+
+        def _replace(self, **kw):
+            return type(self)(*(kw.pop(k, v) for k, v in zip(self._fields, self)))
+
+        def _asdict(self):
+            return dict(zip(self._fields, self))
+
         comm = property(lambda self: self[0])
         state = property(lambda self: self[1])
         ppid = property(lambda self: self[2])
