@@ -114,6 +114,9 @@ def main() -> None:
             p = subprocess.run(argv, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
             end = time.perf_counter() * 1000 - t0
             if r == n:
+                if os.environ.get("RTL_IMPORTS"):  # the whole -X importtime text, for a closer look
+                    with open(os.environ["RTL_IMPORTS"], "w") as f:
+                        f.write(p.stderr)
                 slow = sorted((ln for ln in p.stderr.splitlines() if ln.startswith("import time:") and "|" in ln and "cumulative" not in ln),
                               key=lambda ln: -int(ln.split("|")[1]))[:25]
                 continue

@@ -7,10 +7,12 @@ themselves; the core never does (``tests/test_structure.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from .ports import Clock
 from .record import record
+
+TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @record(frozen=True)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .holders import GpuFacts
 from .model import MIB
 from .reset.report import ResetOutcome, ResetReport
 from .reset.vocab import Diagnosis
 from .textfit import WIDTH, fit, said
 from .units import mib
+
+TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def _mib(n: int | None) -> str:

@@ -5,8 +5,6 @@ of a command line. Pure text in, text out (already escaped: this never unescapes
 
 from __future__ import annotations
 
-import textwrap
-
 WIDTH = 80
 _KEEP = "\x00"  # stands for a space inside `...` while wrapping: an escaped text never holds a NUL
 
@@ -69,6 +67,8 @@ def fit(text: str, first: str = "", rest: str = "    ", width: int = WIDTH) -> l
     Breaks at spaces, never inside a `quoted command` unless that alone is wider than a line."""
     if not (text + first + rest).isascii():
         return [line.replace(_KEEP, " ") for line in _wrap(_protect(text), first, rest, width)] or [first.rstrip()]
+    import textwrap  # here: its re is no part of a JSON run's start-up
+
     lines = textwrap.wrap(_protect(text), width=width, initial_indent=first, subsequent_indent=rest,
                           break_on_hyphens=False, break_long_words=True) or [first.rstrip()]
     return [line.replace(_KEEP, " ") for line in lines]

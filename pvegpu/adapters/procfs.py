@@ -654,9 +654,9 @@ class ProcHost:
                 return SignalResult.MOVED
             if info.is_ct_init or info.pid == self.self_pid:
                 return SignalResult.REFUSED
-            import signal  # here: a scan imports no enum (the reset has it loaded already)
+            import _signal  # type: ignore[import-not-found]  # signal's C core: no enum import before the first signal
 
-            signal.pidfd_send_signal(pidfd, sig)  # to the whole thread group, even with its leader gone
+            _signal.pidfd_send_signal(pidfd, sig)  # to the whole thread group, even with its leader gone
             return SignalResult.SENT
         except ProcessLookupError:
             return SignalResult.GONE

@@ -7,9 +7,6 @@ passes. The deadline is checked after every read, so a slow read cannot hide it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
-
 from .. import errors as E
 from ..model import CtStatus
 from ..record import record
@@ -18,9 +15,12 @@ from .vocab import CtState
 
 TYPE_CHECKING = False  # types only: a phase acts on the run it is handed (``run.ResetRun``), not its module
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
     from .run import ResetRun
 
-T = TypeVar("T")
+    T = TypeVar("T")
 
 
 @record(frozen=True)

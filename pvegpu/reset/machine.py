@@ -9,8 +9,6 @@ sleeping, and one overall deadline (``ResetPolicy.budget``) bounds every loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..holders import GpuFacts
 from ..model import MIB, Step
 from ..ports import Interrupted
@@ -22,6 +20,10 @@ from .results import Ended, Verified
 from .run import ResetRun
 from .stop import stop_and_verify
 from .vocab import StepName, StepOutcome
+
+TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None,

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import enum
-from typing import Any
-
 from .. import errors as E
 from ..holders import GpuFacts
 from ..leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
@@ -13,6 +10,13 @@ from ..ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInt
 from ..record import field, record
 from ..settings import ResetSettings
 from .vocab import Diagnosis, Respawn
+
+TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
+if TYPE_CHECKING:
+    from enum import StrEnum
+    from typing import Any
+else:
+    from ..strenum import StrEnum  # enum's StrEnum without the enum module at import
 
 _D = ResetSettings()  # the one source of defaults
 
@@ -50,7 +54,7 @@ class ResetPolicy:
         return reclaim + restart
 
 
-class ResetOutcome(enum.StrEnum):
+class ResetOutcome(StrEnum):
     """The verdict of a reset, as the CLI, the JSON and the hook show it: its value (and ``label``) are the words
     the JSON's ``outcome`` has always carried; ``slug`` is the closed name (the JSON's ``outcome_kind``)."""
 

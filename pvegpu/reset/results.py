@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import enum
-
 from ..holders import GpuFacts
 from ..record import field, record
 from .vocab import CtState
 
+TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
+if TYPE_CHECKING:
+    from enum import StrEnum
+else:
+    from ..strenum import StrEnum  # enum's StrEnum without the enum module at import
 
-class Verified(enum.Enum):
+
+class Verified(StrEnum):
     """What one verify phase found."""
 
     CLEAN = "clean"  # clean, and it held for ``settle``

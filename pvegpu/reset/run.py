@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable
-
 from ..deadline import Deadline
 from ..holders import FirstReading, GpuFacts, inspect_gpus
 from ..leftover import baseline, leftover
@@ -17,6 +14,10 @@ from .report import Ports, ResetPolicy, ResetReport
 from .results import CtTrack
 from .targets import Targets, targets
 from .vocab import CtState, StepName, StepOutcome
+
+TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 GONE = ("GPU is lost", "GPU not found", "GPU requires reset")  # NVML errors a GPU does not recover from by itself
 
@@ -55,7 +56,7 @@ class ResetRun:
         """Record one thing reset did: in the report, on the event log and live on the terminal. ``outcome`` is from
         the closed vocabularies (a plain str only for the ``interrupted`` step: the signal's name); the report,
         the JSON and the log carry their plain values."""
-        word = str(outcome.value if isinstance(outcome, enum.Enum) else outcome)
+        word = str(getattr(outcome, "value", outcome))  # a vocabulary's member (its value) or a plain word
         s = Step(name.value, word, {"msg": msg, **detail})
         self.report.steps.append(s)
         self.event(f"reset.{name.value}", outcome=word, msg=msg, **detail)

@@ -6,7 +6,7 @@ again for whatever a supervisor starts in its place. Signals go through pidfds (
 
 from __future__ import annotations
 
-import signal
+import _signal as signal  # type: ignore[import-not-found]  # signal's C core: the module adds enum to a reset's start-up
 
 from ..holders import GpuFacts
 from ..model import Holder, ProcIdentity, SignalResult
@@ -107,9 +107,12 @@ def _state(run: ResetRun, h: Holder) -> str | None:
     return d.state if d is not None and d.ident == h.info.ident else None
 
 
+_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL", signal.SIGCONT: "SIGCONT"}  # the signals a reset sends
+
+
 def send(run: ResetRun, targets: list[Holder], sig: int) -> list[Holder]:
     """``kill -SIG`` each target through its pidfd; returns those the signal reached."""
-    name = signal.Signals(sig).name
+    name = _NAMES.get(sig, f"signal {sig}")
     sent: list[Holder] = []
     for h in targets:
         res = SignalResult(run.p.host.signal(h.info.ident, sig, run.vmid))

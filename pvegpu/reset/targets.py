@@ -11,19 +11,23 @@ container's init nor pvegpu itself.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterable
-
 from ..holders import GpuFacts
 from ..model import Holder
 from ..record import field, record
+
+TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from enum import StrEnum
+else:
+    from ..strenum import StrEnum  # enum's StrEnum without the enum module at import
 
 STOPPED = "T"  # stopped by job control (SIGSTOP, Ctrl-Z): signals other than SIGKILL stay pending until SIGCONT
 TRACED = "t"  # stopped by a tracer (a debugger): SIGCONT does not resume it, only the tracer or SIGKILL can
 DEAD = ("Z", "X")  # exiting: nothing to signal
 
 
-class Spared(enum.StrEnum):
+class Spared(StrEnum):
     """Why a holder seen on the container's GPUs is never signalled."""
 
     CT_INIT = "ct-init"  # the container's init: only a restart stops it
@@ -37,7 +41,7 @@ class Spared(enum.StrEnum):
                 Spared.EXITING: "none: it is exiting", Spared.OUTSIDE: f"none: outside CT {vmid}"}[self]
 
 
-class KillNow(enum.StrEnum):
+class KillNow(StrEnum):
     """Why a target gets SIGKILL at once instead of SIGTERM first."""
 
     TERM_FUTILE = "term-futile"  # SIGTERM ignored, traced by a debugger, or a nested namespace's init without a handler

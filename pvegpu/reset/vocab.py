@@ -3,13 +3,17 @@ the outcomes steps report. Tests assert these; the wording is the humans' (teste
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Iterator
-
 from ..record import record
 
+TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from enum import StrEnum
+else:
+    from ..strenum import StrEnum  # enum's StrEnum without the enum module at import
 
-class Kind(enum.StrEnum):
+
+class Kind(StrEnum):
     """What one diagnosis line is about."""
 
     GPU_UNREADABLE = "gpu-unreadable"  # NVML could not read a GPU
@@ -59,7 +63,7 @@ class Diagnosis:
         return self.kind.info
 
 
-class CtState(enum.StrEnum):
+class CtState(StrEnum):
     """A container's state as the reset follows it (PVE's ``status/current``; unknown when it cannot be read)."""
 
     RUNNING = "running"
@@ -75,7 +79,7 @@ class CtState(enum.StrEnum):
             return cls.UNKNOWN
 
 
-class StepName(enum.StrEnum):
+class StepName(StrEnum):
     """The steps a container reset reports (``ResetReport.steps``, the event log, the live output)."""
 
     LOCATE = "locate"
@@ -93,7 +97,7 @@ class StepName(enum.StrEnum):
     INTERRUPTED = "interrupted"  # its outcome is the signal's name
 
 
-class StepOutcome(enum.StrEnum):
+class StepOutcome(StrEnum):
     """What a step reports (besides a signal's ``SignalResult``, a ``CtState`` and a signal's name)."""
 
     OK = "ok"
