@@ -342,7 +342,6 @@ def _collect(host: Scanner, worker: tuple[int, int], deadline: float, first: int
     if not ended:
         _reap(pid, kill=True)
         return None
-    _reap_later(pid)  # it answered and is exiting (its address space torn down): no wait for that here
     try:
         rows, stuck, done, described = marshal.loads(b"".join(chunks))
         got = {int(p): Holding(int(p), frozenset(int(m) for m in minors), frozenset(str(v) for v in via))
@@ -350,7 +349,9 @@ def _collect(host: Scanner, worker: tuple[int, int], deadline: float, first: int
         stuck_ids = {(int(a), int(b)) for a, b in stuck}
         upto = first + int(done)
     except (EOFError, ValueError, TypeError):  # it died before or while writing: nothing it says is taken
+        _reap(pid, kill=True)  # a failed worker is ended and waited for, whatever it is still doing
         return None
+    _reap_later(pid)  # it answered and is exiting (its address space torn down): no wait for that here
     host._stuck.update(stuck_ids)
     if described:
         host._add_described(described)
