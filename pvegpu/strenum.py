@@ -10,8 +10,9 @@ also through ``copy`` and ``pickle``; a member or the member list cannot be reas
 cannot be subclassed. Members are the class body's public names bound to a ``str``.
 
 Converting a module is one line: ``from .strenum import StrEnum`` at run time, ``from enum import StrEnum`` under
-``TYPE_CHECKING`` (so mypy types the members as enum members). ``tests/test_strenum.py`` runs the same cases
-against ``enum.StrEnum``.
+``TYPE_CHECKING`` (so mypy types the members as enum members). ``tests/test_lxcconf_grammar.py`` runs the same cases
+against ``enum.StrEnum``. Members of different classes with the same value are equal (they are equal strs): compare
+members with ``is``.
 """
 
 from __future__ import annotations

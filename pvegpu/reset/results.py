@@ -14,7 +14,7 @@ else:
 
 
 class Verified(StrEnum):
-    """What one verify phase found."""
+    """What one verify phase found (compared with ``is``: as a str, ``Verified.CLEAN`` equals every other "clean")."""
 
     CLEAN = "clean"  # clean, and it held for ``settle``
     UNSETTLED = "unsettled"  # clean when the deadline came, but not yet for ``settle``

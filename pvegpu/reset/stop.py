@@ -112,7 +112,7 @@ _NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL", signal.SIGCONT: 
 
 def send(run: ResetRun, targets: list[Holder], sig: int) -> list[Holder]:
     """``kill -SIG`` each target through its pidfd; returns those the signal reached."""
-    name = _NAMES.get(sig, f"signal {sig}")
+    name = _NAMES[sig]  # a signal the reset does not send is a mistake here, found before anything is sent
     sent: list[Holder] = []
     for h in targets:
         res = SignalResult(run.p.host.signal(h.info.ident, sig, run.vmid))
