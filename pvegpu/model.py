@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal's C core (built in, loaded at start-up): no enum
+
 from .record import field, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
@@ -102,6 +104,10 @@ class Place(StrEnum):
 class Placement:
     place: Place
     vmid: int | None = None
+
+
+SIGNAL_NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM", _signal.SIGHUP: "SIGHUP", _signal.SIGKILL: "SIGKILL",
+                _signal.SIGCONT: "SIGCONT"}  # the signals pvegpu sends (a reset) and handles (Ctrl-C, kill, a dropped session)
 
 
 class SignalResult(StrEnum):

@@ -15,6 +15,7 @@ import sys
 from . import contract, wiring
 from . import errors as E
 from .locate import check_vmid
+from .model import SIGNAL_NAMES
 from .record import record
 from .settings import ResetSettings
 
@@ -177,7 +178,6 @@ class _Signals:
     the restart is finished (then exit 128+n); a second one abandons it (the report still says where the CT is)."""
 
     SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
-    NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM", _signal.SIGHUP: "SIGHUP"}
 
     def __init__(self, vmid: int, kind: str | None = "CT") -> None:
         self.vmid, self.kind = vmid, kind  # kind None: not located yet ("guest VMID" until it is "CT" or "VM")
@@ -203,7 +203,7 @@ class _Signals:
     def _handle(self, signum: int, frame: Any) -> None:
         from .ports import Interrupted
 
-        name, code = self.NAMES.get(signum, f"signal {signum}"), 128 + signum
+        name, code = SIGNAL_NAMES.get(signum, f"signal {signum}"), 128 + signum
         if self.done:  # the report is being printed: let it finish
             self.got = self.got or (name, code)
             return

@@ -9,7 +9,7 @@ from __future__ import annotations
 import _signal as signal  # type: ignore[import-not-found]  # signal's C core: the module adds enum to a reset's start-up
 
 from ..holders import GpuFacts
-from ..model import Holder, ProcIdentity, SignalResult
+from ..model import SIGNAL_NAMES, Holder, ProcIdentity, SignalResult
 from .results import StopResult
 from .targets import STOPPED, KillNow, Targets, describe, kill_now_why
 from .verify import Verified, verify
@@ -107,12 +107,9 @@ def _state(run: ResetRun, h: Holder) -> str | None:
     return d.state if d is not None and d.ident == h.info.ident else None
 
 
-_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGKILL: "SIGKILL", signal.SIGCONT: "SIGCONT"}  # the signals a reset sends
-
-
 def send(run: ResetRun, targets: list[Holder], sig: int) -> list[Holder]:
     """``kill -SIG`` each target through its pidfd; returns those the signal reached."""
-    name = _NAMES[sig]  # a signal the reset does not send is a mistake here, found before anything is sent
+    name = SIGNAL_NAMES[sig]  # a signal pvegpu does not send is a mistake here, found before anything is sent
     sent: list[Holder] = []
     for h in targets:
         res = SignalResult(run.p.host.signal(h.info.ident, sig, run.vmid))
