@@ -24,6 +24,8 @@ if TYPE_CHECKING:
         threads: int  # field 20 (num_threads)
         start_ticks: int  # field 22 (starttime, clock ticks after boot)
 else:
+    from _operator import itemgetter as _item  # the C module: no operator.py
+
     class Stat(tuple):
         """``namedtuple("Stat", "comm state ppid pgid sid threads start_ticks")`` without ``collections``."""
 
@@ -51,13 +53,7 @@ else:
         def _asdict(self):
             return dict(zip(self._fields, self))
 
-        comm = property(lambda self: self[0])
-        state = property(lambda self: self[1])
-        ppid = property(lambda self: self[2])
-        pgid = property(lambda self: self[3])
-        sid = property(lambda self: self[4])
-        threads = property(lambda self: self[5])
-        start_ticks = property(lambda self: self[6])
+        comm, state, ppid, pgid, sid, threads, start_ticks = (property(_item(i)) for i in range(7))  # C getters, as namedtuple's
 
 
 def parse_stat(data: bytes | str) -> Stat | None:
