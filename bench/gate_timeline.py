@@ -75,6 +75,26 @@ def instrument(src: str, dst: str, marks_file: str, marks: list[tuple[str, str, 
     subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(dst, "pvegpu")], check=True)
 
 
+def read_marks(path: str, t0: float, end: float) -> dict[str, float]:
+    """One run's marks as ms since the spawn ``t0`` (a step seen again is ``NAME #2``, ``#3``...), and its exit ``end``."""
+    got: dict[str, float] = {"END (exit seen)": end}
+    seen: dict[str, int] = {}
+    with open(path) as f:
+        for line in f:
+            name, _pid, at = line.rsplit(" ", 2)
+            seen[name] = seen.get(name, 0) + 1
+            got.setdefault(name if seen[name] == 1 else f"{name} #{seen[name]}", float(at) - t0)
+    return got
+
+
+def summary(runs: list[dict[str, float]]) -> None:
+    """Each step's median and minimum over the runs, in the order of their medians."""
+    names = sorted({k for r in runs for k in r}, key=lambda k: statistics.median(r[k] for r in runs if k in r))
+    for name in names:
+        vals = [r[name] for r in runs if name in r]
+        print(f"  {name:24s} {statistics.median(vals):7.2f} ms  (min {min(vals):6.2f}, {len(vals)} runs)")
+
+
 def main() -> None:
     args = sys.argv[1:]
     tree = REPO
@@ -103,19 +123,10 @@ def main() -> None:
                 os.unlink(marks)
             t0 = time.perf_counter() * 1000
             p = subprocess.run([guard, "129", "pre-start"], stdin=subprocess.DEVNULL, capture_output=True, env=env)
-            end = time.perf_counter() * 1000 - t0
-            got: dict[str, float] = {"END (exit seen)": end}
-            with open(marks) as f:
-                for line in f:
-                    name, _pid, at = line.rsplit(" ", 2)
-                    got.setdefault(name, float(at) - t0)
-            runs.append(got)
+            runs.append(read_marks(marks, t0, time.perf_counter() * 1000 - t0))
             time.sleep(0.02)
         print(f"hookscript 129 pre-start, {n} runs, exit {p.returncode}: {p.stdout.decode().strip()[:100]}")
-        names = sorted({k for r in runs for k in r}, key=lambda k: statistics.median(r[k] for r in runs if k in r))
-        for name in names:
-            vals = [r[name] for r in runs if name in r]
-            print(f"  {name:18s} {statistics.median(vals):7.2f} ms  (min {min(vals):6.2f}, {len(vals)} runs)")
+        summary(runs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from bench import sbs_node as N  # noqa: E402
-from bench.gate_timeline import instrument  # noqa: E402
+from bench.gate_timeline import instrument, read_marks, summary  # noqa: E402
 from bench.pvesh_shim import launcher as pvesh_launcher  # noqa: E402
 from tests.pvelike import etc_pve  # noqa: E402
 
@@ -120,13 +119,7 @@ def main() -> None:
                 slow = sorted((ln for ln in p.stderr.splitlines() if ln.startswith("import time:") and "|" in ln and "cumulative" not in ln),
                               key=lambda ln: -int(ln.split("|")[1]))[:25]
                 continue
-            got: dict[str, float] = {"END (exit seen)": end}
-            seen: dict[str, int] = {}
-            with open(marks) as f:
-                for line in f:
-                    name, _pid, at = line.rsplit(" ", 2)
-                    seen[name] = seen.get(name, 0) + 1
-                    got.setdefault(name if seen[name] == 1 else f"{name} #{seen[name]}", float(at) - t0)
+            got = read_marks(marks, t0, end)
             try:
                 rep = json.loads(p.stdout)
                 got["(report) outcome " + str(rep.get("outcome"))] = end
@@ -134,10 +127,7 @@ def main() -> None:
                 print("no report:", p.stdout[-300:], p.stderr[-500:])
             runs.append(got)
         print(f"reset {VMID} --json, {n} runs")
-        names = sorted({k for r in runs for k in r}, key=lambda k: statistics.median(r[k] for r in runs if k in r))
-        for name in names:
-            vals = [r[name] for r in runs if name in r]
-            print(f"  {name:24s} {statistics.median(vals):7.1f} ms  (min {min(vals):6.1f}, {len(vals)} runs)")
+        summary(runs)
         for ln in slow:
             print("  " + ln)
     finally:
@@ -147,8 +137,13 @@ def main() -> None:
 
 def _payload(init: int, tmp: str, stand_in: bool) -> int:
     """The container's payload pid (the holder), once it runs (and, on a GPU, holds its memory)."""
-    end = time.monotonic() + 30
+    start = time.monotonic()
+    end, said = start + 30, False
     while time.monotonic() < end:
+        if not said and time.monotonic() - start > 1:
+            print(f"reset_timeline: waiting for CT {VMID}'s holder to start{'' if stand_in else ' and hold its GPU memory'} (30 s at most)",
+                  file=sys.stderr)
+            said = True
         pids = [p for p in N.ct_pids(VMID) if p != init]
         if pids and (stand_in or os.path.exists(f"{tmp}/ready")):
             return pids[0]
