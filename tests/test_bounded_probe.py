@@ -55,7 +55,7 @@ def test_later_reads_do_not_pile_up_behind_a_hung_one():
     second = b.sample([0])
     assert p.calls == 1 and "earlier NVML read has not returned" in (second[0].error or "")
     p.release.set()
-    b._busy.join(5)  # type: ignore[union-attr]
+    assert b._busy is not None and b._busy.join(5)
     assert b.sample([0])[0].known and p.calls == 2
 
 

@@ -52,9 +52,9 @@ def test_the_warm_up_thread_ends_with_its_answer():
     from pvegpu.adapters.nvml_warm import NvmlWarmup
 
     warm = NvmlWarmup("libnvidia-ml-does-not-exist.so.1").join()
-    from pvegpu.adapters import nvml_warm
+    from pvegpu.adapters import workers
 
-    assert warm.finished and not nvml_warm.running() and warm.lib is None and isinstance(warm.error, OSError)
+    assert warm.finished and not workers.running() and warm.lib is None and isinstance(warm.error, OSError)
 
 
 def test_resets_reader_takes_the_warm_up_over_once(monkeypatch):

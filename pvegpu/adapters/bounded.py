@@ -1,6 +1,6 @@
 """A GpuProbe whose every read is over within a deadline: a read stuck in the driver is abandoned, not waited for.
 
-Each ``gpus()``/``sample()`` runs in a worker thread. If it has not returned after ``deadline`` seconds,
+Each ``gpus()``/``sample()`` runs in a worker thread (``workers.Worker``: no ``threading`` import). If it has not returned after ``deadline`` seconds,
 the caller gets, for ``sample()``, every asked GPU as unknown (``GpuSample(minor, None, None, "NVML read did
 not return within X s")``, never zero) and, for ``gpus()``, a GpuQueryError. The stuck worker is left behind
 (a thread in an uninterruptible driver call cannot be stopped); while it is stuck, later calls do not queue
@@ -13,10 +13,11 @@ now, a start that fails or does not return being a GpuQueryError.
 
 from __future__ import annotations
 
-import threading
+import _thread
 
 from ..errors import GpuQueryError
 from ..model import GpuInfo, GpuSample
+from .workers import Worker
 
 TYPE_CHECKING = False  # typing is not imported at run time: ~3 ms of every reset's and audit's start-up
 if TYPE_CHECKING:
@@ -43,30 +44,19 @@ class BoundedProbe:
         self.inner = inner
         self._opener = opener
         self.deadline = deadline
-        self._lock = threading.Lock()
-        self._busy: threading.Thread | None = None  # a worker that has not returned yet
+        self._lock = _thread.allocate_lock()
+        self._busy: Worker | None = None  # a worker that has not returned yet
 
     def _run(self, fn: Callable[[], T]) -> T:
         with self._lock:
-            if self._busy is not None and self._busy.is_alive():
+            if self._busy is not None and self._busy.alive:
                 raise _Stuck(f"an earlier NVML read has not returned after {self.deadline:g} s")
-            box: dict[str, Any] = {}
-
-            def work() -> None:
-                try:
-                    box["value"] = fn()
-                except BaseException as exc:  # handed to the caller's thread
-                    box["error"] = exc
-
-            worker = threading.Thread(target=work, name="pvegpu-nvml-read", daemon=True)
-            self._busy = worker
-            worker.start()
-        worker.join(self.deadline)
-        if worker.is_alive():
+            worker = self._busy = Worker(fn)
+        if not worker.join(self.deadline):
             raise _Stuck(f"NVML read did not return within {self.deadline:g} s")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]  # type: ignore[no-any-return]
+        if worker.error is not None:  # raised in the caller's thread
+            raise worker.error
+        return worker.value  # type: ignore[return-value]
 
     def _probe(self) -> Any:
         """The inner probe, opened now if it is not yet (in the worker of the call that needs it)."""
@@ -116,5 +106,5 @@ class BoundedProbe:
 
     def close(self) -> None:
         close = getattr(self.inner, "close", None)
-        if close is not None and (self._busy is None or not self._busy.is_alive()):
+        if close is not None and (self._busy is None or not self._busy.alive):
             close()

@@ -4,29 +4,22 @@ Loading ``libnvidia-ml.so.1``, ``nvmlInit_v2`` and attaching each GPU (``nvmlDev
 about 20 ms on the H200 (BENCHMARKS.md), all of it in C: ctypes releases the GIL for each call, so the thread
 runs beside Python code on another core. ``NvmlLite(warm=...)`` waits for it (``join``) and goes on from its
 state: the same reader, the same error texts; nothing is read here but the GPU count and the handles, and a
-failure is kept for the reader to report (never a zero). This module imports only the built-in ``_thread`` (no
-``threading``: 3-5 ms before the thread could start) and, before the thread starts, ``ctypes``: the thread starts
-before the caller imports anything else, and then makes C calls only.
-``running()`` says whether one is still at work: ``scanpool.forkable`` asks it (fork copies one thread). A hang
+failure is kept for the reader to report (never a zero). The thread is a ``workers.Worker`` (``_thread``, no
+``threading``: 3-5 ms before the thread could start); ``ctypes`` is imported before it starts: the thread starts
+before the caller imports anything else, and then makes C calls only. A hang
 inside the driver stays a hang of this process, so it is for code already under a deadline (the gate's forked
 child, ``adapters/child.py``; a reset's reads are bounded by ``adapters/bounded.py``).
 """
 
 from __future__ import annotations
 
-import _thread
+from .workers import Worker
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
     from typing import Any
 
 LIBRARY = "libnvidia-ml.so.1"
-_running = [0]  # warm-ups started and not finished (``running``)
-
-
-def running() -> bool:
-    """A warm-up thread is at work in this process (no fork now: it would copy a process with it mid-call)."""
-    return _running[0] > 0
 
 
 class NvmlWarmup:
@@ -41,16 +34,7 @@ class NvmlWarmup:
             import ctypes  # noqa: F401 - imports (5.5 ms against 2.5 ms alone on the H200); the thread runs C calls only
         except ImportError:  # the thread meets it again and keeps it for the reader
             pass
-
-        self._done = _thread.allocate_lock()
-        self._done.acquire()
-        _running[0] += 1
-        try:
-            _thread.start_new_thread(self._run, ())
-        except BaseException:
-            _running[0] -= 1
-            self._done.release()
-            raise
+        self._worker = Worker(self._run)
 
     def _run(self) -> None:
         try:
@@ -66,16 +50,12 @@ class NvmlWarmup:
                         lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(ctypes.c_void_p()))
         except BaseException as exc:  # noqa: BLE001 - kept for the reader, which reports it
             self.error = exc
-        finally:
-            _running[0] -= 1
-            self._done.release()  # the thread's last step
 
     def join(self) -> NvmlWarmup:
         """Wait until the thread has done its work (no deadline here: the caller's process is under one)."""
-        with self._done:
-            pass
+        self._worker.join()
         return self
 
     @property
     def finished(self) -> bool:
-        return not self._done.locked()
+        return not self._worker.alive

@@ -83,24 +83,23 @@ _STUCK_READERS: list[object] = []
 
 
 def _read_bounded(path: str, limit: int, wait: float) -> bytes | None:
-    """``_read_bytes(path, limit)`` in a thread of its own, given ``wait`` seconds: ``_TIMED_OUT`` past them (the
-    reader is left blocked in the kernel, a daemon; at most ``CMDLINE_STUCK`` of them, then no new one is started)."""
-    import threading
+    """``_read_bytes(path, limit)`` in a thread of its own (``workers.Worker``), given ``wait`` seconds: ``_TIMED_OUT``
+    past them (the reader is left blocked in the kernel; at most ``CMDLINE_STUCK`` of them, then no new one is started)."""
+    from .workers import Worker
 
-    _STUCK_READERS[:] = [t for t in _STUCK_READERS if t.is_alive()]  # type: ignore[attr-defined]  # unblocked since
+    _STUCK_READERS[:] = [w for w in _STUCK_READERS if w.alive]  # type: ignore[attr-defined]  # unblocked since
     if len(_STUCK_READERS) >= CMDLINE_STUCK:
         return _TIMED_OUT  # type: ignore[no-any-return]
-    box: list[bytes | None] = []
-    reader = threading.Thread(target=lambda: box.append(_read_bytes(path, limit)), daemon=True, name="pvegpu-cmdline")
     try:
-        reader.start()
+        reader = Worker(lambda: _read_bytes(path, limit))
     except RuntimeError:  # no thread can be started (a process limit): not read, as a read that timed out
         return _TIMED_OUT  # type: ignore[no-any-return]
-    reader.join(wait)
-    if not box:
+    if not reader.join(wait):
         _STUCK_READERS.append(reader)
         return _TIMED_OUT  # type: ignore[no-any-return]
-    return box[0]
+    if reader.error is not None:
+        raise reader.error
+    return reader.value  # type: ignore[return-value]
 
 
 def _read_at(dirfd: int, name: str, limit: int = 1 << 20) -> bytes:
@@ -526,14 +525,16 @@ class ProcHost:
     def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float,
                       stop: Callable[[int], bool] | None = None) -> int:
         """Scan ``todo[start:]`` into ``out`` until ``end``, or until ``stop(index)`` is true (a split scan's meeting
-        point, ``scanpool.Split``); returns where to go on (past a stuck process, where it stopped, or the end)."""
-        import threading
+        point, ``scanpool.Split``); returns where to go on (past a stuck process, where it stopped, or the end). The
+        scan runs in a ``workers.Worker``; what it raises is raised here, as a scan in this thread would raise it."""
         import time
+
+        from .workers import Worker
 
         found: dict[int, Holding] = {}
         at: list[Any] = [start, time.monotonic(), None, False]  # index, since when, pid, describing its proven holding
         halt = [len(todo)]
-        done, abandoned = threading.Event(), threading.Event()
+        abandoned = [False]  # set by this thread when it gives the scan up; the worker looks before each pid
 
         stuck = {p for p, _ticks in self._stuck}  # grows only once this scan's thread is given up (a new one reads it)
         describing = self._describing
@@ -543,7 +544,7 @@ class ProcHost:
 
         def work() -> None:
             for j in range(start, len(todo)):
-                if abandoned.is_set():
+                if abandoned[0]:
                     return
                 if stop is not None and stop(j):
                     halt[0] = j
@@ -562,14 +563,13 @@ class ProcHost:
                         at[:] = [j, time.monotonic(), pid, True]
                         if (info := self._describe_now(pid, watched=True)) is not None:
                             described[pid] = info
-            done.set()
 
-        threading.Thread(target=work, daemon=True, name="pvegpu-scan").start()
+        worker = Worker(work)
         limit = self.budget.seconds + 0.5
-        while not done.wait(0.05):
+        while not worker.join(0.05):
             j, since, _pid, describing_it = at
             if time.monotonic() > end:  # the whole scan's bound: what is not read by now is unknown
-                abandoned.set()
+                abandoned[0] = True
                 rest = set(todo[j + 1 if describing_it else j:])  # in progress (unless only its description) or not reached
                 kept = {p: h for p, h in dict(found).items() if p not in rest}
                 out.update(kept)
@@ -579,13 +579,13 @@ class ProcHost:
                 self._keep_described(describing, described, kept)
                 return len(todo)
             if time.monotonic() - since > limit and describing_it:  # its holding was proven: kept, described later
-                abandoned.set()
+                abandoned[0] = True
                 kept = dict(found)
                 out.update(kept)
                 self._keep_described(describing, described, kept)
                 return int(j) + 1
             if time.monotonic() - since > limit:
-                abandoned.set()
+                abandoned[0] = True
                 # who it is, read now: a process blocked in the kernel keeps its pid, and its stat needs none of the
                 # locks it may hold (the kernel writes stat without the process's mm lock, unlike its maps)
                 if (ident := self._identity(todo[j])) is not None:
@@ -596,6 +596,8 @@ class ProcHost:
                 out[todo[j]] = _given_up(todo[j], scan, STUCK)
                 self._keep_described(describing, described, kept)
                 return int(j) + 1
+        if worker.error is not None:
+            raise worker.error
         out.update(found)
         self._keep_described(describing, described, found)
         return halt[0]

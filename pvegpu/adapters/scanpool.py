@@ -69,14 +69,14 @@ def shares(count: int, limit: int | None = None) -> int:
 
 
 def forkable() -> bool:
-    """This process may fork scan workers now: main thread, no other Python thread (``threading``'s, or NVML's
-    warm-up, ``nvml_warm.running``). ``threading`` is not imported for the question (~3 ms before the audit's
-    fork): a process that has not imported it started no thread through it (pvegpu starts its others, NVML's
-    warm-up, through ``_thread``: asked below), and runs this in its main thread."""
+    """This process may fork scan workers now: main thread, no other Python thread (``threading``'s, or one of
+    pvegpu's workers: NVML's warm-up, a bounded read; ``workers.running``). ``threading`` is not imported for the
+    question (~3 ms before the audit's fork): a process that has not imported it started no thread through it
+    (pvegpu starts its own through ``_thread``: asked below), and runs this in its main thread."""
     import sys
 
-    warm = sys.modules.get(__package__ + ".nvml_warm")  # only a process that imported it can have one running
-    if warm is not None and warm.running():
+    workers = sys.modules.get(__package__ + ".workers")  # only a process that imported it can have one running
+    if workers is not None and workers.running():
         return False
     threading = sys.modules.get("threading")
     return threading is None or (threading.current_thread() is threading.main_thread() and threading.active_count() == 1)
@@ -400,9 +400,9 @@ def _reap(pid: int, kill: bool) -> None:
         if time.monotonic() > end:
             break
         time.sleep(0.001)
-    import threading
+    from .workers import Worker
 
-    threading.Thread(target=_wait, args=(pid,), daemon=True, name="pvegpu-scan-reaper").start()
+    Worker(lambda: _wait(pid))
 
 
 def _wait(pid: int) -> None:
