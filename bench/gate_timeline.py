@@ -49,7 +49,7 @@ MARKS = [
     ("pvegpu/adapters/nvml_warm.py", "            import ctypes\n", "W ctypes", True),
     ("pvegpu/adapters/nvml_warm.py", "lib = ctypes.CDLL(self.library)", "W loaded", True),
     ("pvegpu/adapters/nvml_warm.py", "rc = int(lib.nvmlInit_v2())", "W init", True),
-    ("pvegpu/adapters/workers.py", "done.release()  # the thread's last step", "W done", False),
+    ("pvegpu/adapters/nvml_warm.py", "lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(ctypes.c_void_p()))", "W done", True),  # each GPU attached
 ]
 
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU measurement behind BENCHMARKS.md in one go, as root on an NVIDIA node, from the repo root:
 #   OUT=/tmp/pvegpu-gpu bash bench/gpu_batch.sh        (COMPARE=DIR: gate_parts also times another checkout)
+# PARTS="tests gate timelines sbs" (the default: all) runs only the sections named, e.g. in two calls of a 10-minute limit.
 # On a machine without a package registry, put the wheels in .whl/ first (BENCHMARKS.md says how).
 set -u
 OUT=${OUT:-/tmp/pvegpu-gpu}
+PARTS=" ${PARTS:-tests gate timelines sbs} "
+want() { case "$PARTS" in *" $1 "*) return 0;; esac; return 1; }
 PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -28,13 +31,15 @@ if [ -d .qga ] && ! command -v qemu-ga >/dev/null; then  # the VM tests' guest a
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
 uname -r >>"$OUT/machine.txt"; $PY --version >>"$OUT/machine.txt"
-echo "== GPU tests"; date +%s
+if want tests; then echo "== GPU tests"; date +%s
 PVEGPU_RESULTS="$OUT/gpu.jsonl" timeout "${T_TESTS:-300}" $PY -m pytest -q -p no:cacheprovider -rA -m gpu tests/ 2>&1 | tail -40 | tee "$OUT/gpu-tests.log"
-echo "== gate vs nvidia-smi"; date +%s
+fi
+if want gate; then echo "== gate vs nvidia-smi"; date +%s
 timeout "${T_GATE:-90}" $PY bench/bench_gate.py "${GATE_N:-40}" 2>&1 | tee "$OUT/gate.txt"
 echo "== gate, layer by layer (COMPARE=DIR: the hook rows from another checkout too)"; date +%s
 timeout "${T_PARTS:-120}" $PY bench/gate_parts.py "${PARTS_N:-25}" ${COMPARE:+--compare "$COMPARE"} 2>&1 | grep -v "exit 10" | tee "$OUT/gate_parts.txt"
-echo "== NVML's calls, the gate's and the reset's timelines"; date +%s
+fi
+if want timelines; then echo "== NVML's calls, the gate's and the reset's timelines"; date +%s
 timeout "${T_TL:-120}" $PY bench/nvml_calls.py 20 2>&1 | tee "$OUT/nvml_calls.txt"
 timeout "${T_TL:-120}" $PY bench/gate_timeline.py 25 2>&1 | tee "$OUT/gate_timeline.txt"
 timeout "${T_TL:-120}" $PY bench/reset_timeline.py 12 2>&1 | tee "$OUT/reset_timeline.txt"
@@ -42,7 +47,9 @@ if [ -n "${COMPARE:-}" ]; then
   timeout "${T_TL:-120}" $PY bench/gate_timeline.py 25 --tree "$COMPARE" 2>&1 | tee "$OUT/gate_timeline-compare.txt"
   timeout "${T_TL:-120}" $PY bench/reset_timeline.py 12 --tree "$COMPARE" 2>&1 | tee "$OUT/reset_timeline-compare.txt"
 fi
-echo "== side by side"; date +%s
+fi
+if want sbs; then echo "== side by side"; date +%s
 timeout "${T_SBS:-200}" $PY bench/side_by_side.py --out "$OUT" --name "${SBS_NAME:-side_by_side}" --methods manual,pvegpu,floor ${SBS_PVEGPU:+--pvegpu "$SBS_PVEGPU"} \
   --scenarios "${SBS_SCENARIOS:-hold-20,ignore-term,two-cts}" --reps "${SBS_REPS:-3}" 2>&1 | tail -30
+fi
 date +%s

@@ -42,7 +42,7 @@ MARKS = [
     ("pvegpu/resetcmd.py", "    log = configure(verbose=verbose", "imported", False),
     ("pvegpu/resetcmd.py", "        ports.lock, ports.interrupts = lock, signals", "locked", False),
     ("pvegpu/resetcmd.py", "        signals.done = True  # the report is final", "reset done", False),
-    ("pvegpu/adapters/workers.py", "done.release()  # the thread's last step", "W nvml", False),  # the first: the warm-up (a read waits for it)
+    ("pvegpu/adapters/nvml_warm.py", "lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(ctypes.c_void_p()))", "W nvml", True),  # each GPU attached
     ("pvegpu/reset/find.py", "    run.located = loc = locate(run.vmid", "R find", False),
     ("pvegpu/reset/find.py", "    run.located = loc = locate(run.vmid", "R located", True),
     ("pvegpu/reset/find.py", "    facts = r.before = run.inspect()", "R first reading", True),
