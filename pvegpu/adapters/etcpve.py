@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 
 from ..errors import NotFoundError, PveApiError
-from ..lxcconf import parse_config
 from ..model import CtStatus, Guest
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
@@ -144,6 +143,8 @@ class EtcPve:
             return None
 
     def ct_status(self, guest: Guest) -> CtStatus:
+        from ..lxcconf import parse_config  # here: a reset imports this module before NVML's start, the grammar after it
+
         running = self.running(guest.vmid)
         lock = parse_config(self.ct_config(guest)).lock
         state = "unknown" if running is None else ("running" if running else "stopped")
