@@ -119,11 +119,14 @@ class _HealthAhead:
 
     def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
         got = self.inner.sample(minors)
+        known = [minor for minor, sample in got.items() if sample.known]  # a GPU whose reading failed gets no health row
+        many = getattr(self.inner, "health_many", None)  # one bounded read for them all (``BoundedProbe``)
         health_of = getattr(self.inner, "health", None)
-        if health_of is not None:
-            for minor, sample in got.items():
-                if sample.known:  # a GPU whose reading failed gets no health row (its row is an error)
-                    self.read[minor] = _health(health_of, minor)
+        if many is not None:
+            read = many(known)
+            self.read.update({minor: read.get(minor, GpuHealth()) for minor in known})
+        elif health_of is not None:
+            self.read.update({minor: _health(health_of, minor) for minor in known})
         return got
 
     def __getattr__(self, name: str) -> Any:

@@ -76,3 +76,38 @@ def test_errors_of_the_inner_probe_are_raised():
 
     with pytest.raises(GpuQueryError, match="could not start"):
         BoundedProbe(Broken(block=False), deadline=5).gpus()
+
+
+class HealthProbe:
+    """A probe whose health reads answer at once, fail (``broken``) or block on ``release`` (``stuck``)."""
+
+    def __init__(self, broken: int | None = None, stuck: int | None = None) -> None:
+        self.release = threading.Event()
+        self.broken, self.stuck = broken, stuck
+        self.calls: list[int] = []
+
+    def health(self, minor):
+        self.calls.append(minor)
+        if minor == self.broken:
+            raise GpuQueryError(f"GPU {minor} cannot be read", "see dmesg")
+        if minor == self.stuck:
+            self.release.wait()
+        return ("health", minor)
+
+
+def test_health_many_reads_every_gpu_in_one_worker_and_leaves_a_failed_one_out():
+    """health_many answers each GPU's health; a GPU whose read fails is left out (unknown), the others are read."""
+    p = HealthProbe(broken=1)
+    got = BoundedProbe(p, deadline=5).health_many([0, 1, 2])
+    assert got == {0: ("health", 0), 2: ("health", 2)} and p.calls == [0, 1, 2]
+
+
+def test_health_many_stuck_on_one_gpu_keeps_what_came_before_within_the_deadline():
+    """A health read stuck in the driver: the GPUs read before it keep their health, the rest are left out, and the
+    call returns at its deadline; later reads do not queue behind the stuck one."""
+    p = HealthProbe(stuck=1)
+    b = BoundedProbe(p, deadline=0.2)
+    got = b.health_many([0, 1, 2])
+    assert got == {0: ("health", 0)}
+    assert b.health_many([2]) == {} and p.calls == [0, 1]
+    p.release.set()
