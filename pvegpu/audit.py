@@ -9,8 +9,6 @@ host has bound to those PCI devices. Manual equivalent: ``nvidia-smi`` + ``fuser
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-
 from .audit_guests import GuestScan, scan_guests
 from .audit_model import Flag, FlagKind, GpuRow, HolderRow, NodeAudit, document
 from .errors import PvegpuError
@@ -22,6 +20,7 @@ from .units import mib_figure
 
 TYPE_CHECKING = False  # typing (and the ports, named for annotations only) is not imported at run time: ~2 ms of the audit's start
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping  # collections: ~1-3 ms of the audit's start-up
     from typing import Any
 
     from .ports import Clock, GpuProbe, Host, NodeFiles, PveApi, WallClock
@@ -77,7 +76,7 @@ def audit_document(reports: Iterable[NodeAudit | Mapping[str, Any]], generated_a
                    clock: WallClock | None = None) -> dict[str, Any]:
     """The versioned JSON document (``pvegpu audit --json``) for local audits and other nodes' JSON; ``generated_at``
     is given, or read from ``clock`` (0 with neither)."""
-    nodes = [dict(r) if isinstance(r, Mapping) else r.to_json() for r in reports]
+    nodes = [r.to_json() if isinstance(r, NodeAudit) else dict(r) for r in reports]
     if generated_at is None:
         generated_at = clock.time() if clock is not None else 0.0
     return document(nodes, generated_at)

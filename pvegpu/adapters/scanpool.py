@@ -126,6 +126,7 @@ class Split:
         except BaseException:
             self.cancel()
             raise
+        import select  # noqa: F401 - ``_collect``'s: loaded now, while the workers scan, not after the scan (a C module: dlopen)
 
     def finish(self) -> dict[int, Holding]:
         """The holdings of every pid of ``todo``, in its order (what one serial scan gives). Interrupted (Ctrl-C, any
