@@ -8,7 +8,7 @@ its cgroup. Manual equivalent: ``nvidia-smi --query-compute-apps=pid,used_memory
 
 from __future__ import annotations
 
-from .model import CONTROL, GpuInfo, GpuSample, Holder, Place, Placement, ProcInfo, Via
+from .model import CONTROL, GpuInfo, GpuSample, Holder, Holding, Place, Placement, ProcInfo, Via
 from .record import field, record
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
@@ -128,15 +128,20 @@ def inspect_gpus(
         scan = None if heir_pids is None else scan | set(heir_pids())
     # a whole-host scan reads the maps of GPU fd holders too (``deep``), so that none is read again below: in a
     # split scan (``scanpool``) that reading is spread over the workers with the rest
-    holdings = host.holdings(scan, deep=whole_host)
+    again: list[int] = []
+    looked: dict[int, Holding] = {}
     if scan is None:  # a whole-node scan may have begun before NVML's reading (``ProcHost.prefetch``): every listed
-        # pid gets a second look now, as a scan after the reading would read it (one that started its context since
-        # is a holder, never a recycled pid; one whose pid a new process took since is recycled, never that process)
-        again = {p.pid for s in samples.values() for p in (s.processes or ())}
+        # pid gets a second look, as a scan after the reading would read it (one that started its context since is a
+        # holder, never a recycled pid; one whose pid a new process took since is recycled, never that process); read
+        # now, after the reading, while a prefetched scan's workers still scan, and it stands over what they read
+        again = sorted({p.pid for s in samples.values() for p in (s.processes or ())})
         if again:
-            for pid in again:
-                holdings.pop(pid, None)
-            holdings.update(host.holdings(sorted(again)))
+            looked = host.holdings(again)
+    holdings = host.holdings(scan, deep=whole_host)
+    if again:
+        for pid in again:
+            holdings.pop(pid, None)
+        holdings.update(looked)
     if scan is not None and not widen and any(pid not in holdings and _live(info(pid)) for pid in listed):
         # a listed pid whose process holds nothing (a recycled pid): the heir of the dead one may be elsewhere
         extra = set(heir_pids()) - scan if heir_pids is not None else None

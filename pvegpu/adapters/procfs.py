@@ -337,6 +337,7 @@ class ProcHost:
         self._describing: dict[int, ProcInfo] | None = None
         self._seen: dict[int, ProcInfo] = {}
         self._took_prefetch = False  # a reading took a prefetched scan: later readings of listed pids describe too
+        self._looked: tuple[set[int], dict[int, ProcInfo]] | None = None  # a second look before the prefetch was taken
 
     # -- liveness -------------------------------------------------------------------------------
     def _live_state(self, pid: int, st: Stat) -> str:
@@ -451,20 +452,31 @@ class ProcHost:
                     self._seen = {p: i for p, i in self._describing.items() if p in got and i is not _BOTH}
                 finally:
                     self._describing = None
+                looked, self._looked = self._looked, None
+                if looked is not None:  # read again before this reading took the prefetch: those descriptions stand
+                    for p in looked[0]:
+                        self._seen.pop(p, None)
+                    self._seen.update(looked[1])
                 return got
             early.cancel()
-        elif pids is not None and self._took_prefetch:
-            # read again now (``inspect_gpus``' second look at NVML's listed pids): described again now too, the holders
-            # beside their holdings as the prefetched reading's were
+            self._looked = None  # not taken (stale): its pids are described afresh, as every other holder
+        elif pids is not None and (self._took_prefetch or self._early is not None):
+            # read again now (``inspect_gpus``' second look at NVML's listed pids, after the reading, while a prefetched
+            # scan may still run): described again now too, the holders beside their holdings as the prefetched
+            # reading's were; before that reading is taken, kept for it (``_looked``), which then hands them out
             pids = list(pids)
             for p in pids:
                 self._seen.pop(p, None)
             self._describing = {}
             try:
                 got = self._holdings_of(pids, deep)
-                self._seen.update({p: i for p, i in self._describing.items() if p in got})
+                described = {p: i for p, i in self._describing.items() if p in got}
             finally:
                 self._describing = None
+            if self._took_prefetch:
+                self._seen.update(described)
+            else:
+                self._looked = (set(pids), described)
             return got
         return self._holdings_of(None if pids is None else list(pids), deep)
 
@@ -513,7 +525,7 @@ class ProcHost:
     def cancel_prefetch(self) -> None:
         """Kill the workers of a ``prefetch()`` no scan took, and reap those of the scans that were taken."""
         early, self._early = self._early, None
-        self._seen = {}
+        self._seen, self._looked = {}, None
         if early is not None:
             early.cancel()
         import sys
