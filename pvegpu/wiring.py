@@ -480,14 +480,17 @@ class NodeWorld:
         self.warm_up = warm_up  # reset's NVML started now in a thread (``LazyNvml.warm_up``); nothing on a simulated node
 
     def reset_ports(self, log: EventLog | None = None, *, exiting: bool = False) -> Node:
-        """Ports for ``pvegpu reset`` (and the post-stop reclaim); NVML is closed when the ``with`` ends, unless
-        ``exiting``: the process ends right after (the command line's reset), and the kernel's closing of NVML's
-        files at exit does what ``nvmlShutdown`` does, without its ~8 ms on the H200 before the verdict is out."""
+        """Ports for ``pvegpu reset`` (and the post-stop reclaim); NVML is closed when the ``with`` ends. ``exiting``:
+        the process ends right after (the command line's reset): NVML is closed behind, in a thread of its own
+        (``_behind``), while the verdict is written; ``nvmlShutdown`` (~3-8 ms on the H200) is then not waited for,
+        neither before the verdict nor by the kernel at exit."""
         from .ports import NullLog
         from .reset.report import Ports
 
         probe = self.reset_probe()
-        close = None if exiting else getattr(probe, "close", None)
+        close = getattr(probe, "close", None)
+        if close is not None and exiting:
+            close = _behind(close)
         closers: tuple[Callable[[], None], ...] = (close,) if close is not None and not self.simulated else ()
         return Node(Ports(self.pve, probe, self.host, self.clock, log or NullLog()), closers)
 
@@ -501,6 +504,17 @@ class NodeWorld:
             prefetch()
             ports.done = cancel
         return ports
+
+
+def _behind(close: Callable[[], None]) -> Callable[[], None]:
+    """``close`` run in a thread of its own (``workers.Worker``), not waited for: the process is about to end (its
+    exit would close NVML's files anyway), and what it raises then is nobody's to report."""
+    def start() -> None:
+        from .adapters.workers import Worker
+
+        Worker(close)
+
+    return start
 
 
 def world(s: Settings, *, warm_ct: int | None = None) -> NodeWorld:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -89,26 +90,40 @@ def test_resets_reader_takes_the_warm_up_over_once(monkeypatch):
     assert calls == {"init": 2, "shutdown": 2}
 
 
-def test_the_command_lines_reset_leaves_nvml_to_the_process_exit(monkeypatch):
-    """reset_ports(exiting=True) (the CLI, which exits right after its report) does not call nvmlShutdown (~8 ms on
-    the H200); any other user of reset_ports (the post-stop reclaim, the library) still closes NVML at the end."""
+def test_the_command_lines_reset_closes_nvml_behind_without_waiting(monkeypatch):
+    """reset_ports(exiting=True) (the CLI, which exits right after its report) leaves nvmlShutdown (~3-8 ms on the
+    H200) to a thread of its own: the ``with`` ends before it returns; any other user of reset_ports (the post-stop
+    reclaim, the library) closes NVML in its own thread at the end."""
     import ctypes
+    import threading
 
     from pvegpu import wiring
     from pvegpu.settings import Settings
     from tests.test_nvml_per_gpu import FakeLib
 
-    shutdowns = []
+    shutdowns: list[int] = []
+    release = threading.Event()
 
     class Counting(FakeLib):
         def nvmlShutdown(self):
-            shutdowns.append(1)
+            shutdowns.append(threading.get_ident())
+            release.wait(5)
             return 0
 
     monkeypatch.setattr(ctypes, "CDLL", lambda name: Counting())
-    for exiting, expected in ((True, 0), (False, 1)):
+    for exiting in (True, False):
         shutdowns.clear()
+        release.clear()
+        if not exiting:
+            release.set()
         world = wiring.NodeWorld(Settings(), False, None, None, None, None, (lambda lazy=wiring.LazyNvml(Settings()): lazy), lambda: None)
         with world.reset_ports(exiting=exiting) as ports:
             ports.probe.gpus()
-        assert len(shutdowns) == expected, exiting
+        if exiting:  # out of the with at once; the shutdown runs (and waits) in another thread
+            deadline = time.monotonic() + 5
+            while not shutdowns and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert shutdowns and shutdowns[0] != threading.get_ident()
+            release.set()
+        else:
+            assert shutdowns == [threading.get_ident()]

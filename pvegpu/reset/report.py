@@ -32,6 +32,7 @@ class ResetPolicy:
     poll: float = _D.poll  # seconds between readings
     fast_poll: float = 0.005  # seconds between readings right after the signals (``poll.Pace``), at most ``poll``
     fast_for: float = 0.5  # seconds of each wait after the signals that reads every ``fast_poll`` (while readings are cheap)
+    exit_poll: float = 0.001  # seconds between looks at signalled holders (one /proc stat read each) in that phase
     settle: float = _D.settle  # clean must hold this long (a respawning unit restarts within ~0.1 s)
     rounds: int = _D.rounds  # signal rounds against respawning holders
     threshold_bytes: int = DEFAULT_THRESHOLD_MIB * MIB  # leftover.threshold_mib: net leftover still counted as clean

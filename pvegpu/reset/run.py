@@ -132,9 +132,10 @@ class ResetRun:
             self.read_cost = self.clock.monotonic() - t
         return facts
 
-    def pace(self) -> Pace:
-        """The pacing of a wait that starts now, right after signals: fast while its readings are cheap, then ``poll``."""
-        return Pace(self.clock, self.policy.poll, self.policy.fast_poll, self.policy.fast_for)
+    def pace(self, fast: float | None = None) -> Pace:
+        """The pacing of a wait that starts now, right after signals: fast (``fast``, else ``fast_poll``) while its
+        readings are cheap, then ``poll``."""
+        return Pace(self.clock, self.policy.poll, self.policy.fast_poll if fast is None else fast, self.policy.fast_for)
 
     def targets(self, facts: dict[int, GpuFacts]) -> Targets:
         """Who this reading says gets which signal (``targets.targets``: the one rule; never its init, never pvegpu)."""

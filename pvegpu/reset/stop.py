@@ -126,7 +126,8 @@ def send(run: ResetRun, targets: list[Holder], sig: int) -> list[Holder]:
 def wait_gone(run: ResetRun, live: list[Holder], seconds: float) -> list[Holder]:
     """Those of ``live`` still alive after at most ``seconds`` (never past the overall deadline)."""
     deadline = run.deadline.within(seconds)
-    pace = run.pace()  # a holder that exits on SIGTERM goes within ms: look again every 5 ms at first, while that is cheap
+    pace = run.pace(run.policy.exit_poll)  # a holder that exits on SIGTERM goes within ms (a CUDA one once the driver has
+    # taken its memory back): look again every ms at first, while that is cheap (a stat read per holder)
     clock = run.clock
     while True:
         t = clock.monotonic()
