@@ -3,8 +3,12 @@
 The subset of ``@dataclass`` pvegpu uses, generating the same methods: ``__init__`` (defaults, ``field(default_factory=...)``),
 ``__repr__`` (``Name(a=1, b='x')``), ``__eq__`` (same class, fields in order), ``__hash__`` (frozen: of the fields; mutable:
 unhashable), ``frozen=True`` (assignment raises ``FrozenInstanceError``, an ``AttributeError``), ``__match_args__``.
-``dataclasses`` and ``inspect`` (~15 ms together) are never imported here: the methods are compiled from source text
-once per class. ``fields``, ``replace`` and ``asdict`` are the record equivalents of the ``dataclasses`` functions; a
+``dataclasses`` and ``inspect`` (~15 ms together) are never imported here, and nothing is compiled at import or at a
+class's first use: each method is a generic one over the class's field table (``__eq__``/``__hash__`` through one C
+``attrgetter``); a class instantiated often (``HOT_INITS`` times in a run) gets an ``__init__`` compiled from source
+text then, as ``dataclasses`` writes it (a compile costs ~30-250 us: 3.5 ms of a reset's 38, most before its first
+signal, when every class compiled its methods at first use). ``fields``, ``replace`` and ``asdict`` are the record
+equivalents of the ``dataclasses`` functions; a
 ``dataclasses`` function given a record still works (``__dataclass_fields__`` is built the first time it is asked for).
 
 Converting a module is one line: ``from pvegpu.record import record`` for ``from dataclasses import dataclass``
@@ -90,18 +94,75 @@ def _set_qualname(cls: type, fn: Any) -> Any:
     return fn
 
 
-def _lazy(cls: type, name: str, src: str, env: dict[str, Any]) -> Any:
-    """A stand-in for the generated method ``name`` that compiles it on its first call, puts it on ``cls`` in its own
-    place, and calls it: importing a module of records compiles nothing (the start gate pays for every compile)."""
+HOT_INITS = 64  # instances of one class in a run after which its __init__ is compiled (a generic one costs ~1-2 us more)
 
-    def first_call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        real = _set_qualname(cls, _compile(src, env, name))
-        setattr(cls, name, real)
-        return real(self, *args, **kwargs)
 
-    first_call.__name__ = name
-    first_call.__qualname__ = f"{cls.__qualname__}.{name}"
-    return first_call
+def _generic_init(cls: type, flds: tuple[Field, ...], frozen: bool, src: str, env: dict[str, Any]) -> Any:
+    """``__init__`` over the field table: positional then keyword arguments, defaults and factories, the errors a
+    function with that signature raises (TypeError); after ``HOT_INITS`` calls the compiled one takes its place."""
+    names = tuple(f.name for f in flds)
+    index = {n: i for i, n in enumerate(names)}
+    put = object.__setattr__ if frozen else setattr
+    calls = [0]
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - the method's own name
+        calls[0] += 1
+        if calls[0] == HOT_INITS and cls.__dict__.get("__init__") is __init__:
+            setattr(cls, "__init__", _set_qualname(cls, _compile(src, env, "__init__")))  # noqa: B010
+        if len(args) > len(names):
+            raise TypeError(f"{cls.__qualname__}.__init__() takes {len(names) + 1} positional arguments but {len(args) + 1} were given")
+        for name in kwargs:
+            at = index.get(name)
+            if at is None:
+                raise TypeError(f"{cls.__qualname__}.__init__() got an unexpected keyword argument {name!r}")
+            if at < len(args):
+                raise TypeError(f"{cls.__qualname__}.__init__() got multiple values for argument {name!r}")
+        for name, value in zip(names, args, strict=False):
+            put(self, name, value)
+        for f in flds[len(args):]:
+            name = f.name
+            if name in kwargs:
+                value = kwargs[name]
+            elif f.default is not _MISSING:
+                value = f.default
+            elif f.default_factory is not _MISSING:
+                value = f.default_factory()
+            else:
+                raise TypeError(f"{cls.__qualname__}.__init__() missing 1 required positional argument: {name!r}")
+            put(self, name, value)
+
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    return __init__
+
+
+def _generic_methods(cls: type, names: tuple[str, ...]) -> dict[str, Any]:
+    """``__repr__``, ``__eq__`` and ``__hash__`` over the fields, as the dataclass writes them (a tuple of the fields)."""
+    from _operator import attrgetter  # the C module: no operator.py
+
+    values: Callable[[Any], tuple[Any, ...]]
+    if len(names) > 1:
+        values = attrgetter(*names)  # one C call: the tuple of the fields
+    elif names:
+        one = attrgetter(names[0])
+        values = lambda obj: (one(obj),)  # noqa: E731
+    else:
+        values = lambda obj: ()  # noqa: E731
+
+    def __repr__(self: Any) -> str:  # noqa: N807
+        return f"{self.__class__.__qualname__}(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, values(self), strict=True)) + ")"
+
+    def __eq__(self: Any, other: Any) -> Any:  # noqa: N807
+        if other.__class__ is self.__class__:
+            return values(self) == values(other)
+        return NotImplemented
+
+    def __hash__(self: Any) -> int:  # noqa: N807
+        return hash(values(self))
+
+    made = {"__repr__": __repr__, "__eq__": __eq__, "__hash__": __hash__}
+    for name, fn in made.items():
+        fn.__qualname__ = f"{cls.__qualname__}.{name}"
+    return made
 
 
 def _frozen_setattr(self: Any, name: str, value: Any) -> None:
@@ -156,24 +217,17 @@ def _process(cls: Any, frozen: bool) -> Any:
                 args.append(f.name)
             value = f.name
         body.append(f"_osa(self, {f.name!r}, {value})" if frozen else f"self.{f.name} = {value}")
-    names = [f.name for f in flds]
-    src = f"def __init__(self, {', '.join(args)}):\n    " + ("\n    ".join(body) or "pass") + "\n"
-    tup = "(" + "".join(f"self.{n}, " for n in names) + ")"
-    other = "(" + "".join(f"other.{n}, " for n in names) + ")"
-    parts = ", ".join(f"{n}={{self.{n}!r}}" for n in names)
-    made = {  # each method's source; compiled on its first call (a class the run never uses costs no compile)
-        "__init__": src,
-        "__repr__": f"def __repr__(self):\n    return f'{{self.__class__.__qualname__}}({parts})'\n",
-        "__eq__": (f"def __eq__(self, other):\n    if other.__class__ is self.__class__:\n        return {tup} == {other}\n"
-                   "    return NotImplemented\n"),
-        "__hash__": f"def __hash__(self):\n    return hash({tup})\n",
-    }
-    for name in ("__init__", "__repr__", "__eq__"):
+    names = tuple(f.name for f in flds)
+    src = f"def __init__(self, {', '.join(args)}):\n    " + ("\n    ".join(body) or "pass") + "\n"  # compiled once hot
+    made = _generic_methods(cls, names)
+    if "__init__" not in cls.__dict__:
+        cls.__init__ = _generic_init(cls, flds, frozen, src, env)
+    for name in ("__repr__", "__eq__"):
         if name not in cls.__dict__:
-            setattr(cls, name, _lazy(cls, name, made[name], env))
+            setattr(cls, name, made[name])
     if "__hash__" not in cls.__dict__ or cls.__dict__["__hash__"] is None:
         # frozen: hashed by the fields; mutable and compared by value: unhashable, as a dataclass
-        cls.__hash__ = _lazy(cls, "__hash__", made["__hash__"], env) if frozen else None
+        cls.__hash__ = made["__hash__"] if frozen else None
     if frozen:
         cls.__setattr__ = _frozen_setattr
         cls.__delattr__ = _frozen_delattr

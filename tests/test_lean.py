@@ -94,6 +94,65 @@ def test_record_refuses_a_required_field_after_a_default():
             b: int  # type: ignore[misc]
 
 
+def _build(frozen: bool):
+    """A record and the dataclass it stands for: a required field, a default and a factory."""
+    @R.record(frozen=frozen)
+    class Rec:
+        a: int
+        b: str = "x"
+        c: list = R.field(default_factory=list)
+
+    @dataclasses.dataclass(frozen=frozen)
+    class Dc:
+        a: int
+        b: str = "x"
+        c: list = dataclasses.field(default_factory=list)
+
+    return Rec, Dc
+
+
+_CALLS = [((), {}), ((1,), {}), ((1, "y"), {}), ((1, "y", [2]), {}), ((1, "y", [2], 3), {}), ((), {"a": 1}),
+          ((1,), {"a": 2}), ((1,), {"c": [3]}), ((), {"a": 1, "d": 4}), ((), {"b": "y"}), ((1, "y"), {"b": "z"})]
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+@pytest.mark.parametrize("hot", [False, True])
+def test_record_init_takes_what_the_dataclass_init_takes(frozen, hot):
+    """Positional, keyword, missing, extra, unknown and doubled arguments: the record's __init__ (the generic one, and the
+    compiled one a hot class gets) gives the dataclass's fields, or raises TypeError where the dataclass does."""
+    Rec, Dc = _build(frozen)
+    if hot:
+        for _ in range(R.HOT_INITS):
+            Rec(0)
+        assert Rec.__init__.__code__.co_varnames[:4] == ("self", "a", "b", "c")  # the compiled one took its place
+    for args, kwargs in _CALLS:
+        try:
+            want = ("ok", dataclasses.astuple(Dc(*args, **kwargs)))
+        except TypeError:
+            want = ("TypeError",)
+        try:
+            got = ("ok", tuple(getattr(Rec(*args, **kwargs), n) for n in "abc"))
+        except TypeError:
+            got = ("TypeError",)
+        assert got == want, (args, kwargs)
+    assert Rec(1).c is not Rec(1).c
+
+
+def test_a_records_methods_are_not_compiled_until_it_is_hot():
+    """A class used a few times compiles nothing (no exec at a record's first use); its values still compare and show."""
+    Rec, _ = _build(True)
+    compiled = []
+    real = R._compile
+    R._compile = lambda *a: compiled.append(a) or real(*a)
+    try:
+        objs = [Rec(1, "y") for _ in range(R.HOT_INITS - 1)]
+        assert not compiled and objs[0] == objs[-1] and repr(objs[0]).endswith("Rec(a=1, b='y', c=[])")
+        Rec(2)
+        assert len(compiled) == 1
+    finally:
+        R._compile = real
+
+
 def _modules_after(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {REPO!r}); {code}; "
                           "print(' '.join(sys.modules))"], capture_output=True, text=True, cwd=REPO, timeout=60)
