@@ -128,17 +128,20 @@ def inspect_gpus(
         scan = None if heir_pids is None else scan | set(heir_pids())
     # a whole-host scan reads the maps of GPU fd holders too (``deep``), so that none is read again below: in a
     # split scan (``scanpool``) that reading is spread over the workers with the rest
-    again: list[int] = []
-    looked: dict[int, Holding] = {}
-    if scan is None:  # a whole-node scan may have begun before NVML's reading (``ProcHost.prefetch``): every listed
-        # pid gets a second look, as a scan after the reading would read it (one that started its context since is a
-        # holder, never a recycled pid; one whose pid a new process took since is recycled, never that process); read
-        # now, after the reading, while a prefetched scan's workers still scan, and it stands over what they read
-        again = sorted({p.pid for s in samples.values() for p in (s.processes or ())})
-        if again:
-            looked = host.holdings(again)
+    # A whole-node scan may have begun before NVML's reading (``ProcHost.prefetch``): every listed pid gets a second
+    # look, as a scan after the reading would read it (one that started its context since is a holder, never a recycled
+    # pid; one whose pid a new process took since is recycled, never that process). When the host promises that the
+    # whole-node reading takes such a scan (``prefetched``), the look is read first, while its workers still scan, with
+    # its descriptions; else right after the whole-node reading, its holdings and the descriptions read after it
+    # milliseconds apart (a pid recycled during a long scan is never given its old holding).
+    again = sorted({p.pid for s in samples.values() for p in (s.processes or ())}) if scan is None else []
+    promised = getattr(host, "prefetched", None)
+    early = bool(again) and promised is not None and promised(whole_host)
+    looked: dict[int, Holding] = host.holdings(again) if early else {}
     holdings = host.holdings(scan, deep=whole_host)
     if again:
+        if not early:
+            looked = host.holdings(again)
         for pid in again:
             holdings.pop(pid, None)
         holdings.update(looked)

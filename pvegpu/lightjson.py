@@ -4,7 +4,10 @@
 The text is read by the standard library's own C scanner (``_json.make_scanner``, what ``json.loads`` uses), set up as
 ``json.JSONDecoder()`` sets it up; surrounding whitespace is the decoder's (space, tab, newline, carriage return). Anything
 that is not one JSON value (an error, extra data, a byte-order mark) and an interpreter without the C scanner go to
-``json.loads`` itself, so every answer and every error is exactly ``json.loads``'s.
+``json.loads`` itself, so every answer and every error is ``json.loads``'s. One boundary differs: the scanner shares
+Python's recursion limit, and is called here a few frames nearer the top of the stack than ``json.loads`` calls it, so
+a document nested to within a few levels of that limit (~1,000 arrays deep) may be read where ``json.loads`` raises
+``RecursionError``; deeper, both raise it.
 """
 
 from __future__ import annotations

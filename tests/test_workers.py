@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import _thread
 
-import pytest
-
 from pvegpu.adapters import scanpool, workers
-from pvegpu.adapters.procfs import ProcessScan, ProcHost
 from pvegpu.adapters.workers import Worker
 
 
@@ -46,18 +43,3 @@ def test_the_value_is_kept():
     """What the call returned is the worker's value once it has returned."""
     w = Worker(lambda: 42)
     assert w.join(5) and w.value == 42 and w.error is None
-
-
-class _Broken(ProcessScan):
-    """A scan of one process that fails with a bug."""
-
-    def run(self, proc, pid, deep=False):  # noqa: ANN001, ANN201 - the ProcessScan signature
-        raise ZeroDivisionError("a bug in the scan")
-
-
-def test_a_scan_that_raises_in_its_thread_raises_in_the_caller(tmp_path):
-    """A /proc scan whose worker thread hits a bug raises it in the caller, as a scan in its own thread would:
-    never an empty answer (no holder) and never a wait for the stuck bound."""
-    host = ProcHost(proc=str(tmp_path), scan=_Broken, workers=1)
-    with pytest.raises(ZeroDivisionError):
-        host.holdings([1, 2])

@@ -95,11 +95,15 @@ class BoundedProbe:
             raise GpuQueryError(f"GPU minor {minor} health: {exc.what}", _HINT) from None
 
     def health_many(self, minors: Iterable[int]) -> dict[int, Any]:
-        """Each GPU's health in one bounded read (one worker for them all, not one each: a thread's start and hand-back
-        cost ~0.5-1 ms on a small VM). A GPU whose reading failed, or had not come when the deadline passed, is left
-        out: the caller shows its health as unknown, as it shows a failed ``health()``."""
+        """Each GPU's health in one worker for them all (not one each: a thread's start and hand-back cost ~0.5-1 ms on
+        a small VM), each GPU given ``deadline`` as ``health()`` gives it: the wait ends ``deadline`` after the last
+        GPU's answer (or the start). A GPU whose reading failed, or had not come by then, is left out: the caller
+        shows its health as unknown, as it shows a failed ``health()``; while it is stuck, later reads answer at once."""
+        import time
+
         wanted = list(minors)
         got: dict[int, Any] = {}
+        done = [0]  # GPUs answered or failed so far
 
         def read() -> None:
             probe = self._probe()
@@ -108,12 +112,21 @@ class BoundedProbe:
                     got[m] = probe.health(m)
                 except PvegpuError:  # this GPU's health is unknown; the others are still read
                     pass
+                done[0] += 1
 
-        try:
-            self._run(read)
-        except _Stuck:
-            pass
-        return dict(got)  # a copy: a worker past the deadline may still add to ``got``
+        with self._lock:
+            if self._busy is not None and self._busy.alive:
+                return {}
+            worker = self._busy = Worker(read)
+        seen, until = 0, time.monotonic() + self.deadline
+        while not worker.join(max(0.0, min(0.05, until - time.monotonic()))):
+            if done[0] > seen:  # progress: the next GPU gets its own deadline from now
+                seen, until = done[0], time.monotonic() + self.deadline
+            elif time.monotonic() >= until:
+                return dict(got)  # a copy: the worker, past its deadline, may still add to ``got``
+        if worker.error is not None:
+            raise worker.error
+        return dict(got)
 
     @property
     def failed(self) -> list[str]:

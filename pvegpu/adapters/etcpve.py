@@ -94,6 +94,9 @@ class EtcPve:
                 raise ValueError(f"not a JSON object but {type(doc).__name__}")
             ids = doc.get("ids", {})
             return ids if isinstance(ids, dict) else {}
+        except RecursionError:  # nested deeper than any .vmlist pmxcfs writes
+            raise PveApiError(f"cannot read {self.root}/.vmlist: nested too deeply to be a guest list",
+                              "is pve-cluster (pmxcfs) running? `systemctl status pve-cluster`") from None
         except (OSError, ValueError) as exc:
             raise PveApiError(f"cannot read {self.root}/.vmlist: {exc}", "is pve-cluster (pmxcfs) running? `systemctl status pve-cluster`") from exc
 

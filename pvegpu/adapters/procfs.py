@@ -293,10 +293,11 @@ PREFETCH_FRESH = 5.0  # seconds a prefetched whole-node scan may wait for the ho
 class _Early:
     """A prefetched whole-node scan: its split, whether it reads maps after a GPU fd, and when it started."""
 
-    __slots__ = ("split", "deep", "started")
+    __slots__ = ("split", "deep", "started", "promised")
 
     def __init__(self, split: Split, deep: bool, started: float) -> None:
         self.split, self.deep, self.started = split, deep, started
+        self.promised = False  # ``prefetched()`` said the next whole-node reading takes it: it does, fresh or not
 
     def finish(self) -> dict[int, Holding]:
         return self.split.finish()
@@ -436,7 +437,7 @@ class ProcHost:
             self._seen = {}
         if pids is None and self._early is not None:
             early, self._early = self._early, None
-            if early.deep == deep and time.monotonic() - early.started <= PREFETCH_FRESH:
+            if early.deep == deep and (early.promised or time.monotonic() - early.started <= PREFETCH_FRESH):
                 try:  # a process started since the prefetch listed /proc is read too (listed while the workers scan)
                     listed = set(early.split.todo)
                     later = [p for p in self.all_pids() if p not in listed and p != self.self_pid]
@@ -460,7 +461,7 @@ class ProcHost:
                 return got
             early.cancel()
             self._looked = None  # not taken (stale): its pids are described afresh, as every other holder
-        elif pids is not None and (self._took_prefetch or self._early is not None):
+        elif pids is not None and (self._took_prefetch or (self._early is not None and self._early.promised)):
             # read again now (``inspect_gpus``' second look at NVML's listed pids, after the reading, while a prefetched
             # scan may still run): described again now too, the holders beside their holdings as the prefetched
             # reading's were; before that reading is taken, kept for it (``_looked``), which then hands them out
@@ -496,6 +497,18 @@ class ProcHost:
         while start < len(todo):
             start = self._scan_watched(todo, start, deep, out, end)
         return out
+
+    def prefetched(self, deep: bool) -> bool:
+        """The next whole-node ``holdings(deep=deep)`` takes a prefetched scan (started, fresh, of that depth): from
+        now on it is promised that reading, so that a second look read before it (``inspect_gpus``) is read while
+        the workers scan, and its holdings and descriptions stand over theirs. False: that reading scans afresh."""
+        import time
+
+        early = self._early
+        if early is None or early.deep != deep or time.monotonic() - early.started > PREFETCH_FRESH:
+            return False
+        early.promised = True
+        return True
 
     def prefetch(self, *, deep: bool = False) -> None:
         """Start the next whole-node ``holdings()`` now, in forked workers (``scanpool.Split``), when it would be
@@ -538,7 +551,8 @@ class ProcHost:
                       stop: Callable[[int], bool] | None = None) -> int:
         """Scan ``todo[start:]`` into ``out`` until ``end``, or until ``stop(index)`` is true (a split scan's meeting
         point, ``scanpool.Split``); returns where to go on (past a stuck process, where it stopped, or the end). The
-        scan runs in a ``workers.Worker``; what it raises is raised here, as a scan in this thread would raise it."""
+        scan runs in a ``workers.Worker``; a process whose reading raised (a bug, never a tenant's doing) is unreadable,
+        what its fds had proved kept, and the scan goes on past it (``PVEGPU_DEBUG=1``: raised here instead)."""
         import time
 
         from .workers import Worker
@@ -608,8 +622,16 @@ class ProcHost:
                 out[todo[j]] = _given_up(todo[j], scan, STUCK)
                 self._keep_described(describing, described, kept)
                 return int(j) + 1
-        if worker.error is not None:
-            raise worker.error
+        if worker.error is not None:  # the reading of todo[at[0]] raised: unknown, never "holds nothing", nor a crash
+            if os.environ.get("PVEGPU_DEBUG") == "1":
+                raise worker.error
+            j, _since, _pid, describing_it = at
+            kept = {p: h for p, h in found.items() if describing_it or p != todo[j]}
+            out.update(kept)
+            if not describing_it:
+                out[todo[j]] = _given_up(todo[j], scan, UNREADABLE)
+            self._keep_described(describing, described, kept)
+            return int(j) + 1
         out.update(found)
         self._keep_described(describing, described, found)
         return halt[0]

@@ -12,6 +12,7 @@ stopped anyway.
 from __future__ import annotations
 
 import _thread
+import os
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -25,15 +26,25 @@ def running() -> bool:
     return _running[0] > 0
 
 
+def _forked() -> None:
+    """In a forked child only the forking thread lives on: no worker is at work there (a worker object the child
+    inherited still says it is alive, and a read behind it answers unknown: the safe side)."""
+    _running[0] = 0
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class Worker:
     """``fn()`` called once in a thread of its own, started now: ``value`` is what it returned, ``error`` what it
     raised (kept for the caller to raise in its own thread; never printed from this one)."""
 
-    __slots__ = ("_done", "error", "value")
+    __slots__ = ("_done", "_returned", "error", "value")
 
     def __init__(self, fn: Callable[[], object]) -> None:
         self.value: object = None
         self.error: BaseException | None = None
+        self._returned = False  # ``alive`` reads this, not the lock: a join holds the lock for an instant
         done = self._done = _thread.allocate_lock()
         done.acquire()
 
@@ -43,6 +54,7 @@ class Worker:
             except BaseException as exc:  # noqa: BLE001 - the caller's to raise
                 self.error = exc
             finally:
+                self._returned = True
                 _running[0] -= 1
                 done.release()  # the thread's last step
 
@@ -57,7 +69,7 @@ class Worker:
     @property
     def alive(self) -> bool:
         """``fn`` has not returned yet."""
-        return self._done.locked()
+        return not self._returned
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait until ``fn`` has returned, at most ``timeout`` seconds (None: no limit); True once it has."""
