@@ -47,13 +47,25 @@ class BoundedProbe:
         self._lock = _thread.allocate_lock()
         self._busy: Worker | None = None  # a worker that has not returned yet
 
-    def _run(self, fn: Callable[[], T]) -> T:
+    def _run(self, fn: Callable[[], T], progress: Callable[[], int] | None = None) -> T:
+        """``fn()`` in a worker, waited for ``deadline`` s; with ``progress`` (a count ``fn`` raises as it goes: one
+        GPU read after another), the deadline starts again at each step, so every step has its own."""
         with self._lock:
             if self._busy is not None and self._busy.alive:
                 raise _Stuck(f"an earlier NVML read has not returned after {self.deadline:g} s")
             worker = self._busy = Worker(fn)
-        if not worker.join(self.deadline):
-            raise _Stuck(f"NVML read did not return within {self.deadline:g} s")
+        if progress is None:
+            if not worker.join(self.deadline):
+                raise _Stuck(f"NVML read did not return within {self.deadline:g} s")
+        else:
+            import time
+
+            seen, until = 0, time.monotonic() + self.deadline
+            while not worker.join(max(0.0, min(0.05, until - time.monotonic()))):
+                if (now := progress()) > seen:
+                    seen, until = now, time.monotonic() + self.deadline
+                elif time.monotonic() >= until:
+                    raise _Stuck(f"NVML read did not return within {self.deadline:g} s")
         if worker.error is not None:  # raised in the caller's thread
             raise worker.error
         return worker.value  # type: ignore[return-value]
@@ -99,8 +111,6 @@ class BoundedProbe:
         a small VM), each GPU given ``deadline`` as ``health()`` gives it: the wait ends ``deadline`` after the last
         GPU's answer (or the start). A GPU whose reading failed, or had not come by then, is left out: the caller
         shows its health as unknown, as it shows a failed ``health()``; while it is stuck, later reads answer at once."""
-        import time
-
         wanted = list(minors)
         got: dict[int, Any] = {}
         done = [0]  # GPUs answered or failed so far
@@ -114,19 +124,11 @@ class BoundedProbe:
                     pass
                 done[0] += 1
 
-        with self._lock:
-            if self._busy is not None and self._busy.alive:
-                return {}
-            worker = self._busy = Worker(read)
-        seen, until = 0, time.monotonic() + self.deadline
-        while not worker.join(max(0.0, min(0.05, until - time.monotonic()))):
-            if done[0] > seen:  # progress: the next GPU gets its own deadline from now
-                seen, until = done[0], time.monotonic() + self.deadline
-            elif time.monotonic() >= until:
-                return dict(got)  # a copy: the worker, past its deadline, may still add to ``got``
-        if worker.error is not None:
-            raise worker.error
-        return dict(got)
+        try:
+            self._run(read, progress=lambda: done[0])
+        except _Stuck:  # those read by then are kept; an earlier read still stuck: none is read
+            pass
+        return dict(got)  # a copy: a worker past its deadline may still add to ``got``
 
     @property
     def failed(self) -> list[str]:
