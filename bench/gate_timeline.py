@@ -96,13 +96,13 @@ def summary(runs: list[dict[str, float]]) -> None:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    tree = REPO
-    if "--tree" in args:
-        i = args.index("--tree")
-        tree = os.path.abspath(args[i + 1])
-        del args[i:i + 2]
-    n = int(args[0]) if args else 25
+    import argparse
+
+    ap = argparse.ArgumentParser(description="When each step of the start gate happens (marks in a copy of the tree).")
+    ap.add_argument("n", nargs="?", type=int, default=25, help="runs (default 25)")
+    ap.add_argument("--tree", default=REPO, help="the checkout to time (default: this one)")
+    a = ap.parse_args()
+    n, tree = a.n, os.path.abspath(a.tree)
     tmp = tempfile.mkdtemp()
     marks = os.path.join(tmp, "marks")
     copy = os.path.join(tmp, "tree")

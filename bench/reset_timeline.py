@@ -59,16 +59,16 @@ MARKS = [
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    opts = {"--tree": REPO, "--stand-in": ""}
-    for k in opts:
-        if k in args:
-            i = args.index(k)
-            opts[k] = os.path.abspath(args[i + 1])
-            del args[i:i + 2]
-    importtime = "--importtime" in args
-    args = [a for a in args if a != "--importtime"]
-    n = int(args[0]) if args else 15
+    import argparse
+
+    ap = argparse.ArgumentParser(description="When each step of `pvegpu reset` happens (marks in a copy of the tree).")
+    ap.add_argument("n", nargs="?", type=int, default=15, help="runs (default 15)")
+    ap.add_argument("--tree", default=REPO, help="the checkout to time (default: this one)")
+    ap.add_argument("--stand-in", default="", help="a directory holding a stand-in libnvidia-ml.so.1 (no GPU here)")
+    ap.add_argument("--importtime", action="store_true", help="one more run under -X importtime: its slowest imports")
+    a = ap.parse_args()
+    n, importtime = a.n, a.importtime
+    opts = {"--tree": os.path.abspath(a.tree), "--stand-in": os.path.abspath(a.stand_in) if a.stand_in else ""}
     tmp = tempfile.mkdtemp(prefix="rtl-")
     marks = os.path.join(tmp, "marks")
     copy = os.path.join(tmp, "tree")

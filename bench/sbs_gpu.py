@@ -123,7 +123,11 @@ class Bench:
         parses the TOML leaves a snapshot in /run/pvegpu (adapters/settingsfile.py), which later runs read without
         tomllib (~10 ms on the H200). Without it the first timed reset alone parses the file. A file changed less than
         2 s ago gets no snapshot: the wait is that long at most."""
-        time.sleep(max(0.0, written + 2.1 - time.time()))
+        wait = written + 2.1 - time.time()
+        if wait > 1:
+            print(f"side_by_side: waiting {wait:.1f} s for the settings file to be 2 s old (a newer one gets no snapshot)",
+                  file=sys.stderr, flush=True)
+        time.sleep(max(0.0, wait))
         subprocess.run([*self.pvegpu_argv, "--config", self.config, "reset", "999999999", "--dry-run", "--json"], env=self.env,
                        capture_output=True, timeout=60, stdin=subprocess.DEVNULL)  # no such guest: settings read, nothing done
 
