@@ -117,7 +117,7 @@ def man(version: str, readme: str | None = None, date: str | None = None) -> str
            ".SH NAME", "pvegpu \\- verified GPU memory reclaim, start gate and audit for Proxmox VE guests",
            ".SH SYNOPSIS", ".B pvegpu", "[\\fIGLOBAL OPTIONS\\fR] \\fICOMMAND\\fR [\\fIARGS\\fR]...",
            ".SH DESCRIPTION", _roff(tree.help.split(" Global options")[0]),
-           "Full documentation: /usr/share/doc/pvegpu/README.md.gz.",
+           "Full documentation: /usr/share/doc/pvegpu/README.md.gz and /usr/share/doc/pvegpu/docs/.",
            ".SH GLOBAL OPTIONS", "Accepted anywhere on the line, for every command."]
     for names, meta, text in GLOBAL:
         out += [".TP", f"\\fB{_roff(names)}\\fR" + (f" \\fI{meta}\\fR" if meta else ""), _roff(text)]

@@ -275,6 +275,19 @@ def test_readme_install_section_names_this_version_and_one_venv_command():
     assert len(venv) == 1 and "pip install -q ." in venv[0]
 
 
+def test_deb_takes_its_settings_example_from_the_settings_page_and_ships_docs():
+    """build-deb's awk line turns docs/settings.md's TOML block into pvegpu.toml.example, and the package ships docs/."""
+    if not shutil.which("awk"):
+        pytest.skip("awk not installed")
+    script = open(os.path.join(PACKAGING, "build-deb"), encoding="utf-8").read()
+    m = re.search(r"^awk '([^']*)' \"\$S/docs/settings.md\"", script, re.M)
+    assert m, "build-deb no longer reads docs/settings.md"
+    out = subprocess.run(["awk", m.group(1), os.path.join(REPO, "docs", "settings.md")], capture_output=True, text=True, timeout=30)
+    page = open(os.path.join(REPO, "docs", "settings.md"), encoding="utf-8").read()
+    assert out.returncode == 0 and out.stdout.startswith('node = ""') and out.stdout in page and "[leftover]" in out.stdout
+    assert re.search(r"^tar .* docs .*\|", script, re.M) and '"$S"/docs/*.md' in script
+
+
 def test_refresh_rewrites_the_guard_on_a_storage_only_a_vm_names(node):
     """A storage named only by a VM's hookscript (qemu-server/*.conf) is refreshed too, not only containers' storages."""
     pve, local, fast = node

@@ -1,14 +1,21 @@
-"""The README's two set-up commands: CI runs the test command byte-identical with no sudo shim, and both work as
-root with no sudo installed and as a user through sudo (run with stub apt-get, sudo, python3 and venv tools)."""
+"""The README and docs/: the README's two set-up commands (CI runs the test command byte-identical with no sudo shim,
+and both work as root with no sudo installed and as a user through sudo, run with stub apt-get, sudo, python3 and
+venv tools); the documents stay short, their links resolve, and what they state as the contract matches the code."""
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 import os
+import re
 import shutil
 import subprocess
+import tomllib
 
 import pytest
 
+from pvegpu import errors
+from pvegpu.settings import Settings
 from tests.pvelike import REPO
 
 LOG_STUB = '#!/bin/sh\necho "$(basename "$0") uid=$(id -u) $*" >> "$README_LOG"\n'
@@ -95,3 +102,90 @@ def test_readme_command_as_user_goes_through_sudo(open_dir, which):
     lines = log.read_text().splitlines()
     assert lines[0] == "sudo uid=65534 apt-get update -qq" and lines[2].startswith("sudo uid=65534 apt-get install -y python3-venv")
     assert lines[-1].startswith(("pvegpu uid=65534 demo", "python uid=65534 -m pytest"))
+
+
+def _read(rel: str) -> str:
+    """A file of the checkout, by its path relative to the repository root."""
+    with open(os.path.join(REPO, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+DOCS = ["README.md", "BENCHMARKS.md", *sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, "docs", "*.md")))]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_and_benchmarks_stay_short():
+    """README.md stays within 25 KB and BENCHMARKS.md within 15 KB; the details live in docs/ and bench/results/."""
+    assert len(_read("README.md").encode()) <= 25_000
+    assert len(_read("BENCHMARKS.md").encode()) <= 15_000
+
+
+def test_readme_links_every_topic_page():
+    """The README links each page a newcomer needs: failure modes, settings, JSON, Prometheus, VMs, security, the simulated node."""
+    readme = _read("README.md")
+    for page in ("failure-modes", "settings", "json", "prometheus", "vms", "security", "simulated-node"):
+        assert f"](docs/{page}.md" in readme, page
+        assert os.path.isfile(os.path.join(REPO, "docs", f"{page}.md")), page
+
+
+def test_relative_links_and_anchors_resolve():
+    """Every relative link in the README, BENCHMARKS.md and docs/ names a file that exists, and a heading there when it has an anchor."""
+    for doc in DOCS + ["bench/results/HISTORY.md"]:
+        text = _read(doc)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            rel = os.path.normpath(os.path.join(os.path.dirname(doc), path)) if path else doc
+            assert os.path.isfile(os.path.join(REPO, rel)), f"{doc}: {target}"
+            if anchor:
+                heads = {_slug(h) for h in re.findall(r"^#+ (.*)$", _read(rel), re.M)}
+                assert anchor in heads, f"{doc}: {target}"
+
+
+def test_benchmarks_open_with_the_current_figures_and_link_the_history():
+    """BENCHMARKS.md's first section is the table of current figures (date, machine, command, against what); the history is linked."""
+    text = _read("BENCHMARKS.md")
+    first = text.split("\n## ", 2)[1]
+    assert first.startswith("Current figures")
+    header = next(ln for ln in first.splitlines() if ln.startswith("| "))
+    for col in ("date, machine", "command", "against"):
+        assert col in header, col
+    assert "bench/results/HISTORY.md" in text and os.path.isfile(os.path.join(REPO, "bench", "results", "HISTORY.md"))
+
+
+def test_exit_code_table_lists_every_exit_code():
+    """The README's exit-code table (the contract, and the man page's source) has one row per exit code the code defines, plus 128+n."""
+    sec = _read("README.md").split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+|128\+n) \| ", sec, re.M)
+    codes = {str(v) for k, v in vars(errors).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    assert sorted(rows) == sorted(codes | {"128+n"})
+
+
+def test_settings_page_lists_every_key_with_its_default():
+    """docs/settings.md's TOML block (shipped as pvegpu.toml.example) holds every setting, each at the code's default."""
+    block = re.search(r"^```toml\n(.*?)^```", _read("docs/settings.md"), re.M | re.S)
+    assert block
+    doc = tomllib.loads(block.group(1))
+    defaults = Settings()
+    for f in dataclasses.fields(defaults):
+        value = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(value):
+            assert set(doc[f.name]) == {g.name for g in dataclasses.fields(value)}, f.name
+            for g in dataclasses.fields(value):
+                want = getattr(value, g.name)
+                assert doc[f.name][g.name] == (list(want) if isinstance(want, tuple) else want), f"{f.name}.{g.name}"
+        elif f.name != "simulate":  # --simulate DIR / PVEGPU_SIMULATE: a way to run, not a key of a node's file
+            assert doc[f.name] == value, f.name
+
+
+@pytest.mark.parametrize("gone", ["record.py", "`record`", "strenum", "lightjson", "lightargs", "frontdoor", "nvml_lite",
+                                  "nvml_warm", "adapters/workers", "anywhere on the line"])
+def test_docs_name_no_deleted_stand_in(gone):
+    """The README and docs/ describe the product as it is: no module of the deleted stand-ins, no global options after the command."""
+    for doc in ["README.md"] + [d for d in DOCS if d.startswith("docs/")]:
+        assert gone not in _read(doc), doc
