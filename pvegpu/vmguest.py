@@ -77,12 +77,19 @@ class GuestTimeout(E.PveApiError):
     """A command in the guest did not finish within its deadline (exit 4)."""
 
 
+class GuestOutputCut(E.PveApiError):
+    """The agent cut a command's output at its limit (``out-truncated``/``err-truncated``), or a listing ran past the
+    lines pvegpu reads: what holds the GPU is unknown (exit 4), never "clean", and no reason for a power action."""
+
+
 class GuestCannotTell(E.GpuQueryError):
     """The guest cannot show its GPU use: Windows, no nvidia-smi on its PATH, nvidia-smi failing (exit 5)."""
 
 
 class VmApi(Protocol):
-    """The Proxmox calls a VM reset needs (``adapters/agent.py``)."""
+    """The Proxmox calls a VM reset needs (``adapters/agent.py``). Answers come checked (``adapters/answers.py``):
+    ``vm_status`` is about this VM, with ``status`` running or stopped; ``agent_exec_status`` always has ``exited``;
+    an answer that is not so is a PveApiError, never a value."""
 
     def where(self, vmid: int) -> Guest | None: ...
     def vm_config(self, guest: Guest) -> Mapping[str, Any]: ...
@@ -130,6 +137,7 @@ class GuestView:
     holders: list[GuestHolder] = field(default_factory=list)
     gpus: list[dict[str, Any]] = field(default_factory=list)  # index, bus_id (the guest's), used_mib
     listed_gone: list[int] = field(default_factory=list)  # nvidia-smi lists them, the guest has no such process
+    begun_after: int = 0  # guest commands started before this look began (``Guestside.after_signals`` orders it against the signals)
 
     @property
     def killable(self) -> list[GuestHolder]:
@@ -147,6 +155,11 @@ class GuestView:
 
 def _lines(text: str) -> list[str]:
     return text.splitlines()[:MAX_LINES]
+
+
+def _overflows(text: str) -> bool:
+    """More lines than pvegpu reads (``MAX_LINES``): what lies past them is unread, so the listing is incomplete."""
+    return len(text.splitlines()) > MAX_LINES
 
 
 def parse_apps(out: str) -> list[tuple[int, int | None]]:
@@ -186,18 +199,24 @@ class Guestside:
         self.api, self.guest, self.clock = api, guest, clock
         self.exec_timeout, self.poll = exec_timeout, poll
         self.on_exec = on_exec
+        self.commands = 0  # commands started in the guest so far: orders the looks against the signals
+        self.signalled = 0  # the number of the last signal command (0: none yet)
 
     def run(self, argv: list[str], *, what: str, deadline: Deadline | None = None) -> ExecResult:
         """``agent/exec`` then ``agent/exec-status`` polled until it exits, at most ``exec_timeout`` and never past
         ``deadline`` (the phase's end); then GuestTimeout."""
         if self.on_exec:
             self.on_exec(argv)
+        self.commands += 1
         pid = self.api.agent_exec(self.guest, argv)
         t0 = self.clock.monotonic()
         end = deadline.within(self.exec_timeout) if deadline is not None else deadline_in(self.clock, self.exec_timeout)
         while True:
             st = self.api.agent_exec_status(self.guest, pid)
             if _true(st.get("exited")):
+                cut = [k for k in ("out-truncated", "err-truncated") if _true(st.get(k))]
+                if cut:
+                    raise self._cut(what, cut[0])
                 code = st.get("exitcode")
                 sig = st.get("signal")
                 return ExecResult(code if isinstance(code, int) and not isinstance(code, bool) else None,
@@ -209,9 +228,16 @@ class Guestside:
                                    f"{self.guest.vmid} -- nvidia-smi`, or raise reset.timeout")
             end.pause(self.poll)
 
+    def _cut(self, what: str, why: str) -> GuestOutputCut:
+        vmid = self.guest.vmid
+        return GuestOutputCut(f"the output of {what} in VM {vmid} is incomplete ({why}): who holds the GPU is unknown",
+                              f"look by hand: `qm guest exec {vmid} -- nvidia-smi`; nothing was judged from the cut listing")
+
     def nvidia_smi(self, argv: tuple[str, ...], deadline: Deadline | None = None) -> str:
         try:
             r = self.run(list(argv), what="nvidia-smi", deadline=deadline)
+        except GuestOutputCut:
+            raise
         except E.PveApiError as exc:
             if "No such file" in exc.message or "not found" in exc.message.lower():
                 raise GuestCannotTell(f"VM {self.guest.vmid} has no nvidia-smi on the guest agent's PATH",
@@ -224,16 +250,23 @@ class Guestside:
         return r.out
 
     def look(self, deadline: Deadline | None = None) -> GuestView:
-        """nvidia-smi's apps and GPUs, plus the fd scan, merged by guest pid; every command ends by ``deadline``."""
-        apps = parse_apps(self.nvidia_smi(NVSMI_APPS, deadline))
+        """nvidia-smi's apps and GPUs, plus the fd scan, merged by guest pid; every command ends by ``deadline``. A
+        listing the agent cut, or longer than pvegpu reads, is GuestOutputCut: never judged."""
+        begun_after = self.commands
+        out = self.nvidia_smi(NVSMI_APPS, deadline)
+        if _overflows(out):
+            raise self._cut("nvidia-smi", f"more than {MAX_LINES} lines")
+        apps = parse_apps(out)
         gpus = parse_gpus(self.nvidia_smi(NVSMI_GPUS, deadline))
         r = self.run(["sh", "-c", SCAN_SCRIPT, "pvegpu-scan"], what="the /proc fd scan", deadline=deadline)
+        if _overflows(r.out):
+            raise self._cut("the /proc fd scan", f"more than {MAX_LINES} lines")
         found, complete = parse_scan(r.out)
         if not complete:
             why = escape((r.out if "scan-unsupported" in r.out else r.err).strip()[:200]) or f"exit code {r.exitcode}"
             raise GuestCannotTell(f"the /proc fd scan in VM {self.guest.vmid} did not complete: {why}",
                                   "the guest needs sh, GNU find (-lname), cut, sort, grep, head and tr on the agent's PATH")
-        view = GuestView(gpus=gpus)
+        view = GuestView(gpus=gpus, begun_after=begun_after)
         for pid, mib in apps:
             h = found.get(pid)
             if h is None:
@@ -254,12 +287,17 @@ class Guestside:
                 pairs += [str(int(h.pid)), str(int(h.start))]
         if not pairs:
             return {}
+        self.signalled = self.commands + 1  # this command's number: it may take effect even if its answer never comes
         r = self.run(["sh", "-c", KILL_SCRIPT, "pvegpu-kill", sig, *pairs], what=f"kill -{sig}")
         out: dict[int, str] = {}
         for line in _lines(r.out):
             if m := _KILLED.match(line):
                 out[int(m.group(2))] = m.group(1)
         return out
+
+    def after_signals(self, view: GuestView) -> bool:
+        """Whether ``view``'s look began after the last signal was sent (always, when none was)."""
+        return view.begun_after >= self.signalled
 
 
 def _true(v: Any) -> bool:

@@ -23,6 +23,7 @@ from .qemuconf import parse_hostpci
 from .record import field, record
 from .reset.interruption import interruption
 from .reset.poll import until
+from .reset.restart import HA_STUCK
 from .safetext import escape
 from .textfit import said
 from .vmguest import AgentForbidden, AgentUnavailable, Clock, GuestCannotTell, GuestHolder, Guestside, GuestTimeout, GuestView, VmApi
@@ -112,6 +113,7 @@ class _Run:
         self.guest = Guest(vmid, "", "qemu")
         self.guestside: Guestside | None = None
         self.blind: E.PvegpuError | None = None  # why the guest cannot be looked into (known before any exec)
+        self.ha_stuck: str | None = None  # HA's state of the VM once it was found to be one where HA will not act
 
     def step(self, name: str, outcome: str, msg: str, **detail: object) -> None:
         s = Step(name, outcome, {"msg": escape(msg, 2000), **detail})  # agent errors carry the guest's own text
@@ -368,11 +370,13 @@ def _send(run: _Run, sig: str, targets: list[GuestHolder]) -> None:
 
 def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]], last: GuestView) -> GuestView:
     """Look until the signalled holders are gone or ``seconds`` passed. A look that cannot end in the time left is
-    not started (nor one past it finished): the last view stands, and the next signal's script checks identities."""
+    not started (nor one past it finished): the wait is still kept (a SIGKILL comes only after the grace), the last
+    view stands, and the next signal's script checks identities; the verdict takes a look of its own (``_verify``)."""
     end = deadline_in(run.clock, seconds)
     view = last
     while True:
         if not run.fits(end):
+            end.pause(end.remaining())
             return view
         try:
             view = run.look(end)
@@ -386,31 +390,52 @@ def _wait_gone(run: _Run, seconds: float, ids: set[tuple[int, int | None]], last
 
 
 def _verify(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
-    """Clean (no holder that may own a context, nothing NVML lists without a process) held for ``settle``."""
+    """Clean (no holder that may own a context, nothing NVML lists without a process) held for ``settle``. Judged
+    only on looks begun after the last signal: a view from before them (a look slower than the wait after a signal)
+    is replaced by a new look first, whatever the time left (each command still within ``exec_timeout``). A guest
+    that showed clean when ``timeout`` ran out, but not yet for ``settle``, gets one more look once ``settle`` has
+    passed: a slow look never turns a clean guest into "not clean"."""
     pol = run.policy
     end = deadline_in(run.clock, pol.timeout)
+    assert run.guestside is not None
+    if not run.guestside.after_signals(view):
+        view = run.look()
     since: float | None = None  # when clean began (a point in clock time: the settle window is measured from it)
+    unfinished = False
     while True:
         now = run.clock.monotonic()
         if view.clean:
             since = now if since is None else since
             if now - since >= pol.settle:
-                run.step("verify", "clean", f"verified in the guest: nvidia-smi lists no process and no guest process holds the GPU "
-                         f"(held for {pol.settle:g} s)")
-                return view, True
+                return _clean(run, view)
         else:
             since = None
         if end.expired() or not run.fits(end):
-            run.step("verify", "not clean", f"the guest still shows GPU holders after {pol.timeout:g} s")
-            return view, False
+            break
         end.pause(pol.poll if since is None else max(pol.settle - (now - since), 0.01))
         try:
             view = run.look(end)
         except GuestTimeout:
             if not end.expired():
                 raise
-            run.step("verify", "not clean", f"the guest did not show clean within {pol.timeout:g} s (its last look did not finish)")
-            return view, False
+            unfinished = True
+            break
+    if since is not None:
+        run.clock.sleep(max(pol.settle - (run.clock.monotonic() - since), 0.0))
+        view = run.look()
+        if view.clean:
+            return _clean(run, view)
+    elif unfinished:
+        run.step("verify", "not clean", f"the guest did not show clean within {pol.timeout:g} s (its last look did not finish)")
+        return view, False
+    run.step("verify", "not clean", f"the guest still shows GPU holders after {pol.timeout:g} s")
+    return view, False
+
+
+def _clean(run: _Run, view: GuestView) -> tuple[GuestView, bool]:
+    run.step("verify", "clean", f"verified in the guest: nvidia-smi lists no process and no guest process holds the GPU "
+             f"(held for {run.policy.settle:g} s)")
+    return view, True
 
 
 def _finish(run: _Run, view: GuestView | None, outcome: VmOutcome, code: int) -> None:
@@ -422,7 +447,7 @@ def _finish(run: _Run, view: GuestView | None, outcome: VmOutcome, code: int) ->
 def _fail(run: _Run, exc: E.PvegpuError, upid: str | None = None) -> None:
     r = run.report
     r.outcome, r.exit_code = (r.outcome if r.outcome.verified_clean else VmOutcome.NOT_CLEAN), exc.exit_code
-    run.step("restart" if upid else "api", "failed", exc.message)
+    run.step("restart" if upid else "api", "failed", exc.message, **({"ha_state": run.ha_stuck} if run.ha_stuck else {}))
     r.add(exc.message, exc.hint or "")
     tail = getattr(exc, "log_tail", ())
     if tail:
@@ -432,19 +457,46 @@ def _fail(run: _Run, exc: E.PvegpuError, upid: str | None = None) -> None:
 # -- the reboot path -------------------------------------------------------------------------------------------
 
 
-def _state(run: _Run) -> str:
+def _ha(status: Mapping[str, Any]) -> tuple[bool, str | None]:
+    """(HA-managed, HA's state of the VM when managed) from a status answer."""
+    ha = status.get("ha")
+    if not isinstance(ha, Mapping) or str(ha.get("managed")) != "1":
+        return False, None
+    return True, None if ha.get("state") is None else escape(str(ha["state"]), 40)
+
+
+def _read(run: _Run) -> tuple[str, str | None]:
+    """The VM's state and HA's state of it when HA-managed ("unknown" and None when the status cannot be read)."""
     try:
-        return str(_status(run).get("status") or "unknown")
+        status = _status(run)
     except E.PvegpuError:
-        return "unknown"
+        return "unknown", None
+    return str(status.get("status") or "unknown"), _ha(status)[1]
 
 
-def _await_state(run: _Run, want: str, seconds: float) -> str:
-    """The VM's state once it is ``want``, or when ``seconds`` have passed (``reset.poll.until``, as a CT's waits)."""
+def _state(run: _Run) -> str:
+    return _read(run)[0]
+
+
+def _await_state(run: _Run, want: str, seconds: float) -> tuple[str, str | None]:
+    """The VM's state (and HA's) once it is ``want``, or when ``seconds`` have passed (``reset.poll.until``, as a CT's
+    waits); at once when HA is in a state where it will not act (``HA_STUCK``, the container's): never waited out."""
     end = deadline_in(run.clock, seconds)
-    _, state = until(lambda: _state(run), lambda s: s if s == want else None, expired=end.expired, pause=lambda: end.pause(STATE_POLL),
-                     on_wait=run.waiting(f"VM {run.vmid} to be {want}", seconds))
-    return state
+    _, last = until(lambda: _read(run), lambda r: r if r[0] == want or r[1] in HA_STUCK else None, expired=end.expired,
+                    pause=lambda: end.pause(STATE_POLL), on_wait=run.waiting(f"VM {run.vmid} to be {want}", seconds))
+    return last
+
+
+def _ha_will_not_act(run: _Run, want: str, ha_state: str, *, requested: bool) -> E.TaskFailed:
+    """HA's state of the VM is one where HA will not act: the error naming it, as a container's
+    (``reset.restart.await_state``); recorded in ``run.ha_stuck`` (the steps carry it, no stop follows)."""
+    vmid = run.vmid
+    run.ha_stuck = ha_state
+    return E.TaskFailed(f"HA will not bring VM {vmid} to {want}: its HA resource vm:{vmid} is in state '{ha_state}'"
+                        + ("" if requested else "; reboot refused, nothing asked of HA"),
+                        f"`ha-manager status`; once the cause is fixed: `ha-manager set vm:{vmid} --state started`"
+                        + (" (pvegpu's shutdown request set it to 'stopped')" if requested and want == "stopped"
+                           else "" if requested else f", then `pvegpu reset {vmid}` again"))
 
 
 def _task(run: _Run, upid: str, what: str) -> None:
@@ -454,8 +506,12 @@ def _task(run: _Run, upid: str, what: str) -> None:
 def _task_to(run: _Run, upid: str, what: str, want: str, ha: bool) -> None:
     """Await the power task, then the VM's state (HA acts later: within task_timeout); raises TaskFailed if not ``want``."""
     _task(run, upid, what)
-    if _await_state(run, want, run.policy.task_timeout if ha else run.policy.state_wait) != want:
-        raise E.TaskFailed(f"the {what} task of VM {run.vmid} ended, but VM {run.vmid} is not {want}")
+    state, ha_state = _await_state(run, want, run.policy.task_timeout if ha else run.policy.state_wait)
+    if state == want:
+        return
+    if ha_state in HA_STUCK:
+        raise _ha_will_not_act(run, want, ha_state or "", requested=True)
+    raise E.TaskFailed(f"the {what} task of VM {run.vmid} ended, but VM {run.vmid} is not {want}")
 
 
 def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
@@ -470,7 +526,9 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
     if lock:
         return _fail(run, E.PveApiError(f"VM {vmid} is locked ({escape(str(lock), 40)}); reboot refused",
                                         f"wait for the {escape(str(lock), 40)} to finish, or `qm unlock {vmid}` if it is stale"))
-    ha = isinstance(status.get("ha"), Mapping) and str(status["ha"].get("managed")) == "1"
+    ha, ha_state = _ha(status)
+    if ha and ha_state in HA_STUCK:  # a request HA would hold, and carry out later, once its state is cleared
+        return _fail(run, _ha_will_not_act(run, "stopped", ha_state or "", requested=False))
     why = reason.message if reason else "the GPU is not clean in the guest"
     run.interrupts.critical()  # from the shutdown request on, a signal never leaves the VM stopped without a word
     r.power_requested = True
@@ -487,13 +545,18 @@ def _reboot_and_verify(run: _Run, reason: E.PvegpuError | None = None) -> None:
             raise
         _task_to(run, upid, "shutdown", "stopped", ha)
     except E.PvegpuError as exc:
+        if run.ha_stuck is not None:  # HA would not carry out a stop either: none is asked for
+            _fail(run, exc, upid)
+            r.vm_state = _state(run)
+            r.left_stopped = r.vm_state != "running"
+            return
         run.step("restart", "stop", f"shutdown did not stop VM {vmid} ({exc.message}): stopping it")
         try:
             upid = run.api.vm_stop(run.guest)
             _task_to(run, upid, "stop", "stopped", ha)
         except E.PvegpuError as exc2:
             _fail(run, exc2, upid)
-            r.vm_state = _await_state(run, "stopped", pol.state_wait)
+            r.vm_state = _await_state(run, "stopped", pol.state_wait)[0]
             r.left_stopped = r.vm_state != "running"
             r.add(f"VM {vmid} is {r.vm_state} after a failed stop", f"`qm status {vmid}`; `qm start {vmid}` if it is stopped")
             return

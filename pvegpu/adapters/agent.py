@@ -2,7 +2,9 @@
 
 ``POST /nodes/{node}/qemu/{vmid}/agent/exec`` takes ``command`` as an array (one argv, never a shell string)
 and answers the guest pid; ``GET .../agent/exec-status?pid=N`` answers ``exited``, ``exitcode`` and the
-output, already base64-decoded by PVE. Privileges for an API token: ``VM.GuestAgent.Unrestricted`` (PVE 9) or
+output, already base64-decoded by PVE. Each answer is checked at this edge (adapters/answers.py): an exec-status
+without a readable ``exited`` (a body that is not JSON, a proxy's own JSON) and a status about another VM are API
+errors (exit 4), never "still running" or "not running". Privileges for an API token: ``VM.GuestAgent.Unrestricted`` (PVE 9) or
 ``VM.Monitor`` (PVE 8) for exec, ``VM.PowerMgmt`` for shutdown/stop/start, ``VM.Audit`` to read.
 Errors become PveApiError naming the call (through ``ProxmoxerPve._call``); an agent that is not running or
 does not answer becomes AgentUnavailable, a 403 AgentForbidden.
@@ -39,11 +41,12 @@ class ProxmoxerVm:
 
     def vm_config(self, guest: Guest) -> Mapping[str, Any]:
         """``pvesh get /nodes/<node>/qemu/<vmid>/config --current 1``."""
-        return self.pve._call(f"read VM {guest.vmid} config", lambda: self._vm(guest).config.get(current=1), answers.obj)
+        return self.pve._call(f"read VM {guest.vmid} config", lambda: self._vm(guest).config.get(current=1), answers.vm_config)
 
     def vm_status(self, guest: Guest) -> Mapping[str, Any]:
         """``pvesh get /nodes/<node>/qemu/<vmid>/status/current``."""
-        return self.pve._call(f"read VM {guest.vmid} status", lambda: self._vm(guest).status.current.get(), answers.obj)
+        return self.pve._call(f"read VM {guest.vmid} status", lambda: self._vm(guest).status.current.get(),
+                              lambda a: answers.vm_status(a, guest.vmid))
 
     def _agent(self, guest: Guest, what: str, fn: Any, check: Any) -> Any:
         try:
@@ -51,6 +54,8 @@ class ProxmoxerVm:
         except AgentUnavailable:
             raise
         except PveApiError as exc:
+            if isinstance(exc.__cause__, answers.BadAnswer):  # its text quotes the answer: never matched as the agent's words
+                raise
             if getattr(exc.__cause__, "status_code", None) == 403 or "permission denied" in exc.message.lower() \
                     or "permission check failed" in exc.message.lower():
                 raise AgentForbidden(f"the API token may not use the guest agent of VM {guest.vmid} ({exc.message})",
@@ -74,8 +79,8 @@ class ProxmoxerVm:
         return pid
 
     def agent_exec_status(self, guest: Guest, pid: int) -> Mapping[str, Any]:
-        """``pvesh get /nodes/<node>/qemu/<vmid>/agent/exec-status --pid N``."""
-        return self._agent(guest, "read exec status", lambda: self._vm(guest).agent("exec-status").get(pid=pid), answers.obj)
+        """``pvesh get /nodes/<node>/qemu/<vmid>/agent/exec-status --pid N``: checked (``answers.exec_status``)."""
+        return self._agent(guest, "read exec status", lambda: self._vm(guest).agent("exec-status").get(pid=pid), answers.exec_status)
 
     def vm_shutdown(self, guest: Guest, timeout: int) -> str:
         """``qm shutdown <vmid> --timeout T``: the task's UPID."""

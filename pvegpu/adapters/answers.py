@@ -24,6 +24,14 @@ def _kind(value: Any) -> str:
                                          int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
+def decoded(value: Any) -> None:
+    """proxmoxer answers ``{"errors": <the body's bytes>}`` for a 200 whose body is not JSON (an HTML page, a proxy
+    re-encoding it): JSON never holds bytes, so this is that, refused, never read as an object."""
+    if isinstance(value, dict) and len(value) == 1 and isinstance(value.get("errors"), (bytes, bytearray)):
+        body = bytes(value["errors"])
+        raise BadAnswer(f"the answer is not JSON ({len(body)} bytes: {body[:60].decode('utf-8', 'replace')!r})")
+
+
 def obj(value: Any, where: str = "the answer") -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise BadAnswer(f"{where} is {_kind(value)}, expected an object")
@@ -83,20 +91,86 @@ def ct_config(value: Any) -> dict[str, Any]:
     return conf
 
 
+def _about(st: Mapping[str, Any], vmid: int | None) -> None:
+    """An answer whose ``vmid`` names another guest (a misrouting proxy or cache) is refused, never taken for ``vmid``'s."""
+    if vmid is not None and st.get("vmid") is not None and integer(st, "vmid", "the answer") != vmid:
+        raise BadAnswer(f"the answer is about guest {integer(st, 'vmid', 'the answer')}, not {vmid} (a proxy or cache answering for another guest?)")
+
+
+def _power_state(st: Mapping[str, Any]) -> str:
+    status = text(st, "status", "the answer") or ""
+    if status not in ("running", "stopped"):
+        raise BadAnswer(f"status is {status!r}, expected running or stopped")
+    return status
+
+
+def _ha(st: Mapping[str, Any]) -> tuple[bool, str | None]:
+    """``ha``: (managed, HA's state of the resource when managed)."""
+    ha = st.get("ha")
+    managed = bool(integer(obj(ha, "ha"), "managed", "ha", required=False) or 0) if ha is not None else False
+    return managed, text(obj(ha, "ha"), "state", "ha", required=False) if managed and ha is not None else None
+
+
 def ct_status(value: Any, vmid: int | None = None) -> tuple[str, bool, str | None, str | None]:
     """``GET .../status/current``: (status, HA managed, lock, HA state). An answer whose ``vmid`` names another
     guest (a misrouting proxy or cache) is refused, never taken for CT ``vmid``'s."""
     st = obj(value)
-    if vmid is not None and st.get("vmid") is not None and integer(st, "vmid", "the answer") != vmid:
-        raise BadAnswer(f"the answer is about guest {integer(st, 'vmid', 'the answer')}, not {vmid} (a proxy or cache answering for another guest?)")
-    status = text(st, "status", "the answer") or ""
-    if status not in ("running", "stopped"):
-        raise BadAnswer(f"status is {status!r}, expected running or stopped")
-    ha = st.get("ha")
-    managed = bool(integer(obj(ha, "ha"), "managed", "ha", required=False) or 0) if ha is not None else False
-    ha_state = text(obj(ha, "ha"), "state", "ha", required=False) if managed and ha is not None else None
+    _about(st, vmid)
+    status = _power_state(st)
+    managed, ha_state = _ha(st)
     lock = text(st, "lock", "the answer", required=False) or None
     return status, managed, lock, ha_state
+
+
+def vm_status(value: Any, vmid: int | None = None) -> dict[str, Any]:
+    """``GET /nodes/{node}/qemu/{vmid}/status/current``: status (running|stopped), qmpstatus, lock and ha {managed,
+    state}, checked and nothing else kept. An answer about another guest is refused, as a container's."""
+    st = obj(value)
+    _about(st, vmid)
+    status = _power_state(st)
+    managed, ha_state = _ha(st)
+    return {"status": status, "qmpstatus": text(st, "qmpstatus", "the answer", required=False),
+            "lock": text(st, "lock", "the answer", required=False) or None, "ha": {"managed": int(managed), "state": ha_state}}
+
+
+def vm_config(value: Any) -> Mapping[str, Any]:
+    """``GET /nodes/{node}/qemu/{vmid}/config``: an object; what pvegpu reads (``hostpciN``, ``agent``, ``ostype``) is
+    a string or a number: a wrongly typed ``hostpci0`` is not PVE's answer, never read as "no passthrough device"."""
+    conf = obj(value)
+    for key, v in conf.items():
+        if (str(key).startswith("hostpci") or key in ("agent", "ostype")) and (isinstance(v, bool) or not isinstance(v, (str, int, float))):
+            raise BadAnswer(f"{key} is {_kind(v)}, expected a string or a number")
+    return conf
+
+
+def flag(row: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> bool | None:
+    """A PVE boolean: ``1``/``0`` (JSON true/false, or digit strings through some paths)."""
+    v = row.get(key)
+    if v is None and not required:
+        return None
+    if isinstance(v, bool):
+        return v
+    if (isinstance(v, int) and v in (0, 1)) or (isinstance(v, str) and v.strip() in ("0", "1")):
+        return int(v) == 1
+    raise BadAnswer(f"{where}.{key} is {_kind(v) if not isinstance(v, str) else repr(v[:40])}, expected 1 or 0")
+
+
+def exec_status(value: Any) -> dict[str, Any]:
+    """``GET .../agent/exec-status``: ``exited`` is required (an answer without it is not the agent's, never read as
+    "still running"); ``exitcode`` and ``signal`` are integers, ``out-data``/``err-data`` text, ``out-truncated`` /
+    ``err-truncated`` flags (the agent cut that output at its limit). Returned with every key, checked."""
+    st = obj(value)
+    out: dict[str, Any] = {"exited": flag(st, "exited", "the answer")}
+    for key in ("exitcode", "signal"):
+        out[key] = integer(st, key, "the answer", required=False)
+    for key in ("out-data", "err-data"):
+        v = st.get(key)
+        if v is not None and not isinstance(v, str):
+            raise BadAnswer(f"{key} is {_kind(v)}, expected a string")
+        out[key] = v or ""
+    for key in ("out-truncated", "err-truncated"):
+        out[key] = bool(flag(st, key, "the answer", required=False))
+    return out
 
 
 def task_status(value: Any, upid: str | None = None) -> dict[str, Any]:

@@ -289,10 +289,9 @@ class ProxmoxerPve:
                                   "copy /etc/pve/pve-root-ca.pem from the node there, or pin api.fingerprint") from exc
             cause, hint = _transport(exc, self.target, _timeout(self.api))
             raise (PveNoAnswer if _maybe_sent(exc) else PveApiError)(f"{what}: {cause}", hint) from exc
-        if check is None:
-            return answer
         try:
-            return check(answer)
+            answers.decoded(answer)
+            return answer if check is None else check(answer)
         except answers.BadAnswer as exc:
             raise PveApiError(f"{what}: unexpected answer from {self.target}: {exc}",
                               "is this a Proxmox VE node of a supported version? run the call by hand (`pvesh get ...`)") from exc
