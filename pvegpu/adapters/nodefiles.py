@@ -14,6 +14,7 @@ import os
 
 from ..errors import UsageError
 from .etcpve import read_pve_or_none
+from .storagecfg import read_storage
 
 CGROUP_TOPS = ("", "unified", "pids", "memory", "cpu", "systemd")  # v2 root, hybrid's unified, v1 hierarchies
 
@@ -41,8 +42,6 @@ class LocalNodeFiles:
         if self.snippets_dir is not None:
             return os.path.join(self.snippets_dir, name)
         try:
-            from .storagecfg import read_storage  # here: its re is no part of a container reset's start-up
-
             st = read_storage(self.pve_root, storage)
         except UsageError:
             return None
