@@ -89,7 +89,7 @@ class LocalNodeFiles:
 def _populated(cg: str) -> bool:
     """Whether cgroup directory ``cg`` has a process anywhere below it."""
     try:
-        with open(os.path.join(cg, "cgroup.events"), encoding="utf-8") as f:  # utf-8: loaded at start-up (ascii's codec is a module)
+        with open(os.path.join(cg, "cgroup.events"), encoding="utf-8") as f:
             return any(line.split() == ["populated", "1"] for line in f)
     except FileNotFoundError:  # cgroup v1: no cgroup.events
         pass
