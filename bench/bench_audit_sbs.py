@@ -55,6 +55,7 @@ def one_audit(state: str) -> None:
     from pvegpu.adapters.nodefiles import LocalNodeFiles
     from pvegpu.adapters.procfs import DeviceTable, ProcHost
     from pvegpu.audit import run_audit
+    from pvegpu.contract import dumps
 
     with open(state) as f:
         s = json.load(f)
@@ -64,7 +65,7 @@ def one_audit(state: str) -> None:
     rep = run_audit(pve=CountingPve(s["root"], node="bench"), probe=StandInNvml({int(k): v for k, v in s["owners"].items()}),
                     host=ProcHost(table), files=files)
     audit_s = time.perf_counter() - t
-    sys.stdout.write(json.dumps(rep.to_json()))
+    sys.stdout.write(dumps(rep.to_json()))
     sys.stdout.flush()
     sys.stderr.write(f"\naudit_s {audit_s:.6f}\n")
     sys.stderr.flush()

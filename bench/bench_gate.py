@@ -10,7 +10,6 @@ removed again at the end.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -19,6 +18,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pvegpu.contract import dumps  # noqa: E402
 from tests import pvelike  # noqa: E402
 
 
@@ -88,7 +88,7 @@ def main() -> None:
         top = sorted((ln for ln in p.stderr.splitlines() if ln.startswith("import time:") and ln.split("|")[1].strip().isdigit()),
                      key=lambda ln: -int(ln.split("|")[1]))[:8]
         res["hook imports (cumulative us, top)"] = [" ".join(t.split()) for t in top]
-    print(json.dumps(res, indent=1))
+    print(dumps(res))
 
 
 if __name__ == "__main__":

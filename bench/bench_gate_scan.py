@@ -13,7 +13,6 @@ granted the GPU (``gate.evaluate``) and with the whole node scanned (what the ga
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
@@ -27,6 +26,7 @@ from pvegpu import gate  # noqa: E402
 from pvegpu.adapters.clock import SystemClock  # noqa: E402
 from pvegpu.adapters.procfs import DeviceTable, ProcHost  # noqa: E402
 from pvegpu.adapters.procstat import read_stat  # noqa: E402
+from pvegpu.contract import dumps  # noqa: E402
 from pvegpu.model import MIB, GpuInfo, Guest  # noqa: E402
 from pvegpu.sim.driver import DriverModel  # noqa: E402
 
@@ -142,7 +142,7 @@ def main() -> None:
                 gate.inspect_gpus = real
             out[label] = {"median_ms": round(statistics.median(times) * 1000, 1), "max_ms": round(max(times) * 1000, 1),
                           "verdict": verdict}
-        print(json.dumps(out, indent=1, default=str))
+        print(dumps(out))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -17,6 +17,8 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from pvegpu.contract import dumps
+
 THRESHOLD_MIB = 64  # residual memory still counted as clean (pvegpu's reset.threshold_mib default)
 METHODS = ("manual", "restart", "pvegpu", "floor")
 TARGET, NEIGHBOUR = 301, 302
@@ -232,7 +234,7 @@ def finish(run: Run, threshold: int = THRESHOLD_MIB) -> Run:
 
 
 def to_json(meta: dict, runs: list[Run]) -> str:
-    return json.dumps({"meta": meta, "runs": [asdict(r) for r in runs]}, indent=1)
+    return dumps({"meta": meta, "runs": [asdict(r) for r in runs]})
 
 
 def from_json(text: str) -> tuple[dict, list[Run]]:

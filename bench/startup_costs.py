@@ -94,32 +94,6 @@ def full_reset_ms(tree: str, env: dict[str, str], root: str) -> float:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def instance_speed(n: int = 200_000) -> None:
-    """Instances must cost what the dataclasses did: construct, compare, hash a frozen record vs the same dataclass."""
-    import dataclasses
-    import timeit
-
-    from pvegpu.record import record
-
-    @dataclasses.dataclass(frozen=True)
-    class D:
-        pid: int
-        used_bytes: int | None
-        kind: str = "C"
-
-    @record(frozen=True)
-    class R:
-        pid: int
-        used_bytes: int | None
-        kind: str = "C"
-
-    for name, cls in (("dataclass", D), ("@record", R)):
-        a, b = cls(1, 2), cls(1, 2)
-        t = {op: min(timeit.repeat(f, number=n, repeat=5)) / n * 1e9 for op, f in
-             (("new", lambda c=cls: c(1, 2)), ("eq", lambda x=a, y=b: x == y), ("hash", lambda x=a: hash(x)))}
-        print(f"{'instances: ' + name:48s} " + "  ".join(f"{op} {v:5.0f} ns" for op, v in t.items()), flush=True)
-
-
 def main() -> None:
     args = sys.argv[1:]
     compare = None
@@ -161,7 +135,6 @@ def main() -> None:
                 line += f"  {med['this'] / med['before']:8.2f}"
             print(line + f"  {med['this'] / bare:7.1f}", flush=True)
         print(f"{'bare interpreter (python3 -I -S -c pass)':48s} {bare:6.1f} ms")
-        instance_speed()
     finally:
         node.teardown()
         shutil.rmtree(root, ignore_errors=True)

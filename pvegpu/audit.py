@@ -9,21 +9,19 @@ host has bound to those PCI devices. Manual equivalent: ``nvidia-smi`` + ``fuser
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
 from .audit_guests import GuestScan, scan_guests
 from .audit_model import Flag, FlagKind, GpuRow, HolderRow, NodeAudit, document
 from .errors import PvegpuError
 from .holders import GpuFacts, inspect_gpus
 from .leftover import LeftoverRule, leftover
 from .model import GpuHealth, GpuInfo, GpuSample, Holder, Place, Via
-from .record import replace
+from .ports import Clock, GpuProbe, Host, NodeFiles, PveApi, WallClock
+from .qemuconf import same_device
 from .units import mib_figure
-
-TYPE_CHECKING = False  # typing (and the ports, named for annotations only) is not imported at run time: ~2 ms of the audit's start
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping  # collections: ~1-3 ms of the audit's start-up
-    from typing import Any
-
-    from .ports import Clock, GpuProbe, Host, NodeFiles, PveApi, WallClock
 
 DEFAULT_THRESHOLD = LeftoverRule()  # the one leftover rule's defaults (``[leftover]``)
 
@@ -166,7 +164,7 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: Le
     row.dead_pids = list(f.ghosts)
     row.granted_to = sorted({g.id for g in scan.guests if g.type == "lxc" and g.node == scan.node
                              and (gpu.minor in g.minors or g.all_gpus)}
-                            | {g.id for g in scan.guests if g.type == "qemu" and any(_same_device(b, gpu.bus_id) for b in g.bus_ids)})
+                            | {g.id for g in scan.guests if g.type == "qemu" and any(same_device(b, gpu.bus_id) for b in g.bus_ids)})
 
     def flag(kind: FlagKind, detail: str) -> None:
         if kind not in row.flags:
@@ -214,10 +212,3 @@ def _health_flags(row: GpuRow, flags: list[Flag]) -> None:
     if what:
         row.flags.append(FlagKind.HEALTH)
         flags.append(Flag(FlagKind.HEALTH, f"GPU {row.index}", f"{row.uuid}: {', '.join(what)}"))
-
-
-def _same_device(configured: str, bus_id: str) -> bool:
-    """``qemuconf.same_device``, imported for a VM's passthrough only (its ``re`` is ~3 ms of every audit's start)."""
-    from .qemuconf import same_device
-
-    return same_device(configured, bus_id)

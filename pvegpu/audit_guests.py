@@ -8,23 +8,21 @@ for this node) and the driver bound to each device now. Manual equivalent: ``pct
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
 from .audit_model import Flag, FlagKind, GuestRow, PassthroughRow
 from .errors import PvegpuError
 from .lxcconf import any_pair, dev_key, parse_config
 from .model import Guest
-from .record import field, record
-
-TYPE_CHECKING = False  # typing (and the ports, named for annotations only) is not imported at run time: ~2 ms of the audit's start
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any
-
-    from .ports import Host, NodeFiles, PveApi
+from .ports import Host, NodeFiles, PveApi
+from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping
 
 NVIDIA_VENDOR = "0x10de"
 
 
-@record
+@dataclass
 class GuestScan:
     node: str
     guests: list[GuestRow] = field(default_factory=list)
@@ -120,8 +118,6 @@ def _container(scan: GuestScan, pve: PveApi, host: Host | None, files: NodeFiles
 
 
 def _vm(scan: GuestScan, files: NodeFiles, g: Guest, mapping_text: str | None) -> None:
-    from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping  # a node with VMs only: its re is ~3 ms
-
     gid = f"qemu/{g.vmid}"
     text = files.read_pve(f"nodes/{g.node}/qemu-server/{g.vmid}.conf")
     if text is None:

@@ -13,16 +13,12 @@ a field is removed or changes meaning only with a new version. ``pvegpu.contract
 
 from __future__ import annotations
 
-from .model import GpuHealth, Via
-from .record import field, record
-from .units import whole_mib as _mib
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
 
-TYPE_CHECKING = False  # typing is not imported at run time
-if TYPE_CHECKING:
-    from enum import StrEnum
-    from typing import Any
-else:
-    from .strenum import StrEnum  # enum's StrEnum without the enum module at import
+from .model import GpuHealth, Via
+from .units import whole_mib as _mib
 
 SCHEMA = "pvegpu-audit"
 SCHEMA_VERSION = 1
@@ -76,7 +72,7 @@ ADVICE: dict[FlagKind, str] = {
 }
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Flag:
     """One finding: what, about which GPU or guest, and the advice."""
 
@@ -89,7 +85,7 @@ class Flag:
                 "attention": self.kind.attention}
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class HolderRow:
     """A live process holding a GPU: host pid, pid in its container, who runs it, where, how much, how seen."""
 
@@ -137,7 +133,7 @@ class HolderRow:
                 "may_own_context": self.may_own_context}
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GuestRow:
     """A guest whose configuration grants GPUs (running or not)."""
 
@@ -160,7 +156,7 @@ class GuestRow:
                 "minors": list(self.minors), "all_gpus": self.all_gpus, "bus_ids": list(self.bus_ids), "notes": list(self.notes)}
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class PassthroughRow:
     """A PCI device a VM's ``hostpciN`` names, with the driver the host has bound to it now."""
 
@@ -186,7 +182,7 @@ class PassthroughRow:
                 "driver": self.driver, "vendor": self.vendor, "note": self.note}
 
 
-@record
+@dataclass
 class GpuRow:
     """One GPU of the node: identity, memory, health, holders and the guests configured for it."""
 
@@ -227,7 +223,7 @@ class GpuRow:
                 "flags": [f.value for f in self.flags]}
 
 
-@record
+@dataclass
 class NodeAudit:
     """The audit of one node."""
 

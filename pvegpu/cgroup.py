@@ -24,8 +24,8 @@ UNKNOWN = Placement(Place.UNKNOWN)
 
 def _vmid(path: str, prefix: str, suffix: str = "") -> int | None:
     r"""The vmid of ``path`` when its leading components are ``<prefix><digits><suffix>`` (then ``/`` or the end):
-    ``re.match(prefix + r"(\d+)" + suffix + r"(?:/|\Z)", path)``, without ``re`` (the start gate pays for its
-    import). ``\d`` is any Unicode decimal digit, as ``str.isdecimal`` and ``int`` take them."""
+    ``re.match(prefix + r"(\d+)" + suffix + r"(?:/|\Z)", path)``, matched by hand. ``\d`` is any Unicode decimal
+    digit, as ``str.isdecimal`` and ``int`` take them."""
     if not path.startswith(prefix):
         return None
     end = path.find("/", len(prefix))

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .audit_model import SCHEMA, SCHEMA_VERSION, Flag, FlagKind, NodeAudit
-from .record import record
+from .contract import dumps
+from .prom import render
+from .render_audit import node_text
 from .safetext import shown
 
 MAX_DEPTH = 32  # nesting of a node's answer (an audit document is 6 deep)
@@ -48,7 +51,7 @@ def _cleaned(value: Any) -> Any:
     return value
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Member:
     """One node of the cluster membership: ``/etc/pve/.members`` ``nodelist`` entry."""
 
@@ -108,13 +111,10 @@ def _node_from(answer: Mapping[str, Any] | str, name: str) -> tuple[dict[str, An
 
 def _undrawable(node: dict[str, Any]) -> str | None:
     """Why the table or the textfile could not show this entry (a malformed answer), or None when both can."""
-    from .prom import render
-    from .render_audit import node_text
-
     try:
         node_text(node)
         render({"nodes": [node], "generated_at": 0})
-        json.dumps(node)
+        dumps(node)
     except Exception as exc:  # noqa: BLE001 - anything another node sends is its own error row, never ours
         return f"answer is malformed ({type(exc).__name__}: {shown(exc, 120)})"
     return None

@@ -10,12 +10,14 @@ pids that no longer exist are ``dead_pids``, where a process runs is ``location`
 ``guest_state``. The names used before (``DEPRECATED``) stay beside the canonical ones as deprecated aliases for
 as long as ``schema_version`` is 1: fields are only ever added within a version.
 
-This is a post-processing layer over the commands' own dicts (called where the JSON is printed), pure and
-import-light: ``check --json`` runs on the start gate's path. It never raises on what it is given (another
-node's audit passes through it too): a value it does not expect is copied as it is.
+This is a post-processing layer over the commands' own dicts (called where the JSON is printed), pure: ``check
+--json`` runs on the start gate's path. It never raises on what it is given (another node's audit passes through
+it too): a value it does not expect is copied as it is. ``dumps`` is the one JSON writer, for every document.
 """
 
 from __future__ import annotations
+
+import json
 
 SCHEMA_VERSION = 1
 KINDS = ("audit", "reset", "check", "hook-status", "error")
@@ -95,72 +97,6 @@ def check_error_document(exc: object, vmid: int | None) -> dict:
 
 
 def dumps(doc: object) -> str:
-    """``json.dumps(doc, indent=2)``, byte for byte, about twice as fast for the audit's large documents: the standard
-    library encodes an indented document in pure Python, token by token (its C encoder only writes compact JSON).
-    Dicts with str keys, lists, str, int, float, bool and None are written here, each string by the C escaper; any
-    other value (a tuple, a non-str key, a float that is not finite) leaves it to ``json.dumps`` for the whole."""
-    try:  # json.encoder's own C escaper, without importing json (its decoder and encoder import re: ~3 ms)
-        from _json import encode_basestring_ascii as esc
-    except ImportError:  # an interpreter without the C accelerator
-        from json.encoder import encode_basestring_ascii as esc  # type: ignore[attr-defined]
-
-    out: list[str] = []
-    put = out.append
-
-    def scalar(value: object) -> str | None:
-        """A str, int, finite float, bool or None as JSON; None for anything else."""
-        cls = value.__class__
-        if cls is str:
-            return esc(value)  # type: ignore[arg-type]
-        if value is None:
-            return "null"
-        if value is True:
-            return "true"
-        if value is False:
-            return "false"
-        if cls is int:
-            return int.__repr__(value)  # type: ignore[arg-type]
-        if cls is float and value - value == 0.0:  # type: ignore[operator]  # finite: NaN, inf go to json
-            return float.__repr__(value)  # type: ignore[arg-type]
-        return None
-
-    def enc(value: object, ind: str, depth: int) -> None:
-        text = scalar(value)
-        if text is not None:
-            put(text)
-        elif depth > _MAX_DEPTH:
-            raise ValueError
-        elif value.__class__ is dict or value.__class__ is list:
-            keyed = value.__class__ is dict
-            if not value:
-                put("{}" if keyed else "[]")
-                return
-            inner = ind + "  "
-            sep = ("{\n" if keyed else "[\n") + inner
-            for item in (value.items() if keyed else value):  # type: ignore[union-attr]
-                put(sep)
-                if keyed:
-                    k, item = item
-                    if k.__class__ is not str:
-                        raise ValueError
-                    put(esc(k))
-                    put(": ")
-                cls = item.__class__  # the common scalars here, without a call of enc each (most of a document's values)
-                if cls is str:
-                    put(esc(item))  # type: ignore[arg-type]
-                elif cls is int or item is None or item is True or item is False:
-                    put(scalar(item))  # type: ignore[arg-type]
-                else:
-                    enc(item, inner, depth + 1)
-                sep = ",\n" + inner
-            put("\n" + ind + ("}" if keyed else "]"))
-        else:
-            raise ValueError
-
-    try:
-        enc(doc, "", 0)
-    except (ValueError, RecursionError):
-        import json
-
-        return json.dumps(doc, indent=2)
-    return "".join(out)
+    """The one JSON writer of pvegpu: ``doc`` indented by two spaces, ASCII only (every other character escaped);
+    a value JSON has no type for (a path, a timestamp) is written as its ``str``."""
+    return json.dumps(doc, indent=2, default=str)

@@ -7,15 +7,13 @@ themselves; the core never does (``tests/test_structure.py``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from .ports import Clock
-from .record import record
-
-TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Deadline:
     """A point in ``clock`` time. Loops check it after each read, so a slow read cannot hide it."""
 

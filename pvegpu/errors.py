@@ -8,9 +8,9 @@ prints them as every command does; the CLI, the front door and the hook all go t
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
-    from typing import ClassVar, TextIO
+from typing import ClassVar, TextIO
+
+from .contract import dumps
 
 # Exit codes (documented in README.md, "Exit codes").
 EXIT_OK = 0
@@ -63,9 +63,7 @@ class PvegpuError(Exception):
         """Say it as every command does: the JSON object on ``out`` when given (a ``--json`` run), the rendering on
         ``err`` (the person watching still gets the message); returns the exit code."""
         if out is not None:
-            import json
-
-            print(json.dumps(self.to_json(), indent=2), file=out)
+            print(dumps(self.to_json()), file=out)
         print(self.render(prefix), file=err)
         return self.exit_code
 

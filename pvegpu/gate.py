@@ -12,24 +12,20 @@ Manual equivalent: ``nvidia-smi --query-gpu=index,memory.used`` + ``--query-comp
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
 from .errors import GpuQueryError, PvegpuError
 from .holders import GpuFacts, inspect_gpus
 from .leftover import LeftoverRule, leftover
 from .locate import find_guest, granted_gpus
 from .lxcconf import parse_config
 from .model import CONTROL, MIB, GpuInfo, GpuSample, Place, Via
-from .record import field, record
+from .ports import GpuProbe, Host, PveReader
 from .settings import GateSettings
-
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Collection
-    from enum import StrEnum
-    from typing import Any
-
-    from .ports import GpuProbe, Host, PveReader
-else:
-    from .strenum import StrEnum  # enum's StrEnum without the enum module at import
+from .units import mib
 
 
 class GateState(StrEnum):
@@ -44,7 +40,7 @@ class GateState(StrEnum):
 _G = GateSettings()  # the one source of defaults
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GatePolicy:
     """The gate's settings (``[gate]``), derived once by the composition root (``wiring.gate_policy``)."""
 
@@ -62,7 +58,7 @@ class GatePolicy:
         return self.on_unknown == "allow"
 
 
-@record
+@dataclass
 class GateDecision:
     allow: bool
     reasons: list[str] = field(default_factory=list)  # why refused (or remarks when allowed)
@@ -76,7 +72,7 @@ class GateDecision:
             self.fix.append(fix)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Situation:
     """What the decision needs besides the per-GPU facts (all read by ``evaluate``)."""
 
@@ -88,8 +84,6 @@ class Situation:
 
 
 def _mib(n: int | None) -> str:
-    from .units import mib  # imported when a figure is shown: a clean start never pays for it
-
     return mib(n, "?")
 
 
@@ -196,7 +190,7 @@ def paragraph(vmid: int, d: GateDecision) -> str:
 # -- gathering the facts ----------------------------------------------------------------------------------
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GatePorts:
     """The light ports the gate reads through: ``/etc/pve``, NVML (ctypes) and ``/proc``; never the API."""
 
@@ -206,7 +200,7 @@ class GatePorts:
     reset_running: Any = None  # callable vmid -> bool: does a pvegpu reset hold the container's lock?
 
 
-@record
+@dataclass
 class CheckResult:
     vmid: int
     decision: GateDecision

@@ -8,14 +8,11 @@ its cgroup. Manual equivalent: ``nvidia-smi --query-compute-apps=pid,used_memory
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
 from .model import CONTROL, GpuInfo, GpuSample, Holder, Holding, Place, Placement, ProcInfo, Via
-from .record import field, record
-
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-
-    from .ports import GpuProbe, Host
+from .ports import GpuProbe, Host
 
 
 class FirstReading:
@@ -32,7 +29,7 @@ class FirstReading:
         self.baseline: dict[int, int] = {}  # minor -> leftover bytes at the first reading that were not the target's
 
 
-@record
+@dataclass
 class GpuFacts:
     """One GPU as seen from one container's point of view."""
 

@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import errors as E
@@ -27,7 +28,6 @@ from .adapters.etcpve import ct_confs, node_names, vm_confs
 from .adapters.storagecfg import Storage, read_storage
 from .errors import PvegpuError, UsageError
 from .lxcconf import parse_config
-from .record import field, record
 
 GUARD = "pvegpu-guard"
 STORAGE_DEADLINE = 10.0  # seconds one storage's files may take to answer (a dead NFS/CIFS mount never does)
@@ -139,7 +139,7 @@ def run_command(argv: list[str]) -> tuple[int, str]:
     return p.returncode, (p.stdout + p.stderr).strip()
 
 
-@record
+@dataclass
 class Plan:
     """What install/uninstall did or would do, and what needs the admin."""
 
@@ -379,14 +379,14 @@ class GuardState(enum.StrEnum):
     UNKNOWN = "unknown: storage not answering"  # its guard's storage did not answer in time: never called guarded
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GuardRow:
     vmid: int
     state: GuardState
     hookscript: str | None
 
 
-@record
+@dataclass
 class GuardStatus:
     """``pvegpu hook status``: GPU containers of this node and whether the guard is on them."""
 

@@ -15,24 +15,22 @@ bigger flat threshold would hide a real leak on an idle GPU. Settings: ``leftove
 
 from __future__ import annotations
 
-from .model import MIB, Via
-from .record import record
+from dataclasses import dataclass
 
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
-    from .holders import GpuFacts
+from .holders import GpuFacts
+from .model import MIB, Via
 
 DEFAULT_THRESHOLD_MIB = 64
 DEFAULT_PER_CONTEXT_MIB = 6.0  # measured gap per CUDA context: 5.8-5.9 MiB (reference/nvidia-gpu.md)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class LeftoverRule:
     threshold_bytes: int = DEFAULT_THRESHOLD_MIB * MIB
     per_context_bytes: int = int(DEFAULT_PER_CONTEXT_MIB * MIB)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Leftover:
     """One GPU's leftover under the rule; every byte figure is None when it cannot be known (never zero)."""
 

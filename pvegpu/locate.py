@@ -6,17 +6,15 @@ Manual equivalent: ``pvesh get /cluster/resources --type vm`` to find the node, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .errors import NotFoundError, UsageError
-from .record import record
-
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:  # the hook imports this module before it forks its check (check_vmid): nothing more at import
-    from .lxcconf import CtConfig
-    from .model import GpuInfo, Guest
-    from .ports import GpuProbe, PveReader
+from .lxcconf import CtConfig, parse_config
+from .model import GpuInfo, Guest
+from .ports import GpuProbe, PveReader
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Located:
     guest: Guest
     config: CtConfig
@@ -72,8 +70,6 @@ def granted_gpus(config: CtConfig, node_gpus: list[GpuInfo]) -> tuple[tuple[GpuI
 def locate(vmid: int, *, pve: PveReader, probe: GpuProbe, require_local: bool = True) -> Located:
     """Guest, parsed config and granted GPUs of container ``vmid``."""
     guest = find_guest(vmid, pve, require_local=require_local)
-    from .lxcconf import parse_config
-
     config = parse_config(pve.ct_config(guest))
     if not config.gpus.minors and not config.gpus.all_gpus:
         raise NotFoundError(

@@ -1,20 +1,17 @@
 """Logging set-up for the CLI (the only place that configures it).
 
 With ``-v`` or ``--json`` every reset event goes through structlog (console lines, or JSON lines on stderr).
-Without them only warnings are shown, and structlog is not even imported: it costs ~75 ms of start-up, a
-seventh of a whole reset (BENCHMARKS.md). Adapters warn through the stdlib ``logging`` logger ``pvegpu``
-(``adapters.stdlog``); nor is ``logging`` (with ``traceback``, ``string``...) imported before a warning needs it.
+Without them only warnings are shown, as one line each, and structlog is not imported (a run without ``-v`` or
+``--json`` has no use for it). Adapters warn through the stdlib ``logging`` logger ``pvegpu`` (``adapters.stdlog``).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+from typing import Any
 
 from .adapters import stdlog
-
-TYPE_CHECKING = False  # typing is not imported at run time
-if TYPE_CHECKING:
-    from typing import Any
 
 
 class WarningsOnly:
@@ -56,9 +53,7 @@ def configure(*, verbose: bool, json_lines: bool) -> Any:
     stdlog.to_stderr()
     if not verbose and not json_lines:
         return WarningsOnly()
-    import logging
-
-    import structlog
+    import structlog  # only with -v or --json: the one path that writes events
 
     level = logging.DEBUG if verbose and not json_lines else logging.INFO
     renderer: Any = structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=False)

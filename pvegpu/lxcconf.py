@@ -7,17 +7,15 @@ running container: ``[pve:pending]`` and snapshot sections are reported as notes
 
 from __future__ import annotations
 
-from .model import CtGpus
-from .record import record
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
-    from typing import Any
+from .model import CtGpus
 
 NVIDIA_MAJOR = 195
 
-# The line grammar, matched by hand (``re`` and the ``enum`` it imports cost the start gate 3-8 ms). Each matcher is
+# The line grammar, matched by hand. Each matcher is
 # exactly ``re.match`` of the pattern in its docstring: ``\d`` is a Unicode decimal digit (``str.isdecimal``), ``\s``
 # Unicode whitespace (``str.isspace``, ``strip``, ``split``), ``$`` the end or before a last ``\n``, ``.`` anything but
 # ``\n``. ``tests/test_lxcconf_grammar.py`` runs each matcher against its pattern.
@@ -129,7 +127,7 @@ def _allow(value: str) -> tuple[str, str] | None:
     return major, minor
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class CtConfig:
     """The parts of a container config pvegpu uses."""
 

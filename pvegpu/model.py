@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # signal's C core (built in, loaded at start-up): no enum
-
-from .record import field, record
-
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
-    from enum import StrEnum
-else:
-    from .strenum import StrEnum  # enum's StrEnum without the enum module at import
+import signal
+from dataclasses import dataclass, field
+from enum import StrEnum
 
 MIB = 1024 * 1024
 CONTROL = -1  # pseudo-minor: nvidiactl, nvidia-modeset, nvidia-uvm(-tools), nvidia-caps (no particular GPU)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Guest:
     """Where a guest lives: ``pvesh get /cluster/resources --type vm`` (one row)."""
 
@@ -26,7 +20,7 @@ class Guest:
     name: str = ""
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class CtStatus:
     """``pvesh get /nodes/<node>/lxc/<vmid>/status/current`` reduced to what reset needs."""
 
@@ -36,7 +30,7 @@ class CtStatus:
     ha_state: str | None = None  # HA's state of the resource when managed (started, stopped, error, fence, ...)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GpuInfo:
     """One physical GPU as NVML names it (``nvidia-smi -L``); ``minor`` is N of /dev/nvidiaN."""
 
@@ -48,7 +42,7 @@ class GpuInfo:
     total_bytes: int | None = None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GpuHealth:
     """Health and memory split of one GPU (``nvidia-smi -q -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` + MIG mode).
 
@@ -63,7 +57,7 @@ class GpuHealth:
     driver_version: str | None = None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class NvmlProcess:
     """A PID NVML lists on a GPU (host PID); ``used_bytes`` None = not available (MIG)."""
 
@@ -72,7 +66,7 @@ class NvmlProcess:
     kind: str = "C"  # C compute, G graphics, M MPS
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GpuSample:
     """One reading of one GPU: memory v2 ``used`` and the process lists.
 
@@ -100,14 +94,14 @@ class Place(StrEnum):
     UNKNOWN = "unknown"  # /proc/<pid>/cgroup unreadable or self-contradicting: never "host", never "clean"
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Placement:
     place: Place
     vmid: int | None = None
 
 
-SIGNAL_NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM", _signal.SIGHUP: "SIGHUP", _signal.SIGKILL: "SIGKILL",
-                _signal.SIGCONT: "SIGCONT"}  # the signals pvegpu sends (a reset) and handles (Ctrl-C, kill, a dropped session)
+SIGNAL_NAMES: dict[int, str] = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP", signal.SIGKILL: "SIGKILL",
+                signal.SIGCONT: "SIGCONT"}  # the signals pvegpu sends (a reset) and handles (Ctrl-C, kill, a dropped session)
 
 
 class SignalResult(StrEnum):
@@ -119,7 +113,7 @@ class SignalResult(StrEnum):
     REFUSED = "refused"  # the container's init or pvegpu itself: never signalled
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class TaskResult:
     """A finished PVE task (``pvesh get /nodes/<node>/tasks/<upid>/status``): exitstatus OK or WARNINGS: n."""
 
@@ -128,7 +122,7 @@ class TaskResult:
     log_tail: tuple[str, ...] = ()
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ProcIdentity:
     """A process that cannot be confused with a later one: pid + start time (stat field 22)."""
 
@@ -136,7 +130,7 @@ class ProcIdentity:
     start_ticks: int
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ProcInfo:
     """What ``ps -o pid,stat,comm,cgroup`` and ``/proc/<pid>/status`` (NSpid) say about a process."""
 
@@ -172,7 +166,7 @@ class Via:
     ALL = frozenset({NVML, FD, MAPS, UNREADABLE, STUCK, BUDGET})
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Holding:
     """Which GPUs a process holds open (``fuser -v /dev/nvidia*``): minors, and how it was seen."""
 
@@ -181,7 +175,7 @@ class Holding:
     via: frozenset[str]  # words of ``Via``
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Holder:
     """A live process that holds a GPU, with its identity and placement."""
 
@@ -200,7 +194,7 @@ class Holder:
         return Via.NVML in self.via or Via.MAPS in self.via
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class CtGpus:
     """The GPUs a container's configuration grants: minors, or all of them."""
 
@@ -210,7 +204,7 @@ class CtGpus:
     notes: tuple[str, ...] = ()  # pending/snapshot/lock remarks, reported not used
 
 
-@record
+@dataclass
 class Step:
     """One thing reset did, in order: what, outcome, details (pids, bytes)."""
 

@@ -5,14 +5,10 @@ Each method names its manual equivalent so an admin can reproduce any step by ha
 
 from __future__ import annotations
 
-from .model import CtStatus, GpuHealth, GpuInfo, GpuSample, Guest, Holding, ProcIdentity, ProcInfo, SignalResult, TaskResult
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
-TYPE_CHECKING = False  # typing is not imported at run time: every command's start-up pays for it (~3 ms with its re)
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
-    from typing import Any, Protocol
-else:
-    Protocol = object  # the protocols are structural types for mypy; at run time nothing checks against them
+from .model import CtStatus, GpuHealth, GpuInfo, GpuSample, Guest, Holding, ProcIdentity, ProcInfo, SignalResult, TaskResult
 
 
 class EventLog(Protocol):

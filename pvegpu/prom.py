@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -164,8 +164,6 @@ def parse_last_success(text: str) -> dict[str, float]:
 
 
 def render(doc: Mapping[str, Any], last_success: Mapping[str, float] | None = None) -> bytes:
-    from prometheus_client import generate_latest
-
     reg = CollectorRegistry()
     reg.register(AuditCollector(doc, last_success))  # type: ignore[arg-type]
     return generate_latest(reg)

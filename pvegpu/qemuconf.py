@@ -7,8 +7,7 @@ Manual equivalent: ``qm config <vmid> | grep hostpci`` and ``pvesh get /cluster/
 from __future__ import annotations
 
 import re
-
-from .record import record
+from dataclasses import dataclass
 
 _ID = re.compile(r"^(?:([0-9a-f]{4,}):)?([0-9a-f]{2}):([0-9a-f]{2})(?:\.([0-7*]))?$")  # "*": all functions (normalised)
 _HOSTPCI = re.compile(r"^hostpci(\d+):\s*(.*?)\s*$")
@@ -31,7 +30,7 @@ def same_device(configured: str, gpu_bus_id: str) -> bool:
     return a == b or (a.endswith(".*") and b.rsplit(".", 1)[0] == a[:-2])
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class HostPci:
     """One ``hostpciN`` entry: raw ids (``;`` alternatives) or a mapping name, and its driver mode."""
 

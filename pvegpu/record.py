@@ -254,20 +254,27 @@ else:
 
 
 def is_record(obj: Any) -> bool:
-    """A record class or instance."""
-    return hasattr(obj if isinstance(obj, type) else type(obj), _FIELDS)
+    """A record or dataclass class or instance (the modules not yet converted meet dataclasses too)."""
+    return hasattr(obj if isinstance(obj, type) else type(obj), "__dataclass_fields__")
 
 
-def fields(obj: Any) -> tuple[Field, ...]:
-    """The fields of a record class or instance, in order."""
+def fields(obj: Any) -> tuple[Any, ...]:
+    """The fields of a record (or dataclass) class or instance, in order."""
     try:
         return tuple(getattr(obj if isinstance(obj, type) else type(obj), _FIELDS))
     except AttributeError:
-        raise TypeError("must be called with a record type or instance") from None
+        pass
+    import dataclasses
+
+    return dataclasses.fields(obj)
 
 
 def replace(obj: _T, /, **changes: Any) -> _T:
-    """A new record like ``obj`` with ``changes`` (every other field passed on as it is)."""
+    """A new record (or dataclass) like ``obj`` with ``changes`` (every other field passed on as it is)."""
+    if not hasattr(type(obj), _FIELDS):
+        import dataclasses
+
+        return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
     for f in fields(obj):
         if f.name not in changes:
             changes[f.name] = getattr(obj, f.name)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .holders import GpuFacts
 from .model import MIB
+from .render_audit import audit_table
 from .reset.report import ResetOutcome, ResetReport
 from .reset.vocab import Diagnosis
 from .textfit import WIDTH, fit, said
 from .units import mib
-
-TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
-if TYPE_CHECKING:
-    from typing import Any
 
 
 def _mib(n: int | None) -> str:
@@ -89,8 +88,6 @@ def reset_table(r: ResetReport, wide: bool = False) -> str:
 
 def audit_text(rep: Any, wide: bool = False) -> str:
     """The audit table, from a NodeAudit, the JSON document, or one node's JSON (80 columns; ``wide``: every detail)."""
-    from .render_audit import audit_table
-
     doc = rep.to_json() if hasattr(rep, "to_json") else rep
     if "nodes" not in doc:
         doc = {"nodes": [doc], "attention": doc.get("attention")}

@@ -7,19 +7,17 @@ collected and reported in one ConfigError.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
 from .errors import ConfigError
 from .leftover import DEFAULT_PER_CONTEXT_MIB, DEFAULT_THRESHOLD_MIB
-from .record import field, fields, record, replace
-
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any
 
 DEFAULT_PATH = "/etc/pvegpu/pvegpu.toml"
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ApiSettings:
     backend: str = "auto"  # auto | local | https
     host: str = ""
@@ -32,7 +30,7 @@ class ApiSettings:
     timeout: float = 30.0
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ResetSettings:
     grace: float = 10.0
     kill_wait: float = 5.0
@@ -46,7 +44,7 @@ class ResetSettings:
     lock_wait: float = 10.0  # seconds a second reset of the same container waits for the first
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GateSettings:
     on_unknown: str = "refuse"  # refuse | allow: what the start gate does when a GPU cannot be read
     exclusive: tuple[int, ...] = ()  # vmids that must not share their GPUs at start
@@ -58,7 +56,7 @@ class GateSettings:
     override_ttl: float = 900.0  # seconds a token stays valid
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class LeftoverSettings:
     """The one leftover rule (``pvegpu/leftover.py``) for reset's verify, the gate, audit and the diagnosis."""
 
@@ -66,7 +64,7 @@ class LeftoverSettings:
     per_context_mib: float = DEFAULT_PER_CONTEXT_MIB  # allowance per live CUDA context outside the target
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Settings:
     node: str = ""  # this node's PVE name; default: from /etc/pve/local or the hostname
     pve_root: str = "/etc/pve"

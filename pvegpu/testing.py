@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import itertools
 import signal
+from dataclasses import dataclass, field
 from typing import Any
 
+from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.tasks import wait_task
 from pvegpu.errors import PveApiError
 from pvegpu.model import (
@@ -44,8 +46,6 @@ from pvegpu.model import (
     Via,
 )
 from pvegpu.sim.driver import Context, DriverModel
-
-from .record import field, record
 
 
 class FakeClock:
@@ -68,7 +68,7 @@ class FakeClock:
             fn(self.t)
 
 
-@record
+@dataclass
 class FakeProc:
     pid: int
     vmid: int | None  # None: a host process
@@ -329,8 +329,6 @@ class FdBackedProbe:
     processes, with the model's per-context gap and release latency (real time)."""
 
     def __init__(self, host: Any, mib_per_holder: int = 512, clock: Any = None) -> None:
-        from pvegpu.adapters.clock import SystemClock
-
         self.host = host
         self.mib = mib_per_holder
         self.model = DriverModel(clock or SystemClock(), self._alive, (0,))

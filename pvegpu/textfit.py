@@ -1,9 +1,12 @@
 """Human output that reads in 80 columns: wrapping that keeps a `quoted command` whole, and the telling part
-of a command line. Pure text in, text out (already escaped: this never unescapes anything); import-light, the
-``check`` command uses it on the start gate's path.
+of a command line. Pure text in, text out (already escaped: this never unescapes anything); the ``check`` command uses it on the
+start gate's path.
 """
 
 from __future__ import annotations
+
+import textwrap
+import unicodedata
 
 WIDTH = 80
 _KEEP = "\x00"  # stands for a space inside `...` while wrapping: an escaped text never holds a NUL
@@ -18,8 +21,6 @@ def columns(text: str) -> int:
     """The terminal columns ``text`` takes: wide and full-width characters (CJK) count 2, combining marks 0."""
     if text.isascii():
         return len(text)
-    import unicodedata  # only for non-ASCII text: the gate's usual path stays import-light
-
     return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
@@ -67,8 +68,6 @@ def fit(text: str, first: str = "", rest: str = "    ", width: int = WIDTH) -> l
     Breaks at spaces, never inside a `quoted command` unless that alone is wider than a line."""
     if not (text + first + rest).isascii():
         return [line.replace(_KEEP, " ") for line in _wrap(_protect(text), first, rest, width)] or [first.rstrip()]
-    import textwrap  # here: its re is no part of a JSON run's start-up
-
     lines = textwrap.wrap(_protect(text), width=width, initial_indent=first, subsequent_indent=rest,
                           break_on_hyphens=False, break_long_words=True) or [first.rstrip()]
     return [line.replace(_KEEP, " ") for line in lines]

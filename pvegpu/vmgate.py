@@ -16,28 +16,24 @@ equivalent: ``qm config VMID | grep hostpci``, ``lspci -k -s 41:00.0``, ``fuser 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
 from .errors import GpuQueryError, NotFoundError
+from .gate import GatePolicy, GatePorts
 from .holders import GpuFacts, inspect_gpus
 from .leftover import leftover
-from .model import GpuInfo, Holder, Place
+from .model import GpuInfo, GpuSample, Guest, Holder, Place
+from .ports import NodeFiles
 from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping, same_device
-from .record import field, record
 from .units import mib
-
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
-
-    from .gate import GatePolicy, GatePorts
-    from .model import Guest
-    from .ports import NodeFiles
 
 VFIO = "vfio-pci"
 NVIDIA = "nvidia"
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class VmDevice:
     """One PCI device a VM's ``hostpciN`` takes at start, with the driver bound to it now."""
 
@@ -69,7 +65,7 @@ def vm_devices(conf_text: str, mapping_text: str | None, node: str, files: NodeF
     return out, notes
 
 
-@record
+@dataclass
 class VmCheck:
     """The VM gate's verdict: the same shape as a container's (allow, reasons, fix), per device."""
 
@@ -198,8 +194,6 @@ def evaluate_vm(vmid: int, guest: Guest, ports: GatePorts, files: NodeFiles, pol
         gpu = next((g for g in gpus if same_device(d.bus_id, g.bus_id)), None)
         f = facts.get(gpu.minor) if gpu is not None else None
         if f is None and error is not None and d.driver == NVIDIA:
-            from .model import GpuSample
-
             f = GpuFacts(GpuInfo(-1, -1, "?", d.bus_id), GpuSample(-1, None, None, error))
         state = check_device(chk, d, gpu, f, policy)
         chk.devices.append({"key": d.key, "bus_id": d.bus_id, "mapping": d.mapping, "driver": d.driver, "state": state,

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import errors as E
 from .deadline import Deadline, deadline_in
 from .model import MIB, Guest, TaskResult, Via
 from .ports import Clock
-from .record import field, record
 from .safetext import escape
 
 MAX_LINES = 4096  # lines of guest output read per command (a tenant cannot make pvegpu parse more)
@@ -103,7 +103,7 @@ class VmApi(Protocol):
     def wait_task(self, node: str, upid: str, *, timeout: float, what: str) -> TaskResult: ...
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ExecResult:
     exitcode: int | None
     out: str
@@ -111,7 +111,7 @@ class ExecResult:
     signal: int | None = None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class GuestHolder:
     """A guest process holding a GPU, as the guest tells it (guest pids; the name is sanitised and escaped)."""
 
@@ -130,7 +130,7 @@ class GuestHolder:
                 "used_bytes": None if self.used_mib is None else self.used_mib * MIB}  # nvidia-smi counts whole MiB
 
 
-@record
+@dataclass
 class GuestView:
     """One look inside the guest: its GPUs' memory and who holds them."""
 

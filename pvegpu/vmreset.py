@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import errors as E
@@ -20,7 +21,6 @@ from .deadline import Deadline, deadline_in
 from .model import Guest, Step
 from .ports import Interrupted, Interrupts, NoInterrupts
 from .qemuconf import parse_hostpci
-from .record import field, record
 from .reset.interruption import interruption
 from .reset.poll import until
 from .reset.restart import HA_STUCK
@@ -45,7 +45,7 @@ class VmOutcome(enum.StrEnum):
         return self in (VmOutcome.CLEAN, VmOutcome.CLEAN_RESTART_FAILED)
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class VmPolicy:
     """``[reset]`` applied to a VM (``wiring.vm_policy``)."""
 
@@ -63,7 +63,7 @@ class VmPolicy:
     state_wait: float = 15.0
 
 
-@record
+@dataclass
 class VmReport:
     vmid: int
     node: str = ""

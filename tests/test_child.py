@@ -10,11 +10,12 @@ from tests.pvelike import kill_and_reap
 
 
 def test_the_answer_arrives_as_json_would_bring_it():
-    """Tuples as lists, enum members as their value, non-string keys as JSON writes them: the same data as the
-    JSON round trip the child used before (it now uses the built-in marshal: no json import in the gate)."""
+    """Tuples as lists, StrEnum members as their value (a plain str: marshal carries no subclass), non-string keys
+    as JSON writes them: the same data as a JSON round trip."""
     value = {"states": {0: GateState.CLEAN, 1: GateState.REFUSED}, "pids": (1, 2), True: None, "x": 1.5, "n": [{"a": ()}]}
     done, ans = call_in_child(lambda: value, 5)
     assert done and ans == {"ok": json.loads(json.dumps(value))}
+    assert type(ans["ok"]["states"]["0"]) is str
 
 
 def test_an_answer_that_cannot_be_carried_is_a_crash_not_a_hang():

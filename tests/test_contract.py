@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import random
 import subprocess
 import sys
 
 import jsonschema
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from pvegpu import contract
+from pvegpu.gate import GateState
 from pvegpu.sim import scenario as sc
 from tests import schemas
 from tests.pvelike import REPO
@@ -89,27 +89,18 @@ def test_audit_document_validates_and_speaks_the_one_vocabulary(demo):
     _aliases_agree(doc)
 
 
-_JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(), st.sampled_from(["\u2028", "\ud800", '"\\']))
-_JSON_ANY = st.recursive(_JSON_LEAF, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.tuples(inner), st.dictionaries(st.text(max_size=5), inner, max_size=4),
-    st.dictionaries(st.integers(), inner, max_size=2)), max_leaves=30)
+def test_dumps_writes_two_space_ascii_json_with_enum_members_as_their_values():
+    """The one writer: two-space indent, non-ASCII escaped, a StrEnum member as its value, a value JSON has no type
+    for as its str."""
+    doc = {"state": GateState.REFUSED, "name": "caf\u00e9", "path": pathlib.PurePosixPath("/x"), "n": [1, None], "e": {}}
+    assert contract.dumps(doc) == ('{\n  "state": "refused",\n  "name": "caf\\u00e9",\n  "path": "/x",\n'
+                                   '  "n": [\n    1,\n    null\n  ],\n  "e": {}\n}')
 
 
-@given(_JSON_ANY)
-def test_dumps_writes_what_json_dumps_with_indent_2_writes(value):
-    """Any value (NaN and infinities, tuples, int keys, lone surrogates, empty containers at any depth): the text
-    ``json.dumps(value, indent=2)`` gives."""
-    assert contract.dumps(value) == json.dumps(value, indent=2)
-
-
-def test_dumps_of_a_deep_and_a_real_audit_document_equals_json_dumps(demo):
-    """Nesting past the contract's depth bound, and the simulated node's audit document as printed: the same text."""
-    deep: object = 1
-    for _ in range(100):
-        deep = [deep, {"k": deep}] if _ % 10 == 0 else [deep]
-    assert contract.dumps(deep) == json.dumps(deep, indent=2)
+def test_the_audit_document_is_printed_by_the_one_writer(demo):
+    """The simulated node's audit document as printed is ``contract.dumps`` of itself."""
     r, doc = _pvegpu("--simulate", demo.root, "audit", "--json")
-    assert doc is not None and r.stdout.rstrip("\n") == json.dumps(doc, indent=2) == contract.dumps(doc)
+    assert doc is not None and r.stdout.rstrip("\n") == contract.dumps(doc)
 
 
 def test_reset_documents_validate_clean_and_dry_run(demo):

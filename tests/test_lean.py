@@ -1,5 +1,5 @@
-"""The lean core: ``@record`` classes behave as the dataclasses they replace, the gate's and the reset's start-up
-import no dataclasses/typer machinery, and ``pvegpu reset``'s light parser and its typer command read one table."""
+"""The lean core: the settings' field types, the reset's start-up imports no typer machinery, ``pvegpu reset``'s
+light parser and its typer command read one table, and the settings snapshot."""
 
 from __future__ import annotations
 
@@ -7,163 +7,32 @@ import dataclasses
 import json
 import marshal
 import os
-import pickle
 import subprocess
 import sys
 import time
 
 import pytest
 
-from pvegpu import record as R
 from pvegpu import resetcmd
 from pvegpu.errors import ConfigError
-from pvegpu.model import GpuSample, Holder, NvmlProcess, Place, Placement, ProcIdentity, ProcInfo, Step
 from pvegpu.settings import ResetSettings, Settings
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
 
 
-# -- @record ---------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class _DcFrozen:
-    pid: int
-    used_bytes: int | None
-    kind: str = "C"
-
-
-@dataclasses.dataclass
-class _DcMutable:
-    name: str
-    outcome: str
-    detail: dict = dataclasses.field(default_factory=dict)
-
-
-def test_a_frozen_record_is_a_frozen_dataclass():
-    """Same repr, equality, hash, match args, and assignment refused with an AttributeError, as the dataclass."""
-    a, d = NvmlProcess(7, 1024), _DcFrozen(7, 1024)
-    assert repr(a).replace("NvmlProcess", "X") == repr(d).replace("_DcFrozen", "X")
-    assert a == NvmlProcess(7, 1024, "C") and a != NvmlProcess(7, 1024, "G") and a != (7, 1024, "C")
-    assert hash(a) == hash(NvmlProcess(7, 1024)) and len({a, NvmlProcess(7, 1024)}) == 1
-    assert NvmlProcess.__match_args__ == ("pid", "used_bytes", "kind")
-    with pytest.raises(AttributeError):
-        a.pid = 8  # type: ignore[misc]
-    with pytest.raises(R.FrozenInstanceError):
-        del a.pid  # type: ignore[misc]
-
-
-def test_a_mutable_record_is_a_mutable_dataclass():
-    """Fresh default per instance from a factory, assignable, compared by value, unhashable."""
-    s, d = Step("stop", "ok"), _DcMutable("stop", "ok")
-    assert repr(s).replace("Step", "X") == repr(d).replace("_DcMutable", "X")
-    assert Step("a", "b").detail is not Step("a", "b").detail
-    s.outcome = "held"
-    assert s == Step("stop", "held") and s != Step("stop", "ok")
-    with pytest.raises(TypeError):
-        hash(s)
-
-
-def test_record_functions_and_dataclasses_functions_agree():
-    """``fields``/``replace``/``asdict`` of records, and the dataclasses functions given a record, give the same."""
-    info = ProcInfo(ProcIdentity(5, 99), "python", "S", Placement(Place.CONTAINER, 129), "/lxc/129/ns", 5)
-    h = Holder(info, frozenset({0}), frozenset({"fd"}))
-    assert [f.name for f in R.fields(ProcInfo)] == [f.name for f in dataclasses.fields(info)]
-    assert R.replace(info, comm="x") == dataclasses.replace(info, comm="x") != info
-    assert R.asdict(h) == dataclasses.asdict(h)
-    assert dataclasses.is_dataclass(info) and R.is_record(info) and not R.is_record(_DcFrozen(1, 2))
-    assert pickle.loads(pickle.dumps(h)) == h
-    assert GpuSample(0, None, None).known is False
-
-
 def test_settings_keep_their_field_types_for_coercion():
-    """The settings loader reads each field's annotation to coerce text (a record keeps them as written)."""
-    assert {f.name: f.type for f in R.fields(ResetSettings)}["rounds"] == "int"
-    assert R.fields(Settings)[3].default_factory is not None
+    """The settings loader reads each field's annotation to coerce text (a dataclass keeps them as written)."""
+    assert {f.name: f.type for f in dataclasses.fields(ResetSettings)}["rounds"] == "int"
+    assert dataclasses.fields(Settings)[3].default_factory is not dataclasses.MISSING
     with pytest.raises(TypeError):
-        R.fields(object())
-
-
-def test_record_refuses_a_required_field_after_a_default():
-    """As a dataclass: a field without a default after one with a default is a TypeError at class creation."""
-    with pytest.raises(TypeError):
-        @R.record
-        class Bad:
-            a: int = 1
-            b: int  # type: ignore[misc]
-
-
-def _build(frozen: bool):
-    """A record and the dataclass it stands for: a required field, a default and a factory."""
-    @R.record(frozen=frozen)
-    class Rec:
-        a: int
-        b: str = "x"
-        c: list = R.field(default_factory=list)
-
-    @dataclasses.dataclass(frozen=frozen)
-    class Dc:
-        a: int
-        b: str = "x"
-        c: list = dataclasses.field(default_factory=list)
-
-    return Rec, Dc
-
-
-_CALLS = [((), {}), ((1,), {}), ((1, "y"), {}), ((1, "y", [2]), {}), ((1, "y", [2], 3), {}), ((), {"a": 1}),
-          ((1,), {"a": 2}), ((1,), {"c": [3]}), ((), {"a": 1, "d": 4}), ((), {"b": "y"}), ((1, "y"), {"b": "z"})]
-
-
-@pytest.mark.parametrize("frozen", [False, True])
-@pytest.mark.parametrize("hot", [False, True])
-def test_record_init_takes_what_the_dataclass_init_takes(frozen, hot):
-    """Positional, keyword, missing, extra, unknown and doubled arguments: the record's __init__ (the generic one, and the
-    compiled one a hot class gets) gives the dataclass's fields, or raises TypeError where the dataclass does."""
-    Rec, Dc = _build(frozen)
-    if hot:
-        for _ in range(R.HOT_INITS):
-            Rec(0)
-        assert Rec.__init__.__code__.co_varnames[:4] == ("self", "a", "b", "c")  # the compiled one took its place
-    for args, kwargs in _CALLS:
-        try:
-            want = ("ok", dataclasses.astuple(Dc(*args, **kwargs)))
-        except TypeError:
-            want = ("TypeError",)
-        try:
-            got = ("ok", tuple(getattr(Rec(*args, **kwargs), n) for n in "abc"))
-        except TypeError:
-            got = ("TypeError",)
-        assert got == want, (args, kwargs)
-    assert Rec(1).c is not Rec(1).c
-
-
-def test_a_records_methods_are_not_compiled_until_it_is_hot():
-    """A class used a few times compiles nothing (no exec at a record's first use); its values still compare and show."""
-    Rec, _ = _build(True)
-    compiled = []
-    real = R._compile
-    R._compile = lambda *a: compiled.append(a) or real(*a)
-    try:
-        objs = [Rec(1, "y") for _ in range(R.HOT_INITS - 1)]
-        assert not compiled and objs[0] == objs[-1] and repr(objs[0]).endswith("Rec(a=1, b='y', c=[])")
-        Rec(2)
-        assert len(compiled) == 1
-    finally:
-        R._compile = real
+        dataclasses.fields(object())
 
 
 def _modules_after(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {REPO!r}); {code}; "
                           "print(' '.join(sys.modules))"], capture_output=True, text=True, cwd=REPO, timeout=60)
     return set(out.stdout.split())
-
-
-def test_the_gate_path_imports_no_dataclass_machinery():
-    """The hook, its settings and its real ports import neither dataclasses, inspect nor typing."""
-    mods = _modules_after("import pvegpu.hook, pvegpu.vmgate, pvegpu.adapters.procfs, pvegpu.adapters.etcpve, "
-                          "pvegpu.adapters.nvml_lite, pvegpu.adapters.locks, pvegpu.adapters.override, pvegpu.adapters.child")
-    assert "pvegpu.hook" in mods and not mods & {"dataclasses", "inspect", "typing", "tomllib"}
 
 
 def test_the_reset_path_imports_no_typer():
@@ -279,15 +148,16 @@ def _load(f, snap):
 
 
 @pytest.mark.root
-def test_a_root_run_writes_the_snapshot_and_the_next_reads_it_without_tomllib(conf):
-    """The first load parses and writes the snapshot; a fresh process then gets the same settings without tomllib."""
+def test_a_root_run_writes_the_snapshot_and_the_next_reads_it_without_parsing(conf):
+    """The first load parses and writes the snapshot; a fresh process then gets the same settings without parsing the TOML."""
     f, snap = conf
     first = _load(f, snap)
     assert os.stat(os.path.join(snap, "settings-other.snapshot")).st_uid == 0
-    code = (f"import sys; sys.path.insert(0, {REPO!r}); from pvegpu.adapters.settingsfile import load; "
-            f"s = load({str(f)!r}, env={{}}, snapshot_dir={snap!r}); print(s.reset.grace, s.gate.exclusive, 'tomllib' in sys.modules)")
+    code = (f"import sys; sys.path.insert(0, {REPO!r}); from pvegpu.adapters import settingsfile as sf; "
+            "sf._parse = lambda *a: sys.exit('parsed although a snapshot exists'); "
+            f"s = sf.load({str(f)!r}, env={{}}, snapshot_dir={snap!r}); print(s.reset.grace, s.gate.exclusive)")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["4.0", "(129,", "130)", "False"], out.stderr
+    assert out.stdout.split() == ["4.0", "(129,", "130)"], out.stderr
     assert first.reset.grace == 4.0 and first.gate.exclusive == (129, 130)
 
 

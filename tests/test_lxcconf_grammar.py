@@ -1,12 +1,7 @@
-"""The hand matchers of the config and cgroup grammar are exactly the regular expressions they replace (issue 20:
-the start gate imports no ``re``), and ``pvegpu.strenum.StrEnum`` behaves as ``enum.StrEnum`` where pvegpu uses it."""
+"""The hand matchers of the config and cgroup grammar are exactly the regular expressions they replace (issue 20)."""
 
 from __future__ import annotations
 
-import copy
-import enum
-import json
-import pickle
 import re
 import sys
 
@@ -15,8 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pvegpu import cgroup, lxcconf
-from pvegpu.adapters.child import plain
-from pvegpu.strenum import StrEnum
 
 # -- the patterns of release 19, the reference ------------------------------------------------------------------
 
@@ -97,58 +90,3 @@ def test_the_cgroup_matchers_are_the_patterns_of_release_19(text):
 def test_config_lines_as_pve_writes_them(line, want):
     """The lines PVE and admins write parse to their key and value; near misses parse to nothing."""
     assert (lxcconf._raw(line) or lxcconf._key(line)) == want
-
-
-# -- StrEnum ---------------------------------------------------------------------------------------------------
-
-class Light(StrEnum):
-    """pvegpu's."""
-
-    ON = "on"
-    OFF = "off"
-    ALSO_ON = "on"
-
-    def flipped(self) -> str:
-        return "off" if self == "on" else "on"
-
-
-class Real(enum.StrEnum):
-    """enum's."""
-
-    ON = "on"
-    OFF = "off"
-    ALSO_ON = "on"
-
-    def flipped(self) -> str:
-        return "off" if self == "on" else "on"
-
-
-@pytest.mark.parametrize("kind", [Light, Real], ids=["strenum", "enum"])
-def test_strenum_behaves_as_enums_strenum(kind):
-    """Members, lookup, iteration, str, format, repr, JSON, copy, pickle and marshal's plain form, as enum's."""
-    on = kind.ON
-    assert isinstance(on, kind) and isinstance(on, str) and on == "on" and hash(on) == hash("on")
-    assert kind("on") is on and kind(on) is on and kind.ALSO_ON is on
-    assert (on.name, on.value, str(on), f"{on}", f"{on:>4}", on.flipped()) == ("ON", "on", "on", "on", "  on", "off")
-    assert repr(on) == f"<{kind.__name__}.ON: 'on'>"
-    assert list(kind) == [kind.ON, kind.OFF] and len(kind) == 2 and kind.OFF in kind
-    assert json.dumps({"s": on}) == '{"s": "on"}' and plain([on]) == ["on"] and type(plain(on)) is str
-    assert copy.copy(on) is on and copy.deepcopy(on) is on and pickle.loads(pickle.dumps(on)) is on
-    with pytest.raises(ValueError):
-        kind("dim")
-    with pytest.raises(AttributeError):
-        kind.ON = "x"
-    with pytest.raises(TypeError):
-        class More(kind):  # type: ignore[misc, valid-type]
-            DIM = "dim"
-
-
-def test_the_gate_and_the_scan_import_neither_enum_nor_re(tmp_path):
-    """The start gate's modules and the scan's front door import no ``enum``, ``re`` or ``collections``."""
-    import subprocess
-
-    code = ("import sys; from pvegpu import hook, wiring, gate, holders; from pvegpu.adapters import etcpve, procfs, "
-            "nvml_lite, locks, scanpool, settingsfile; print(sorted({'enum', 're', 'collections'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}"],
-                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
-    assert out.strip() == "[]"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import _thread
-import json
 import threading
 import time
 
@@ -15,7 +14,6 @@ from pvegpu.adapters.procfs import ProcessScan, ProcHost
 from pvegpu.adapters.workers import Worker
 from pvegpu.audit import _health, _HealthAhead
 from pvegpu.holders import inspect_gpus
-from pvegpu.lightjson import loads
 from pvegpu.model import GpuInfo, GpuSample, Holding
 from pvegpu.testing import FakeClock, FakeHost, FakeProbe, FakeProc
 
@@ -89,16 +87,6 @@ def test_a_vmlist_nested_too_deeply_is_a_pve_error_not_a_traceback(tmp_path):
     (tmp_path / ".vmlist").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(PveApiError):
         EtcPve(str(tmp_path)).guests()
-
-
-def test_lightjson_reads_nesting_json_reads_and_refuses_what_it_refuses_far_from_the_limit():
-    """Well below the recursion limit lightjson reads what json.loads reads; far beyond it both raise RecursionError."""
-    text = "[" * 200 + "]" * 200
-    assert loads(text) == json.loads(text)
-    deep = "[" * 100_000 + "]" * 100_000
-    for fn in (loads, json.loads):
-        with pytest.raises(RecursionError):
-            fn(deep)
 
 
 class _Boom(ProcessScan):

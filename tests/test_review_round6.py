@@ -131,7 +131,6 @@ SCRIPT = textwrap.dedent("""
     import os, sys, time
     from pvegpu.adapters import procfs, scanpool
     from pvegpu.adapters.procfs import DeviceTable, ProcHost
-    procfs._MIN_SHARE = 5
     scanpool.MIN_PER_WORKER = 5
     parent = os.getpid()
     real = ProcHost._scan_watched

@@ -20,7 +20,6 @@ from pvegpu.testing import FakeClock, FakeHost, FakeProbe
 @pytest.fixture
 def small_shares(monkeypatch):
     """Shares of a few pids, so that a small tree is spread over workers."""
-    monkeypatch.setattr(procfs, "_MIN_SHARE", 5)
     monkeypatch.setattr(scanpool, "MIN_PER_WORKER", 5)
     monkeypatch.setattr(scanpool, "CHUNK", 3)
 

@@ -341,7 +341,6 @@ def test_describe_of_an_unreadable_cgroup_is_unknown_and_not_frozen(tmp_path):
 @pytest.fixture
 def small_shares(monkeypatch):
     """Shares of a few pids, so that this machine's few processes are spread over workers."""
-    monkeypatch.setattr(procfs, "_MIN_SHARE", 5)
     monkeypatch.setattr(scanpool, "MIN_PER_WORKER", 5)
 
 

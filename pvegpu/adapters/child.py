@@ -10,13 +10,10 @@ import marshal
 import os
 import select
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import PvegpuError
-
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
 
 
 def call_in_child(fn: Callable[[], Any], deadline: float) -> tuple[bool, dict[str, Any] | None]:
@@ -112,7 +109,7 @@ def _run_child(fn: Callable[[], Any], r: int, w: int) -> None:
             data = marshal.dumps({"crash": f"{type(exc).__name__}: {exc}"})
         _write_all(w, data)
         os.close(w)  # the answer is complete: the parent sees its end now, not when this process has exited (closing
-        # NVML's files at exit takes ~2 ms on the H200)
+        # NVML's files at exit takes a while)
     except BaseException:  # noqa: BLE001
         code = 1
     finally:
@@ -126,8 +123,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def plain(x: Any) -> Any:
-    """``x`` as JSON would carry it, in built-in types only, for ``marshal`` (built in: the start gate's child
-    imports no ``json``): str/int/float subclasses (enums) as their base type, tuples as lists, dict keys as JSON
+    """``x`` as JSON would carry it, in built-in types only, for ``marshal`` (which refuses subclasses of the built-in
+    types): str/int/float subclasses (``StrEnum`` members) as their base type, tuples as lists, dict keys as JSON
     writes them (``1`` -> ``"1"``, ``True`` -> ``"true"``, ``None`` -> ``"null"``). Anything else is a TypeError."""
     if x is None or type(x) in (bool, int, float, str):
         return x

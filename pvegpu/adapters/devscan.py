@@ -33,20 +33,17 @@ import stat
 import struct
 import sys
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from ..lxcconf import NVIDIA_MAJOR
 from ..model import CONTROL, Holding, Via
-from ..record import record
 from .procstat import kernel_thread, parse_stat, read_small
 
-TYPE_CHECKING = False  # typing is not imported at run time (start gate path)
-if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-    from typing import Any
-
 # start-end perms offset dev inode: file-backed lines only (inode 0 is anonymous memory, heap, stack). The pattern
-# rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+:[0-9a-f]+) ([1-9][0-9]*) " is matched by hand (``_file_line``): ``re``
-# and the ``enum`` it imports would cost the scan's early fork 3-8 ms; tests/test_scan_speed.py runs both on every line
+# rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+:[0-9a-f]+) ([1-9][0-9]*) " is matched by hand (``_file_line``) on the
+# fields the scan has split anyway; tests/test_scan_speed.py runs both on every line
 _HEX = b"0123456789abcdef"
 _SPACE = b"\t\n\x0b\x0c\r"  # bytes ``\S``: none of these (nor the space the line is split on)
 
@@ -250,7 +247,7 @@ class DeviceTable:
         return self.gpu_minor(rdev) if stat.S_ISCHR(mode) else None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ScanBudget:
     """What one process may cost the scan. Real CUDA jobs stay far below; a hostile tenant does not."""
 

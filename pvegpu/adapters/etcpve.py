@@ -9,17 +9,14 @@ PVE holds the config lock) and by reset/audit/install on the node. Manual equiva
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import NotFoundError, PveApiError
-from ..model import CtStatus, Guest
-
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
-
-    from ..model import TaskResult
+from ..lxcconf import parse_config
+from ..model import CtStatus, Guest, TaskResult
 
 
 def read_pve(root: str, relpath: str) -> str:
@@ -86,10 +83,8 @@ class EtcPve:
             return os.uname().nodename.split(".")[0]
 
     def _vmlist(self) -> dict[str, Any]:
-        from ..lightjson import loads  # json.loads without json's import (re, enum): not for where() with local_first
-
         try:
-            doc = loads(read_pve(self.root, ".vmlist"))
+            doc = json.loads(read_pve(self.root, ".vmlist"))
             if not isinstance(doc, dict):
                 raise ValueError(f"not a JSON object but {type(doc).__name__}")
             ids = doc.get("ids", {})
@@ -149,8 +144,6 @@ class EtcPve:
             return None
 
     def ct_status(self, guest: Guest) -> CtStatus:
-        from ..lxcconf import parse_config  # here: a reset imports this module before NVML's start, the grammar after it
-
         running = self.running(guest.vmid)
         lock = parse_config(self.ct_config(guest)).lock
         state = "unknown" if running is None else ("running" if running else "stopped")

@@ -25,12 +25,9 @@ import fcntl
 import os
 import stat
 import time
+from collections.abc import Callable
 
 from ..errors import BusyError, UsageError
-
-TYPE_CHECKING = False  # the start gate imports this module: nothing it does not need at run time
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 MAX_LOCK_FILE = 4096
 

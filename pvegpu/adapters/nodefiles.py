@@ -14,6 +14,7 @@ import os
 
 from ..errors import UsageError
 from .etcpve import read_pve_or_none
+from .storagecfg import read_storage
 
 CGROUP_TOPS = ("", "unified", "pids", "memory", "cpu", "systemd")  # v2 root, hybrid's unified, v1 hierarchies
 
@@ -41,8 +42,6 @@ class LocalNodeFiles:
         if self.snippets_dir is not None:
             return os.path.join(self.snippets_dir, name)
         try:
-            from .storagecfg import read_storage  # here: its re is no part of a container reset's start-up
-
             st = read_storage(self.pve_root, storage)
         except UsageError:
             return None
@@ -90,7 +89,7 @@ class LocalNodeFiles:
 def _populated(cg: str) -> bool:
     """Whether cgroup directory ``cg`` has a process anywhere below it."""
     try:
-        with open(os.path.join(cg, "cgroup.events"), encoding="utf-8") as f:  # utf-8: loaded at start-up (ascii's codec is a module)
+        with open(os.path.join(cg, "cgroup.events"), encoding="utf-8") as f:
             return any(line.split() == ["populated", "1"] for line in f)
     except FileNotFoundError:  # cgroup v1: no cgroup.events
         pass

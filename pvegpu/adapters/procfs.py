@@ -12,36 +12,36 @@ never decides anything: placement is parsed from the raw bytes, the init from ke
 from __future__ import annotations
 
 import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from ..cgroup import UNKNOWN, parse_cgroup
 from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult, Via
 from ..safetext import escape
+from . import scanpool
 from .devscan import BUDGET, UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors, stat_nosync
 from .procstat import PF_KTHREAD, Stat, kernel_thread, parse_stat, read_small, read_stat  # noqa: F401 - kernel_thread, PF_KTHREAD: re-exported
 
 STUCK = Via.STUCK  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
 
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate scans through this module
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-    from typing import Any, Protocol
 
-    from .scanpool import Split
+class Boundary(Protocol):
+    """Where containers begin and end on this node (a strategy passed to ProcHost)."""
 
-    class Boundary(Protocol):
-        """Where containers begin and end on this node (a strategy passed to ProcHost)."""
+    def place(self, pid: int, st: Stat) -> tuple[Placement, str]:
+        """The process's placement and the raw (unescaped) path or note that decided it."""
+        ...
 
-        def place(self, pid: int, st: Stat) -> tuple[Placement, str]:
-            """The process's placement and the raw (unescaped) path or note that decided it."""
-            ...
+    def view(self, pid: int, placement: Placement, nspid: list[int]) -> tuple[int | None, bool]:
+        """(pid inside the container's PID namespace, whether it is the container's own init)."""
+        ...
 
-        def view(self, pid: int, placement: Placement, nspid: list[int]) -> tuple[int | None, bool]:
-            """(pid inside the container's PID namespace, whether it is the container's own init)."""
-            ...
+    def members(self, vmid: int) -> Iterable[int]:
+        """Candidate pids of the container (ProcHost re-checks each by ``place``)."""
+        ...
 
-        def members(self, vmid: int) -> Iterable[int]:
-            """Candidate pids of the container (ProcHost re-checks each by ``place``)."""
-            ...
 
 __all__ = ["CgroupBoundary", "DeviceTable", "ProcHost", "ScanBudget", "control_majors", "parse_status"]
 
@@ -51,7 +51,6 @@ CMDLINE_READ = 4096  # bytes of /proc/<pid>/cmdline read (display only)
 CMDLINE_SHOWN = 512  # characters kept after escaping
 DEAD = ("Z", "X")
 CMDLINE_CACHE = 65_536  # identities whose command line one run keeps (bounded: a node of many short-lived processes)
-_MIN_SHARE = 600  # scanpool.MIN_PER_WORKER (not imported for a scan that stays serial: the gate's path)
 
 
 def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
@@ -295,7 +294,7 @@ class _Early:
 
     __slots__ = ("split", "deep", "started", "promised")
 
-    def __init__(self, split: Split, deep: bool, started: float) -> None:
+    def __init__(self, split: scanpool.Split, deep: bool, started: float) -> None:
         self.split, self.deep, self.started = split, deep, started
         self.promised = False  # ``prefetched()`` said the next whole-node reading takes it: it does, fresh or not
 
@@ -431,8 +430,6 @@ class ProcHost:
         A whole-node scan (``pids`` None) of many processes is spread over forked workers, one per core, with the
         same rules and the same answer (``scanpool``); a worker that fails has its share scanned here.
         """
-        import time
-
         if pids is None:  # a whole-node reading: the last one's descriptions go with it
             self._seen = {}
         if pids is None and self._early is not None:
@@ -482,14 +479,10 @@ class ProcHost:
         return self._holdings_of(None if pids is None else list(pids), deep)
 
     def _holdings_of(self, pids: list[int] | None, deep: bool) -> dict[int, Holding]:
-        import time
-
         todo = [p for p in (self.all_pids() if pids is None else pids) if p != self.self_pid]
         out: dict[int, Holding] = {}
         end = time.monotonic() + self.budget.total
-        if pids is None and self.workers != 1 and len(todo) >= 2 * _MIN_SHARE:
-            from . import scanpool
-
+        if pids is None and self.workers != 1 and len(todo) >= 2 * scanpool.MIN_PER_WORKER:
             n = scanpool.shares(len(todo), self.workers)
             if n > 1 and scanpool.forkable():
                 return scanpool.scan(self, todo, deep, end, n)
@@ -502,8 +495,6 @@ class ProcHost:
         """The next whole-node ``holdings(deep=deep)`` takes a prefetched scan (started, fresh, of that depth): from
         now on it is promised that reading, so that a second look read before it (``inspect_gpus``) is read while
         the workers scan, and its holdings and descriptions stand over theirs. False: that reading scans afresh."""
-        import time
-
         early = self._early
         if early is None or early.deep != deep or time.monotonic() - early.started > PREFETCH_FRESH:
             return False
@@ -517,15 +508,11 @@ class ProcHost:
         for every process already running now (``inspect_gpus`` looks again at NVML-listed pids it lacks). Taken
         by the next whole-node ``holdings()`` within ``PREFETCH_FRESH`` s (later: discarded, scanned again);
         ``cancel_prefetch()`` when none will come."""
-        import time
-
         if self._early is not None or self.workers == 1:
             return
         todo = [p for p in self.all_pids() if p != self.self_pid]
-        if len(todo) < 2 * _MIN_SHARE:
+        if len(todo) < 2 * scanpool.MIN_PER_WORKER:
             return
-        from . import scanpool
-
         n = scanpool.shares(len(todo), self.workers)
         if n > 1 and scanpool.forkable():
             started = time.monotonic()
@@ -541,11 +528,7 @@ class ProcHost:
         self._seen, self._looked = {}, None
         if early is not None:
             early.cancel()
-        import sys
-
-        pool = sys.modules.get(f"{__package__}.scanpool")  # loaded only by a process that split a scan
-        if pool is not None:
-            pool.reap_exited()
+        scanpool.reap_exited()
 
     def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float,
                       stop: Callable[[int], bool] | None = None) -> int:
@@ -553,8 +536,6 @@ class ProcHost:
         point, ``scanpool.Split``); returns where to go on (past a stuck process, where it stopped, or the end). The
         scan runs in a ``workers.Worker``; a process whose reading raised (a bug, never a tenant's doing) is unreadable,
         what its fds had proved kept, and the scan goes on past it (``PVEGPU_DEBUG=1``: raised here instead)."""
-        import time
-
         from .workers import Worker
 
         found: dict[int, Holding] = {}
@@ -690,9 +671,7 @@ class ProcHost:
                 return SignalResult.MOVED
             if info.is_ct_init or info.pid == self.self_pid:
                 return SignalResult.REFUSED
-            import _signal  # type: ignore[import-not-found]  # signal's C core: no enum import before the first signal
-
-            _signal.pidfd_send_signal(pidfd, sig)  # to the whole thread group, even with its leader gone
+            signal.pidfd_send_signal(pidfd, sig)  # to the whole thread group, even with its leader gone
             return SignalResult.SENT
         except ProcessLookupError:
             return SignalResult.GONE

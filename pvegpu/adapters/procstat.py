@@ -8,52 +8,19 @@ An adapter (the core never reads ``/proc``); a leaf with no pvegpu imports.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate reads /proc through this module
-if TYPE_CHECKING:
-    from typing import NamedTuple
 
-    class Stat(NamedTuple):
-        """The fields pvegpu uses; ``comm`` is raw (unescaped) bytes: escape before showing it."""
+class Stat(NamedTuple):
+    """The fields pvegpu uses; ``comm`` is raw (unescaped) bytes: escape before showing it."""
 
-        comm: bytes
-        state: str  # R S D Z T t X I ...
-        ppid: int  # field 4
-        pgid: int  # field 5 (process group id)
-        sid: int  # field 6 (session id)
-        threads: int  # field 20 (num_threads)
-        start_ticks: int  # field 22 (starttime, clock ticks after boot)
-else:
-    from _operator import itemgetter as _item  # the C module: no operator.py
-
-    class Stat(tuple):
-        """``namedtuple("Stat", "comm state ppid pgid sid threads start_ticks")`` without ``collections``."""
-
-        __slots__ = ()
-        _fields = ("comm", "state", "ppid", "pgid", "sid", "threads", "start_ticks")
-
-        def __new__(cls, comm, state, ppid, pgid, sid, threads, start_ticks):
-            return tuple.__new__(cls, (comm, state, ppid, pgid, sid, threads, start_ticks))
-
-        def __repr__(self):
-            return "Stat(" + ", ".join(f"{k}={v!r}" for k, v in zip(self._fields, self)) + ")"
-
-        def __getnewargs__(self):  # copy and pickle: the seven fields, as a namedtuple gives them
-            return tuple(self)
-
-        __match_args__ = _fields
-
-        @classmethod
-        def _make(cls, fields):
-            return cls(*fields)
-
-        def _replace(self, **kw):
-            return type(self)(*(kw.pop(k, v) for k, v in zip(self._fields, self)))
-
-        def _asdict(self):
-            return dict(zip(self._fields, self))
-
-        comm, state, ppid, pgid, sid, threads, start_ticks = (property(_item(i)) for i in range(7))  # C getters, as namedtuple's
+    comm: bytes
+    state: str  # R S D Z T t X I ...
+    ppid: int  # field 4
+    pgid: int  # field 5 (process group id)
+    sid: int  # field 6 (session id)
+    threads: int  # field 20 (num_threads)
+    start_ticks: int  # field 22 (starttime, clock ticks after boot)
 
 
 def parse_stat(data: bytes | str) -> Stat | None:

@@ -12,8 +12,18 @@ import errno
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+from proxmoxer import AuthenticationError, ProxmoxAPI, ResourceException
+from requests.adapters import HTTPAdapter
+from requests.exceptions import ChunkedEncodingError, ReadTimeout
+from requests.utils import get_environ_proxies
+from urllib3.exceptions import HTTPError as Urllib3Error
+from urllib3.exceptions import ReadTimeoutError
 
 from ..errors import ConfigError, NotFoundError, PveApiError, PveNoAnswer
 from ..model import CtStatus, Guest, TaskResult
@@ -21,7 +31,9 @@ from ..ports import Clock
 from ..safetext import escape
 from ..settings import ApiSettings
 from . import answers
+from .clock import SystemClock
 from .pvesh import MAX_DEPTH, PveshError, PveshSession, too_deep
+from .tasks import wait_task
 
 
 def read_token(path: str) -> str:
@@ -63,8 +75,6 @@ def connect(cfg: ApiSettings, backend: str, task_timeout: float | None = None) -
 
     Local: reads are bounded by ``cfg.timeout``, stop/start (synchronous under pvesh) by ``task_timeout``.
     """
-    from proxmoxer import ProxmoxAPI
-
     if backend == "local":
         api = ProxmoxAPI(backend="local", timeout=cfg.timeout)
         api._store["session"] = PveshSession(cfg.timeout, task_timeout)
@@ -100,13 +110,6 @@ MAX_ANSWER = 32 * 1024 * 1024  # bytes of one API answer (the biggest real one, 
 def _bounded_adapter() -> Any:
     """An HTTPAdapter whose answers are bounded in total time and size, not just per socket read: a server that
     drips its answer a byte at a time, or sends gigabytes, costs at most ``timeout`` (twice) and 32 MiB."""
-    import time
-
-    from requests.adapters import HTTPAdapter
-    from requests.exceptions import ChunkedEncodingError, ConnectionError, ReadTimeout
-    from urllib3.exceptions import HTTPError as Urllib3Error
-    from urllib3.exceptions import ReadTimeoutError
-
     class Bounded(HTTPAdapter):
         def send(self, request: Any, stream: bool = False, timeout: Any = None, verify: Any = True, cert: Any = None,
                  proxies: Any = None) -> Any:
@@ -129,7 +132,7 @@ def _bounded_adapter() -> Any:
                 raise ChunkedEncodingError(f"answer cut off: {type(exc).__name__}: {exc}") from None
             except OSError as exc:
                 resp.close()
-                if isinstance(exc, (ChunkedEncodingError, ReadTimeout, ConnectionError)):
+                if isinstance(exc, (ChunkedEncodingError, ReadTimeout, requests.exceptions.ConnectionError)):
                     raise
                 raise ChunkedEncodingError(f"answer cut off: {type(exc).__name__}: {exc}") from None
             except BaseException:
@@ -149,9 +152,6 @@ def _pin(api: Any, fp: str) -> None:
     (and so the token header) is sent, whatever URL form proxmoxer built for the host (``[::1]``, ``host:port``).
 
     A proxy from the environment would get a connection the pin never sees, so pinning refuses one."""
-    from requests.adapters import HTTPAdapter
-    from requests.utils import get_environ_proxies
-
     session = api._store["session"]
     base = api._store["base_url"]
     proxy = get_environ_proxies(base) or session.proxies
@@ -187,8 +187,6 @@ _TLS_HINT = ("set api.verify to the node's CA file (copy /etc/pve/pve-root-ca.pe
 
 def _transport(exc: Exception, target: str, timeout: float | None) -> tuple[str, str]:
     """(cause, hint) for a requests/urllib3 error, by kind: the hint matches the cause."""
-    import requests
-
     text = str(exc)
     secs = f"{timeout:g} s" if timeout else "api.timeout"
     if "Fingerprints did not match" in text:
@@ -221,8 +219,6 @@ def _transport(exc: Exception, target: str, timeout: float | None) -> tuple[str,
 def _maybe_sent(exc: Exception) -> bool:
     """Could the request have reached PVE? Not when the connection was never made (refused, DNS, connect
     timeout, TLS); yes when the answer did not come (read timeout, connection dropped)."""
-    import requests
-
     text = str(exc)
     if isinstance(exc, (requests.exceptions.ConnectTimeout, requests.exceptions.SSLError)) or "CERTIFICATE_VERIFY_FAILED" in text:
         return False
@@ -253,16 +249,12 @@ class ProxmoxerPve:
         base = str(getattr(self.api, "_store", {}).get("base_url", ""))
         if not base:
             return "pvesh"
-        from urllib.parse import urlsplit
-
         u = urlsplit(base)
         return f"{u.hostname}:{u.port or 8006}"
 
     def _call(self, what: str, fn: Callable[[], Any], check: Callable[[Any], Any] | None = None) -> Any:
         """Run one API call and check the answer's shape (``check``, from answers.py); every failure is a
         PveApiError (a missing CA file: ConfigError) naming ``what``."""
-        from proxmoxer import AuthenticationError, ResourceException
-
         try:
             answer = fn()
         except ResourceException as exc:
@@ -364,9 +356,6 @@ class ProxmoxerPve:
 
     def wait_task(self, node: str, upid: str, *, timeout: float, what: str, clock: Clock | None = None, progress: Any = None) -> TaskResult:
         """``pvesh get /nodes/<node>/tasks/<upid>/status`` until it stops (bounded); TaskFailed/TaskTimeout with the log tail."""
-        from .clock import SystemClock
-        from .tasks import wait_task
-
         return wait_task(lambda: self.task_status(node, upid), lambda: self.task_log(node, upid), clock or SystemClock(),
                          node=node, upid=upid, timeout=timeout, what=what, progress=progress)
 

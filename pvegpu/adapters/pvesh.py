@@ -21,9 +21,12 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ..record import record
+from ..contract import dumps
+from ..safetext import escape
+from .stdlog import logger
 
 PVESH = "pvesh"
 EXIT_GRACE = 0.5  # seconds a pipe may stay open after pvesh exited (a lingering child of it)
@@ -65,7 +68,7 @@ class PveshError(Exception):
         self.unanswered = unanswered  # pvesh was killed at its deadline: what it asked for may still happen
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Finished:
     """What a bounded child left: its output, its exit status (None when killed at the deadline)."""
 
@@ -223,11 +226,8 @@ class PveshSession:
         answer = _answer(_decode(done.stdout, "output", call), call, task)
         if err:
             _warn(call, err)
-        return Response(json.dumps(answer), 200, 0)
+        return Response(dumps(answer), 200, 0)
 
 
 def _warn(call: str, err: str) -> None:
-    from ..safetext import escape
-    from .stdlog import logger
-
     logger().warning("pvesh %s wrote to stderr (its answer is used): %s", call, escape(err.replace("\n", " | "), 500))

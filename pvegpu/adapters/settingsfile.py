@@ -1,13 +1,12 @@
 """Reading the settings: the file (``/etc/pvegpu/pvegpu.toml``, ``--config``, ``PVEGPU_CONFIG``), the environment,
-and the snapshot that spares the start gate ``tomllib``.
+and the snapshot of the parsed file that the start gate reads instead of parsing it again.
 
 The rules live in ``pvegpu/settings.py`` (``build``); this module only gets their inputs. The file must be a
 regular file of sane size (a FIFO, a device or an endless file would hang the start gate before its deadline
 starts counting), owned by root or the user running pvegpu, and not writable by group or others: whoever can
 write it can turn the gate off (``gate.on_unknown = "allow"``).
 
-**Snapshot**: the parsed TOML in ``marshal`` form (built in: the start gate imports neither ``tomllib`` nor
-``json``) in ``/run/pvegpu/settings.snapshot`` for the default file (``/etc/pvegpu/pvegpu.toml``, the one the
+**Snapshot**: the parsed TOML in ``marshal`` form in ``/run/pvegpu/settings.snapshot`` for the default file (``/etc/pvegpu/pvegpu.toml``, the one the
 hookscript reads) and in ``/run/pvegpu/settings-other.snapshot`` for the
 latest other one (``--config``, ``PVEGPU_CONFIG``), written by a pvegpu run as root (``hook install``, the gate
 itself, any command) after it parsed the file, and used instead of parsing only while the path is the same and
@@ -21,17 +20,16 @@ is parsed, as without it. Manual equivalent: ``python3 -c 'import tomllib; print
 
 from __future__ import annotations
 
+import marshal
 import os
 import stat
 import time
+import tomllib
+from collections.abc import Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from ..settings import DEFAULT_PATH, Settings, build
-
-TYPE_CHECKING = False  # the start gate imports this module: nothing it does not need at run time
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any
 
 MAX_FILE = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is not one
 SNAPSHOT_DIR = "/run/pvegpu"
@@ -90,8 +88,6 @@ def snapshot_name(path: str) -> str:
 
 def read_snapshot(snapshot_dir: str, path: str, ident: list[int]) -> dict[str, Any] | None:
     """The parsed file's data from a trustworthy snapshot of this very file, or None (then the TOML is parsed)."""
-    import marshal
-
     try:
         if not _root_only(os.stat(snapshot_dir, follow_symlinks=False), directory=True):
             return None
@@ -123,8 +119,6 @@ def write_snapshot(snapshot_dir: str, path: str, ident: list[int], data: dict[st
     """Write the snapshot (root only; atomically: a new file, then rename). False when it was not written: it is
     a cache, and the next run parses the TOML again. ``read_ns``: the wall time when the file was opened and
     stat'ed (before its content was read); the racy margin counts from it, not from now (a slow parse)."""
-    import marshal
-
     if os.geteuid() != 0 or read_ns - max(ident[3], ident[4]) < RACY_NS:
         return False
     if not _toml_plain(data):  # a TOML date or time: no snapshot (the TOML is parsed each time)
@@ -155,8 +149,6 @@ def write_snapshot(snapshot_dir: str, path: str, ident: list[int], data: dict[st
 
 
 def _parse(raw: bytes, path: str, problems: list[str]) -> dict[str, Any] | None:
-    import tomllib  # only when there is a file and no snapshot of it: the start gate pays for what it uses
-
     try:
         return tomllib.loads(raw.decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..record import record
 from .etcpve import read_pve
 
 # A storage's content types when storage.cfg has no `content` line: the plugin's default
@@ -14,7 +14,7 @@ DEFAULT_CONTENT = {"dir": ["images", "rootdir"], "btrfs": ["images", "rootdir"],
                    "glusterfs": ["images"], "cephfs": ["backup"]}
 
 
-@record
+@dataclass
 class Storage:
     name: str
     path: str

@@ -17,15 +17,14 @@ Manual equivalent: ``stat -c '%U %a' DIR``, then ``mv -T tmp DIR/pvegpu.prom``.
 from __future__ import annotations
 
 import os
+import pwd
 import stat
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from ..errors import UsageError
+from ..prom import parse_last_success, render
 from .safefile import read_regular, write_atomic
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping
-    from typing import Any
 
 EXPORTER_USERS = ("prometheus", "node-exporter", "node_exporter")  # Debian/Ubuntu's, and upstream's usual names
 MAX_PREVIOUS = 4 * 1024 * 1024  # bytes of the previous textfile read back (it is a few KiB)
@@ -35,8 +34,6 @@ HINT = "node_exporter's --collector.textfile.directory: owned by root or the exp
 
 def exporter_uids() -> frozenset[int]:
     """uids of the usual node_exporter service users present on this node."""
-    import pwd
-
     out = set()
     for name in EXPORTER_USERS:
         try:
@@ -98,8 +95,6 @@ def write_at(dirfd: int, name: str, data: bytes) -> None:
 
 def write_textfile(path: str, doc: Mapping[str, Any], owners: Collection[int] | None = None) -> None:
     """``pvegpu audit --prometheus PATH``: the audit as a textfile, written as described above."""
-    from ..prom import parse_last_success, render
-
     if not path.endswith(".prom"):
         raise UsageError(f"--prometheus {path}: node_exporter reads only files ending in .prom", "e.g. /var/lib/prometheus/node-exporter/pvegpu.prom")
     directory, name = os.path.split(os.path.abspath(path))

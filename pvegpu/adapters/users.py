@@ -6,22 +6,16 @@ which usually has no passwd entry: then there is no name, and the number is show
 
 from __future__ import annotations
 
+import functools
 import pwd
 
 from ..safetext import escape
 
-_CACHE_MAX = 4096  # uids remembered per run (a node's holders have a handful; a run never grows past this)
-_names: dict[int, str | None] = {}  # a dict, not functools.lru_cache: functools is ~1 ms of the audit's start-up
 
-
+@functools.lru_cache(maxsize=4096)  # uids remembered per run (a node's holders have a handful)
 def user_name(uid: int) -> str | None:
     """The host's name for ``uid`` (escaped), or None when the host has none (each uid looked up once per run)."""
-    if uid in _names:
-        return _names[uid]
     try:
-        name: str | None = escape(pwd.getpwuid(uid).pw_name, 64)
+        return escape(pwd.getpwuid(uid).pw_name, 64)
     except (KeyError, OverflowError, ValueError):
-        name = None
-    if len(_names) < _CACHE_MAX:
-        _names[uid] = name
-    return name
+        return None

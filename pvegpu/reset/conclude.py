@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .. import errors as E
 from ..holders import GpuFacts
-from ..record import record
 from .report import ResetOutcome
 from .results import Verified
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Conclusion:
     outcome: ResetOutcome
     exit_code: int

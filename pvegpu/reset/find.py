@@ -9,12 +9,9 @@ from __future__ import annotations
 from .. import errors as E
 from ..holders import GpuFacts
 from ..locate import locate
+from .run import ResetRun
 from .targets import describe, planned_action
 from .vocab import Diagnosis, Kind, StepName, StepOutcome
-
-TYPE_CHECKING = False  # types only: a phase acts on the run it is handed (``run.ResetRun``), not its module
-if TYPE_CHECKING:
-    from .run import ResetRun
 
 
 def find(run: ResetRun) -> dict[int, GpuFacts]:

@@ -7,23 +7,20 @@ passes. The deadline is checked after every read, so a slow read cannot hide it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
 from .. import errors as E
 from ..model import CtStatus
-from ..record import record
 from .poll import until
+from .run import ResetRun
 from .vocab import CtState
 
-TYPE_CHECKING = False  # types only: a phase acts on the run it is handed (``run.ResetRun``), not its module
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import TypeVar
-
-    from .run import ResetRun
-
-    T = TypeVar("T")
+T = TypeVar("T")
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Reading:
     """One read of ``status/current``: the status (None: the read failed, ``error`` says why) and when it ended."""
 

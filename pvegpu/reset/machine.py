@@ -9,6 +9,8 @@ sleeping, and one overall deadline (``ResetPolicy.budget``) bounds every loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..holders import GpuFacts
 from ..model import MIB, Step
 from ..ports import Interrupted
@@ -16,14 +18,11 @@ from .conclude import Conclusion, conclude
 from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, foreign_leftover, restart_would_not_help
 from .find import find, note_earlier, plan
 from .report import Ports, ResetPolicy, ResetReport
+from .restart import interrupted, restart
 from .results import Ended, Verified
 from .run import ResetRun
 from .stop import stop_and_verify
 from .vocab import StepName, StepOutcome
-
-TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 
 def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None,
@@ -41,8 +40,6 @@ def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step]
     except Interrupted as exc:
         if not run.ct.stop_requested:
             raise
-        from .restart import interrupted  # the restart phase (and its waits) is imported only when a reset needs it
-
         interrupted(run, exc.signame, abandoned=True)
         signal_exit = exc.exit_code
     finally:
@@ -50,8 +47,6 @@ def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step]
     ct = run.ct
     got = ports.interrupts.received()
     if got and signal_exit is None and ct.stop_requested:
-        from .restart import interrupted
-
         interrupted(run, got[0], abandoned=False)
         signal_exit = got[1]
     if ct.stop_requested and ct.ct_state == "running" and not ct.left_stopped:
@@ -80,8 +75,6 @@ def _reset(run: ResetRun) -> Ended:
     stopped = stop_and_verify(run, facts)
     facts, verdict = stopped.facts, stopped.verdict
     if verdict is Verified.NOT_CLEAN and may_restart(run):
-        from .restart import restart
-
         restarted = restart(run, facts)
         facts, verdict = restarted.facts, restarted.verdict or verdict
     return finish(run, facts, verdict)

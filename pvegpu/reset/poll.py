@@ -6,15 +6,13 @@ right after the signals (for the holders to go, for the memory to come back) pac
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
-    from ..ports import Clock
+from ..ports import Clock
 
-    R = TypeVar("R")
-    T = TypeVar("T")
+R = TypeVar("R")
+T = TypeVar("T")
 
 
 def until(read: Callable[[], R], judge: Callable[[R], T | None], *, expired: Callable[[], bool], pause: Callable[[], None],

@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
 from .. import errors as E
 from ..holders import GpuFacts
 from ..leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
 from ..model import MIB, Step
 from ..ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
-from ..record import field, record
 from ..settings import ResetSettings
 from .vocab import Diagnosis, Respawn
-
-TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
-if TYPE_CHECKING:
-    from enum import StrEnum
-    from typing import Any
-else:
-    from ..strenum import StrEnum  # enum's StrEnum without the enum module at import
 
 _D = ResetSettings()  # the one source of defaults
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class ResetPolicy:
     """How hard and how long ``pvegpu reset`` tries (``[reset]`` in the settings, ``--timeout``/``--grace``).
     ``wiring.reset_policy`` derives it from the settings; its defaults are the settings' defaults."""
@@ -80,7 +76,7 @@ class ResetOutcome(StrEnum):
         return self.value
 
 
-@record
+@dataclass
 class ResetReport:
     vmid: int
     node: str = ""
@@ -106,7 +102,7 @@ class ResetReport:
     elapsed: float = 0.0
 
 
-@record
+@dataclass
 class Ports:
     pve: PveApi
     probe: GpuProbe

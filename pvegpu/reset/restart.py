@@ -13,12 +13,9 @@ from ..holders import GpuFacts
 from .follow import Reading, follow
 from .interruption import interruption
 from .results import RestartResult
+from .run import ResetRun
 from .verify import Verified, verify
 from .vocab import CtState, Diagnosis, Kind, StepName, StepOutcome
-
-TYPE_CHECKING = False  # types only: a phase acts on the run it is handed (``run.ResetRun``), not its module
-if TYPE_CHECKING:
-    from .run import ResetRun
 
 STATE_POLL = 0.5  # seconds between status reads while finding out the CT's state
 SETTLE_POLL = 0.2  # seconds between status reads while a started CT settles

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from ..holders import GpuFacts
-from ..record import field, record
-from .vocab import CtState
+from dataclasses import dataclass, field
+from enum import StrEnum
 
-TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
-if TYPE_CHECKING:
-    from enum import StrEnum
-else:
-    from ..strenum import StrEnum  # enum's StrEnum without the enum module at import
+from ..holders import GpuFacts
+from .vocab import CtState
 
 
 class Verified(StrEnum):
@@ -22,7 +18,7 @@ class Verified(StrEnum):
     HOLDERS = "holders"  # payload holders (re)appeared: signal them first
 
 
-@record
+@dataclass
 class CtTrack:
     """Where the restart phase has taken the CT so far. Kept as the phase goes (a signal may end the run at any
     step, and the interruption report needs it); the report copies it once, at the end."""
@@ -35,7 +31,7 @@ class CtTrack:
     pve_error: int | None = None  # exit code of a failed restart step
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class StopResult:
     """The stop phase: the last reading and its verdict (HOLDERS never leaves it)."""
 
@@ -43,7 +39,7 @@ class StopResult:
     verdict: Verified
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class RestartResult:
     """The restart phase: the last reading, and the verdict taken while the CT was stopped (None: no stop took
     effect, the stop phase's verdict stands)."""
@@ -52,7 +48,7 @@ class RestartResult:
     verdict: Verified | None = None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Ended:
     """How the phases ended, for ``conclude``: the verdict (None: dry run, or ended before one) and the last facts
     (the whole host's when not clean)."""

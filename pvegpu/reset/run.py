@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 from ..deadline import Deadline
 from ..holders import FirstReading, GpuFacts, inspect_gpus
 from ..leftover import baseline, leftover
 from ..locate import Located
 from ..model import MIB, Guest, SignalResult, Step
 from ..ports import Clock
-from ..record import replace
 from .poll import Pace
 from .report import Ports, ResetPolicy, ResetReport
 from .results import CtTrack
 from .targets import Targets, targets
 from .vocab import CtState, StepName, StepOutcome
-
-TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 GONE = ("GPU is lost", "GPU not found", "GPU requires reset")  # NVML errors a GPU does not recover from by itself
 

@@ -6,18 +6,15 @@ again for whatever a supervisor starts in its place. Signals go through pidfds (
 
 from __future__ import annotations
 
-import _signal as signal  # type: ignore[import-not-found]  # signal's C core: the module adds enum to a reset's start-up
+import signal
 
 from ..holders import GpuFacts
 from ..model import SIGNAL_NAMES, Holder, ProcIdentity, SignalResult
 from .results import StopResult
+from .run import ResetRun
 from .targets import STOPPED, KillNow, Targets, describe, kill_now_why
 from .verify import Verified, verify
 from .vocab import Respawn, StepName, StepOutcome
-
-TYPE_CHECKING = False  # types only: a phase acts on the run it is handed (``run.ResetRun``), not its module
-if TYPE_CHECKING:
-    from .run import ResetRun
 
 
 def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> StopResult:

@@ -11,16 +11,12 @@ container's init nor pvegpu itself.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
 from ..holders import GpuFacts
 from ..model import Holder
-from ..record import field, record
-
-TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-    from enum import StrEnum
-else:
-    from ..strenum import StrEnum  # enum's StrEnum without the enum module at import
 
 STOPPED = "T"  # stopped by job control (SIGSTOP, Ctrl-Z): signals other than SIGKILL stay pending until SIGCONT
 TRACED = "t"  # stopped by a tracer (a debugger): SIGCONT does not resume it, only the tracer or SIGKILL can
@@ -68,7 +64,7 @@ def spared_why(h: Holder, self_pid: int) -> Spared | None:
     return None
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Targets:
     """One reading's decision: who gets which signal, and who is spared (each holder once per GPU it holds)."""
 

@@ -6,15 +6,12 @@ the container is listed and ``nvidia-smi -q -d MEMORY`` shows the memory free.
 
 from __future__ import annotations
 
+from ..deadline import Deadline
 from ..holders import GpuFacts
 from ..leftover import LeftoverRule, leftover
 from .results import Verified
+from .run import ResetRun
 from .vocab import StepName, StepOutcome
-
-TYPE_CHECKING = False  # types only: a phase acts on the run it is handed (``run.ResetRun``), not its module
-if TYPE_CHECKING:
-    from ..deadline import Deadline
-    from .run import ResetRun
 
 
 def own_leftover_gone(facts: GpuFacts, rule: LeftoverRule) -> bool:

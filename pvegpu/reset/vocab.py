@@ -3,14 +3,9 @@ the outcomes steps report. Tests assert these; the wording is the humans' (teste
 
 from __future__ import annotations
 
-from ..record import record
-
-TYPE_CHECKING = False  # typing is not imported at run time: a reset's start-up pays for every import
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-    from enum import StrEnum
-else:
-    from ..strenum import StrEnum  # enum's StrEnum without the enum module at import
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
 
 
 class Kind(StrEnum):
@@ -46,7 +41,7 @@ class Kind(StrEnum):
         return self is Kind.NEIGHBOUR
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Diagnosis:
     """One line of a reset's diagnosis: its kind, the problem (or, for information, the fact) and what to do.
     Unpacks as ``(problem, action)``, as the pairs it replaces did."""
@@ -115,7 +110,7 @@ class StepOutcome(StrEnum):
     LEFT_STOPPED = "left stopped"
 
 
-@record(frozen=True)
+@dataclass(frozen=True)
 class Respawn:
     """A holder that appeared after a signal round, with the parent that started it."""
 

@@ -25,13 +25,10 @@ Time comes from the ``Clock`` port, so tests drive it with a fake clock.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from ..model import MIB, GpuInfo, GpuSample, NvmlProcess
-from ..record import field, record
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from ..ports import Clock
+from ..ports import Clock
 
 GAP_BASE = int(3.0 * MIB)  # measured: 8.8 MiB with one context = 3.0 + 5.8
 GAP_PER_CONTEXT = int(5.8 * MIB)  # measured: 187.9 MiB with 32 contexts
@@ -40,7 +37,7 @@ RELEASE_LATENCY = 0.15  # seconds from the last holder's death to the memory's r
 Ident = tuple[int, int]  # (pid, start ticks): a process that cannot be confused with a later one
 
 
-@record
+@dataclass
 class Context:
     """One CUDA context: the owner NVML lists, the processes whose fds/mappings keep it alive."""
 

@@ -5,6 +5,7 @@ Run as ``python -m pvegpu.sim.init STATE_DIR VMID`` in a new session; the sessio
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -28,8 +29,6 @@ def _spawn(state: SimState, w: dict[str, object]) -> int:
 
 def _subreaper() -> None:
     """Orphans of the container re-parent to its init, as they do to PID 1 of a container's PID namespace."""
-    import ctypes
-
     try:
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):

@@ -16,15 +16,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from ..adapters.clock import SystemClock
 from ..adapters.procstat import read_stat
 from ..errors import GpuQueryError
 from ..model import MIB, GpuHealth, GpuInfo, GpuSample
+from ..ports import Clock
 from .driver import Context, DriverModel
 from .state import SimState
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from ..ports import Clock
 
 
 def proc_alive(pid: int, start: int) -> bool:
@@ -40,8 +38,6 @@ class SimNvml:
     dead is kept in its file (``CLOCK_MONOTONIC`` is one clock for every process of the host)."""
 
     def __init__(self, state: SimState, clock: Clock | None = None) -> None:
-        from ..adapters.clock import SystemClock
-
         self.state = state
         self.clock: Clock = clock or SystemClock()
         self.failed: list[str] = []

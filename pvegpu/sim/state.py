@@ -8,13 +8,15 @@ import os
 import tempfile
 from typing import Any
 
+from ..contract import dumps
+
 
 def write_json(path: str, data: Any) -> None:
     """Atomic write (other processes read these files while we write)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
+        f.write(dumps(data))
     os.replace(tmp, path)
 
 
