@@ -9,12 +9,12 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = {"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771}
 CT = {"vmid": 129, "name": "llm129", "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 2048}]}
-WATCHED = ("logging", "traceback", "pvegpu.reset.restart", "pvegpu.reset.follow", "typer", "structlog")
+WATCHED = ("logging", "pvegpu.reset.restart", "pvegpu.reset.follow", "structlog")
 
 
 def _imported(*argv: str) -> tuple[int, set[str]]:
     """Run pvegpu with ``argv`` in a fresh interpreter: its exit code and which of WATCHED it imported."""
-    code = ("import sys; from pvegpu.frontdoor import main; sys.argv = ['pvegpu', *sys.argv[1:]]; rc = main(); "
+    code = ("import sys; from pvegpu.__main__ import run; rc = run(sys.argv[1:]); "
             f"print(rc, *[m for m in {WATCHED!r} if m in sys.modules], file=sys.stderr)")
     p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO, timeout=120)
     words = p.stderr.strip().splitlines()[-1].split()
@@ -29,7 +29,7 @@ def test_a_clean_reset_imports_no_logging_and_no_restart_phase(sim_node):
 
 
 def test_a_dry_run_imports_no_logging(sim_node):
-    """`reset --dry-run --json`: no logging, no restart phase, no typer, no structlog."""
+    """`reset --dry-run --json`: no logging, no restart phase, no structlog."""
     node = sim_node({"node": "pve-sim", "gpus": [GPU], "containers": [CT]})
     rc, mods = _imported("--simulate", node.root, "reset", "129", "--dry-run", "--json")
     assert rc == 0 and mods == set()
@@ -63,7 +63,7 @@ def test_an_adapter_warning_when_logging_was_imported_first_is_a_warning_line_to
 
 def test_the_node_paths_import_no_threading():
     """The modules a reset and an audit on a node use (NVML's warm-up, bounded reads, the /proc scan) leave threading out."""
-    mods = ("pvegpu.frontdoor pvegpu.resetcmd pvegpu.auditcmd pvegpu.wiring pvegpu.reset pvegpu.render pvegpu.audit pvegpu.logs "
+    mods = ("pvegpu.__main__ pvegpu.resetcmd pvegpu.auditcmd pvegpu.wiring pvegpu.reset pvegpu.render pvegpu.audit pvegpu.logs "
             "pvegpu.adapters.bounded pvegpu.adapters.nvml_warm pvegpu.adapters.nvml_lite pvegpu.adapters.procfs "
             "pvegpu.adapters.scanpool pvegpu.adapters.locks pvegpu.adapters.etcpve pvegpu.adapters.nodefiles").split()
     code = f"import sys; sys.path.insert(0, {REPO!r}); import {', '.join(mods)}; print('threading' in sys.modules, len(sys.modules))"
