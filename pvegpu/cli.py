@@ -106,7 +106,7 @@ class _HookGroup(_Group):
             if any(a in ctx.help_option_names for a in args):
                 typer.echo(ctx.get_help())
                 ctx.exit(0)
-            if args[0].strip().isdigit():
+            if args[0][:1].isdigit():  # as __main__.is_hook_call tells PVE's call
                 raise E.UsageError("`pvegpu hook VMID PHASE` is how PVE runs the guard: it takes no options", hook.HOOK_HINT)
         return super().resolve_command(ctx, args)
 
@@ -142,7 +142,7 @@ def _global(
                                         help="act on the simulated node in DIR (`pvegpu sim create DIR`), never this node"),
     version: bool = typer.Option(False, "--version", is_eager=True, callback=_version, help="print the version and exit"),
 ) -> None:
-    """Global options stand before the command: `pvegpu --config FILE reset 129`."""
+    """The global options, kept for every command (``_opts``)."""
     ctx.obj = wiring.GlobalOptions(config, simulate)
 
 
