@@ -21,7 +21,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-AUDIT_IMPORTS = ("import pvegpu.frontdoor, pvegpu.auditcmd, pvegpu.wiring, pvegpu.audit, pvegpu.render_audit, "
+AUDIT_IMPORTS = ("import pvegpu.cli, pvegpu.auditcmd, pvegpu.wiring, pvegpu.audit, pvegpu.render_audit, "
                  "pvegpu.adapters.procfs, pvegpu.adapters.nodefiles, pvegpu.adapters.etcpve, pvegpu.adapters.users, "
                  "pvegpu.adapters.bounded, pvegpu.adapters.scanpool, pvegpu.adapters.clock, pvegpu.adapters.nvml_lite")
 
@@ -33,7 +33,6 @@ def cases(py: str) -> dict[str, list[str]]:
         "`python -c pass` (site, as the entry point starts)": [py, "-c", "pass"],
         "+ the audit path's pvegpu imports": [py, "-c", pre + AUDIT_IMPORTS],
         "+ nvidia-ml-py (`import pynvml`: what `pvegpu audit` imported before round 4)": [py, "-c", pre + AUDIT_IMPORTS + ", pynvml"],
-        "+ typer (what `pvegpu audit` imported before its own parser)": [py, "-c", pre + AUDIT_IMPORTS + ", pynvml, typer, pvegpu.cli"],
         "`pvegpu audit --json`, not a PVE node (exit 3 before NVML)": [py, "-c", pre + "import sys; from pvegpu.__main__ import main; "
                                                                         "sys.argv = ['pvegpu', 'audit', '--json']; main()"],
     }

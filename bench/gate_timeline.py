@@ -27,8 +27,8 @@ from tests import pvelike  # noqa: E402
 
 # (file, anchor, mark, after): a mark is put before (or after) the first line holding the anchor
 MARKS = [
-    ("pvegpu/__main__.py", "from .frontdoor import main as front", "P main", False),
-    ("pvegpu/__main__.py", "os._exit(code)  # all output", "P exit", False),
+    ("pvegpu/__main__.py", "        if is_hook_call(argv):", "P main", False),
+    ("pvegpu/__main__.py", "    os._exit(code)", "P exit", False),
     ("pvegpu/hook.py", "child = start_check(vmid, opts) if args[1]", "P fork", False),
     ("pvegpu/hook.py", "child = start_check(vmid, opts) if args[1]", "P forked", True),
     ("pvegpu/hook.py", "return _pre_start(vmid, s, child, out, err)", "P settings", False),

@@ -31,11 +31,11 @@ from tests.pvelike import etc_pve  # noqa: E402
 
 VMID = 129
 MARKS = [
-    ("pvegpu/__main__.py", "from .frontdoor import main as front", "main", False),
-    ("pvegpu/__main__.py", "os._exit(code)  # all output", "exit", False),
-    ("pvegpu/frontdoor.py", "    argv = sys.argv[1:] if argv is None else argv", "frontdoor", False),
-    ("pvegpu/resetcmd.py", "    values = parse(args)", "resetcmd", False),
-    ("pvegpu/resetcmd.py", "    s = wiring.settings(opts, overrides(values))", "settings", True),
+    ("pvegpu/__main__.py", "        if is_hook_call(argv):", "main", False),
+    ("pvegpu/__main__.py", "    os._exit(code)", "exit", False),
+    ("pvegpu/cli.py", "        return int(app(args=args", "typer", False),
+    ("pvegpu/cli.py", "    s = wiring.settings(_opts(ctx), {\"reset.restart\"", "parsed", False),
+    ("pvegpu/cli.py", "    raise typer.Exit(do_reset(s, check_vmid(vmid)", "settings", False),
     ("pvegpu/resetcmd.py", "    world = wiring.world(s", "world", True),
     ("pvegpu/resetcmd.py", "    guest = world.pve.where(vmid)", "located", True),
     ("pvegpu/resetcmd.py", "        world.warm_up()", "warm", True),

@@ -66,7 +66,7 @@ def pvegpu_cases(tree: str, conf: str, sim: str) -> dict[str, list[str]]:
     snap = os.path.join(os.path.dirname(conf), "snapshot")
     return {
         "gate: guard pre-start, default file (snapshot)": [PY, "-I", "-S", "-c", GUARD_DEFAULT, tree, conf, snap, "hook", "129", "pre-start"],
-        "gate: guard pre-start, --config FILE (TOML)": [*light, "--config", conf, "hook", "129", "pre-start"],
+        "gate: guard pre-start, PVEGPU_CONFIG=FILE (TOML)": ["env", f"PVEGPU_CONFIG={conf}", *light, "hook", "129", "pre-start"],
         "check 129 (python -m pvegpu), no GPU": [*mod, "--config", conf, "check", "129"],
         "reset 129 --json, not a PVE node": [*mod, "reset", "129", "--json"],
         "reset 129 --dry-run --json (simulated)": [*mod, "--simulate", sim, "reset", "129", "--dry-run", "--json"],

@@ -5,8 +5,8 @@ Run by ``packaging/build-deb`` with the package's own interpreter::
     python3 packaging/clidoc.py man OUT.1 [README.md]
     python3 packaging/clidoc.py completion OUT
 
-``check`` and ``hook VMID PHASE`` never reach typer (the front door sends them down the gate's light path), so
-their arguments are added here; every other command, argument and option comes from the click tree.
+Every command, argument and option comes from the click tree, the global options from the app's callback; only
+``hook VMID PHASE`` (PVE's call of the guard, read from argv before typer) is added here.
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-GLOBAL = [("--config", "FILE", "settings file (default /etc/pvegpu/pvegpu.toml, or PVEGPU_CONFIG)"),
-          ("--simulate", "DIR", "run the command against the simulated node in DIR (never the real node)"),
-          ("--version", None, "print the version and exit"),
-          ("-h, --help", None, "show the help of the command and exit")]
+HELP = ("-h, --help", None, "show the help of the command and exit")
 PHASES = ["pre-start", "post-start", "pre-stop", "post-stop"]
 SKIP = {"--install-completion", "--show-completion", "--help", "-h"}
 
@@ -61,7 +58,8 @@ def commands() -> Cmd:
             if getattr(p, "hidden", False):
                 continue
             if p.param_type_name == "argument":
-                out.args.append(p.metavar or p.name.upper())
+                name = p.metavar or p.name.upper()
+                out.args.append((name if p.required else f"[{name}]") + ("..." if p.nargs != 1 else ""))
             else:
                 names = [o for o in p.opts + list(getattr(p, "secondary_opts", [])) if o not in SKIP]
                 if names:
@@ -71,16 +69,15 @@ def commands() -> Cmd:
                 out.subcommands.append(walk(sub, path + [name]))
         return out
 
-    tree = walk(root, ["pvegpu"])
-    tree.options = []  # the global options are the front door's (GLOBAL), not typer's callback
+    tree = walk(root, ["pvegpu"])  # its options: the global ones (the app's callback)
     for c in tree.subcommands:
-        if c.path[-1] == "check":  # the light path: `pvegpu check VMID [--json] [--wide]` (as `check --help` says)
-            c.args, c.options = ["VMID"], [("--json", None, "print the decision as JSON (errors too)"),
-                                           ("--wide, -v", None, "the decision as one line, as the task log shows it "
-                                                                "(default: 80 columns)")]
         if c.path[-1] == "hook":  # as PVE calls it
             c.args = ["VMID", "PHASE"]
     return tree
+
+
+def global_options(tree: Cmd) -> list[tuple[str, str | None, str]]:
+    return tree.options + [HELP]
 
 
 def all_commands(tree: Cmd) -> list[Cmd]:
@@ -117,9 +114,9 @@ def man(version: str, readme: str | None = None, date: str | None = None) -> str
            ".SH NAME", "pvegpu \\- verified GPU memory reclaim, start gate and audit for Proxmox VE guests",
            ".SH SYNOPSIS", ".B pvegpu", "[\\fIGLOBAL OPTIONS\\fR] \\fICOMMAND\\fR [\\fIARGS\\fR]...",
            ".SH DESCRIPTION", _roff(tree.help.split(" Global options")[0]),
-           "Full documentation: /usr/share/doc/pvegpu/README.md.gz and /usr/share/doc/pvegpu/docs/.",
-           ".SH GLOBAL OPTIONS", "Accepted anywhere on the line, for every command."]
-    for names, meta, text in GLOBAL:
+            "Full documentation: /usr/share/doc/pvegpu/README.md.gz and /usr/share/doc/pvegpu/docs/.",
+            ".SH GLOBAL OPTIONS", "Given before the command, e.g. \\fBpvegpu \\-\\-config\\fR \\fIFILE\\fR \\fBreset 129\\fR."]
+    for names, meta, text in global_options(tree):
         out += [".TP", f"\\fB{_roff(names)}\\fR" + (f" \\fI{meta}\\fR" if meta else ""), _roff(text)]
     out.append(".SH COMMANDS")
     for c in all_commands(tree):
@@ -154,8 +151,8 @@ def completion() -> str:
     cmds = all_commands(tree)
     top = " ".join(c.path[-1] for c in tree.subcommands)
     groups = " ".join(c.path[-1] for c in tree.subcommands if c.subcommands)  # hook, sim: their next word is a subcommand
-    glob_opts = " ".join(n for names, _m, _t in GLOBAL for n in names.split(", "))
-    glob_val = "|".join(n for names, m, _t in GLOBAL if m for n in names.split(", "))
+    glob_opts = " ".join(n for names, _m, _t in global_options(tree) for n in names.split(", "))
+    glob_val = "|".join(n for names, m, _t in global_options(tree) if m for n in names.split(", "))
     # every option that takes a value (global or a command's): its value is no command word
     vals = "|".join(dict.fromkeys([glob_val] + [n for c in cmds for names, m, _t in c.options if m for n in names.split(", ")]))
     lines = ["# bash completion for pvegpu (generated from the CLI by packaging/clidoc.py; VMIDs from /etc/pve/.vmlist,",
@@ -186,7 +183,7 @@ def completion() -> str:
               '        "hook "[0-9]*) [ "$nargs" = 0 ] && COMPREPLY=($(compgen -W "' + " ".join(PHASES) + '" -- "$cur")); return 0 ;;',
               "    esac",
               '    for w in $valopts; do [ "$prev" = "$w" ] && { COMPREPLY=($(compgen -f -- "$cur")); return 0; }; done',
-              f'    case "$prev" in {vals}) return 0 ;; esac  # a number, a storage name: nothing to offer\n    if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$opts ' + glob_opts + '" -- "$cur")); return 0; fi',
+              f'    case "$prev" in {vals}) return 0 ;; esac  # a number, a storage name: nothing to offer\n    if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$opts --help" -- "$cur")); return 0; fi',
               '    if [ "$cmd" = hook ] && [ -z "$sub" ]; then',
               '        COMPREPLY=($(compgen -W "' + " ".join(s.path[-1] for c in cmds if c.path[-1] == "hook" for s in c.subcommands) +
               ' $(_pvegpu_vmids "$sim")" -- "$cur")); return 0',

@@ -2,7 +2,7 @@
 
 Errors render themselves (click's model): ``exc.render()`` gives the ``Error: ...`` / ``Hint: ...`` lines,
 ``exc.to_json()`` the ``--json`` object, ``exc.inline()`` one line for a PVE task log, and ``exc.show(err, out)``
-prints them as every command does; the CLI, the front door and the hook all go through these, and exit with
+prints them as every command does; the CLI (``cli.main``), ``__main__`` and the hook all go through these, and exit with
 ``exit_code``. Library code never calls ``sys.exit``.
 """
 
@@ -153,6 +153,12 @@ class GpuQueryError(PvegpuError):
     """NVML could not be read: the answer is unknown, never zero."""
 
     exit_code = EXIT_GPU_UNKNOWN
+
+
+def internal(exc: BaseException) -> PvegpuError:
+    """An exception nothing expected, as the one line a user sees (``PVEGPU_DEBUG=1`` shows the traceback instead)."""
+    return PvegpuError(f"internal error: {type(exc).__name__}: {exc}",
+                       "please report it with the command line; PVEGPU_DEBUG=1 shows the traceback")
 
 
 def render(exc: PvegpuError, prefix: str = "") -> str:

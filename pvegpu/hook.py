@@ -1,60 +1,45 @@
-"""``pvegpu check VMID`` and ``pvegpu hook VMID PHASE``: the start gate's commands, on the light path.
+"""The start gate's two ways in: ``pvegpu hook VMID PHASE`` (the hookscript) and ``pvegpu check VMID``.
 
 PVE runs a guest's hookscript as ``<script> <vmid> <phase>`` with ``PATH=/sbin:/bin:/usr/sbin:/usr/bin``,
 ``LC_ALL=C``, stdin ``/dev/null``, no timeout, while it holds the container's config lock; a non-zero
-``pre-start`` aborts the start. So this module imports no typer, rich, proxmoxer or structlog, never calls
-the API or ``pct``, and bounds the check with ``gate.deadline`` (it runs in a forked child). ``check`` and
-the hook's ``pre-start`` are one code path: the same parse rules, the same bounded check, the same decision.
+``pre-start`` aborts the start. ``__main__`` hands those two words here straight from ``argv`` (PVE's calling
+convention, not a command line): this module imports no typer, rich, proxmoxer or structlog, never calls the API
+or ``pct``, and bounds the check with ``gate.deadline`` (it runs in a forked child). Its settings come from
+``PVEGPU_CONFIG`` (or ``/etc/pvegpu/pvegpu.toml``) and the ``PVEGPU_*`` variables; a simulated node's start passes
+its directory as ``PVEGPU_SIMULATE`` (``pvegpu/sim/pve.py``). ``pvegpu check`` (typer, ``pvegpu/cli.py``) runs
+the same code path as the hook's ``pre-start``: the same bounded check, the same decision.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any, TextIO
 
 from . import errors as E
 from . import wiring
+from .adapters.child import Child
+from .adapters.override import pending, take
+from .contract import check_error_document, document, dumps
+from .gate import evaluate, paragraph
 from .locate import check_vmid
+from .reset import reset
+from .textfit import fit
+from .vmgate import vm_verdict
 
-TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
-if TYPE_CHECKING:  # the check itself (gate, holders, adapters) is imported in its forked child, beside NVML's start
-    from typing import Any, TextIO
-
-    from .adapters.child import Child
+if TYPE_CHECKING:
     from .adapters.nvml_warm import NvmlWarmup
     from .settings import Settings
 
 PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
-
-CHECK_USAGE = """Usage: pvegpu [--config FILE] check VMID [--json] [--wide]
-
-  May container VMID start now? The start gate's decision, exactly as the hookscript makes it.
-  Exit 0: yes; 10: refused (the reason and the fix are printed); 2, 3, 5: see README 'Exit codes'.
-
-Options:
-  --json        print the decision as JSON (errors too)
-  --wide, -v    the decision as one line, as the task log shows it (default: 80 columns)
-  --config FILE settings file (default /etc/pvegpu/pvegpu.toml, or PVEGPU_CONFIG)
-  -h, --help    show this message"""
-
-HOOK_USAGE = """Usage: pvegpu [--config FILE] hook VMID PHASE
-
-  The hookscript entry, as PVE calls it (`pvegpu-guard VMID PHASE`). PHASE is one of
-  pre-start, post-start, pre-stop, post-stop. pre-start refuses a start (exit 10, reason on stderr,
-  so it lands in the task log) while the container's GPUs hold leftover memory; post-stop reports
-  leftovers (and reclaims them with gate.post_stop_reclaim); the other phases exit 0 at once.
-
-  Also: pvegpu hook install | uninstall | status | allow-once (see `pvegpu hook --help`)."""
+HOOK_HINT = ("PVE runs the guard as `pvegpu-guard VMID PHASE`, no options: settings come from PVEGPU_CONFIG "
+             "(default /etc/pvegpu/pvegpu.toml), a simulated node from PVEGPU_SIMULATE; `pvegpu check VMID` asks the same")
 
 
 def _verdict(vmid: int, s: Settings, warm: NvmlWarmup | None = None) -> dict[str, Any]:
     """The check as plain data, so it can cross the pipe from the bounded child."""
-    from .gate import evaluate, paragraph
-
     ports = wiring.gate_ports(s, warm)
     guest = ports.pve.where(vmid)
-    if guest is not None and guest.type == "qemu":  # a VM: pvegpu/vmgate.py (imported for VMs only)
-        from .vmgate import vm_verdict
-
+    if guest is not None and guest.type == "qemu":  # a VM: pvegpu/vmgate.py
         vm = vm_verdict(vmid, ports, wiring.gate_policy(s), lambda: wiring.gate_files(s))
         if vm is not None:
             return vm
@@ -64,8 +49,8 @@ def _verdict(vmid: int, s: Settings, warm: NvmlWarmup | None = None) -> dict[str
 
 def start_check(vmid: int, opts: wiring.GlobalOptions) -> Child:
     """The check, started now in a forked child, before this process reads its settings: the child starts NVML
-    in a thread at once (``adapters/nvml_warm.py``), beside its own imports, settings, ``/etc/pve`` and ``/proc``
-    reads; ``gate.deadline`` counts from this fork (``collect``). The same settings are read on both sides."""
+    in a thread at once (``adapters/nvml_warm.py``), beside its own settings, ``/etc/pve`` and ``/proc`` reads;
+    ``gate.deadline`` counts from this fork (``collect``). The same settings are read on both sides."""
     def check() -> dict[str, Any]:
         warm = wiring.warm_nvml(opts.simulate)
         return _verdict(vmid, wiring.settings(opts), warm)
@@ -75,8 +60,6 @@ def start_check(vmid: int, opts: wiring.GlobalOptions) -> Child:
 
 def _fork(fn: Any) -> Child:
     """``Child(fn)``; no process or pipe left for it (EAGAIN, EMFILE) is a PvegpuError: the gate fails closed."""
-    from .adapters.child import Child
-
     try:
         return Child(fn)
     except OSError as exc:
@@ -102,19 +85,12 @@ def bounded_verdict(vmid: int, s: Settings) -> dict[str, Any]:
     return collect(_fork(lambda: _verdict(vmid, s)), s)
 
 
-def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: TextIO) -> int:
-    """``pvegpu check VMID [--json]``."""
-    if any(a in ("-h", "--help") for a in args):
-        print(CHECK_USAGE, file=out)
-        return E.EXIT_OK
-    json_out = "--json" in args
-    wide = any(a in ("--wide", "-v", "--verbose") for a in args)
+def check(vmid_text: str, opts: wiring.GlobalOptions, *, json_out: bool, wide: bool, out: TextIO, err: TextIO) -> int:
+    """``pvegpu check VMID [--json] [--wide]`` (its line parsed by typer): the hook's pre-start check, said to a
+    person (80 columns, or one line with ``wide``) or as a ``pvegpu-check`` document."""
     vmid: int | None = None
     try:
-        words = [a for a in args if a not in ("--json", "--wide", "-v", "--verbose")]
-        if len(words) != 1 or words[0].startswith("-"):
-            raise E.UsageError("usage: pvegpu check VMID [--json] [--wide]", "e.g. `pvegpu check 129`; `pvegpu check --help`")
-        vmid = check_vmid(words[0])
+        vmid = check_vmid(vmid_text)
         child = start_check(vmid, opts)
         try:
             s = wiring.settings(opts)
@@ -124,24 +100,14 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         v = collect(child, s)
     except E.PvegpuError as exc:
         if json_out:  # the JSON consumer gets JSON (a check that says allow: false); the person watching still gets the message
-            import json
-
-            from .contract import check_error_document
-
-            print(json.dumps(check_error_document(exc, vmid), indent=2), file=out)
+            print(dumps(check_error_document(exc, vmid)), file=out)
         return exc.show(err)
-    from .adapters.override import pending
-
     note = None
     if not v["allow"] and pending(s.gate.override_dir, vmid, s.gate.override_ttl):  # what the hook will do differs: say so
         note = f"pvegpu: note: an allow-once token is waiting: the next start of CT {vmid} passes the gate once anyway"
         v["json"]["allow_once_pending"] = True
     if json_out:
-        import json
-
-        from .contract import document
-
-        print(json.dumps(document("check", {**v["json"], "error": None}), indent=2), file=out)
+        print(dumps(document("check", {**v["json"], "error": None})), file=out)
     else:
         print("\n".join([v["text"]] + [note] * bool(note)) if wide else decision_text(v, vmid, note), file=out)
     return E.EXIT_OK if v["allow"] else E.EXIT_REFUSED
@@ -149,8 +115,6 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
 
 def decision_text(v: dict[str, Any], vmid: int, note: str | None = None) -> str:
     """The check's decision in 80 columns: a head line, then each reason and each fix as an item of its own."""
-    from .textfit import fit
-
     doc = v["json"]
     kind = "VM" if v.get("kind") == "qemu" else "CT"
     reasons, fixes = [str(r) for r in doc.get("reasons", [])], [str(f) for f in doc.get("fix", [])]
@@ -170,14 +134,12 @@ def decision_text(v: dict[str, Any], vmid: int, note: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def hook_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: TextIO) -> int:
+def hook_command(args: list[str], out: TextIO, err: TextIO) -> int:
     """``pvegpu hook VMID PHASE``: what PVE sees. Only ``pre-start`` can refuse (fail closed)."""
-    if any(a in ("-h", "--help") for a in args):
-        print(HOOK_USAGE, file=out)
-        return E.EXIT_OK
+    opts = wiring.GlobalOptions()  # PVE passes no options: PVEGPU_CONFIG and the PVEGPU_* variables say the rest
     try:
         if len(args) != 2:
-            raise E.UsageError("usage: pvegpu hook VMID PHASE", "PVE calls it as `<script> <vmid> <phase>`; `pvegpu hook --help`")
+            raise E.UsageError("usage: pvegpu hook VMID PHASE", HOOK_HINT)
         if args[1] not in PHASES:
             raise E.UsageError(f"unknown hook phase '{args[1]}'", f"PVE calls hookscripts with one of: {', '.join(PHASES)}")
         vmid = check_vmid(args[0])
@@ -207,8 +169,6 @@ def hook_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err: 
 
 
 def _pre_start(vmid: int, s: Settings, child: Child, out: TextIO, err: TextIO) -> int:
-    from .adapters.override import take
-
     own = wiring.own_start(s, vmid)
     if own:  # the reset's lock would refuse any other start; this one is the reset's own restart
         print(f"pvegpu: this start of CT {vmid} is the restart of pvegpu reset ({own}): its lock lets it through; "
@@ -256,8 +216,6 @@ def _post_stop(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
 
 
 def _reclaim(vmid: int, s: Settings) -> str:
-    from .reset import reset
-
     try:
         with wiring.ct_lock(s, vmid, wait=0), wiring.world(s).reset_ports() as ports:
             outcome = reset(vmid, ports, wiring.post_stop_policy(s)).outcome
@@ -266,8 +224,6 @@ def _reclaim(vmid: int, s: Settings) -> str:
         return f"not done: {exc.message}"
 
 
-def main(args: list[str], opts: wiring.GlobalOptions) -> int:
-    """Entry from the front door for ``check ...`` and ``hook VMID PHASE``."""
-    if args[0] == "check":
-        return check_command(args[1:], opts, sys.stdout, sys.stderr)
-    return hook_command(args[1:], opts, sys.stdout, sys.stderr)
+def main(args: list[str]) -> int:
+    """``pvegpu hook VMID PHASE``, from ``__main__``: ``args`` are the words after ``hook``."""
+    return hook_command(args, sys.stdout, sys.stderr)

@@ -1,119 +1,22 @@
-"""``pvegpu reset``: its one option table, the light parser the front door uses, and the reset entry point.
-
-``pvegpu reset`` does not pay for typer (which imports pydantic and rich: ~110 ms): the front door parses its
-arguments here, from ``OPTIONS``, the one table that also builds the typer command (``cli.reset_cmd``), so
-``pvegpu reset --help`` and this parser cannot disagree. Anything this parser is not sure of (``--help``, an
-unknown option, a missing or bad value, ``--``) goes to typer, which says what is wrong exactly as before.
-Both ways end in ``run``.
+"""``pvegpu reset``'s run: the guest located once, a container's or a VM's reset under the signal handlers, the
+report printed. Its command line is parsed by typer (``cli.reset_cmd``), which calls ``do_reset``.
 """
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # signal's C core: the module adds enums (enum: ~2-5 ms of start-up)
+import signal
 import sys
+from typing import Any
 
 from . import contract, wiring
 from . import errors as E
-from .locate import check_vmid
+from .logs import configure
 from .model import SIGNAL_NAMES
-from .record import record
-from .settings import ResetSettings
-
-TYPE_CHECKING = False  # typing is not imported at run time
-if TYPE_CHECKING:
-    from typing import Any
-
-_R = ResetSettings()
-
-
-@record(frozen=True)
-class Opt:
-    """One option of ``pvegpu reset``: a flag, or one taking seconds; ``setting`` is the settings key it overrides."""
-
-    dest: str  # the parameter's name (typer) and the key of ``parse``'s answer
-    decls: tuple[str, ...]  # as typed: "--dry-run", or ("-v", "--verbose")
-    help: str
-    kind: str = "flag"  # flag | seconds
-    setting: str = ""  # "reset.timeout"; a flag with a setting sets it False (--no-restart: reset.restart = false)
-    metavar: str = ""
-
-
-ARGUMENT = ("vmid", "VMID", "container id, e.g. 129, or a VM's (reset inside the guest)")
-OPTIONS = (
-    Opt("dry_run", ("--dry-run",), "show what would be signalled and why; signal nothing"),
-    Opt("no_restart", ("--no-restart",), "never restart the container through the API", setting="reset.restart"),
-    Opt("timeout", ("--timeout",), f"wait for the memory to come back (reset.timeout, default {_R.timeout:g})", "seconds",
-        "reset.timeout", "SECONDS"),
-    Opt("grace", ("--grace",), f"between SIGTERM and SIGKILL (reset.grace, default {_R.grace:g})", "seconds", "reset.grace", "SECONDS"),
-    Opt("settle", ("--settle",), f"clean must hold this long (reset.settle, default {_R.settle:g})", "seconds", "reset.settle", "SECONDS"),
-    Opt("json_out", ("--json",), "print the report as JSON (with -v, every event as a JSON line on stderr)"),
-    Opt("verbose", ("-v", "--verbose"), "log every event (structlog)"),
-)
-HELP = ("Stop every process of the container that holds its GPUs, verify with NVML that the memory is back,\n"
-        "    and restart the container through the API if it is not. A VM: the same inside the guest, through its guest agent.")
-
-
-def parse(args: list[str]) -> dict[str, Any] | None:
-    """``reset``'s arguments as ``{dest: value}`` (flags False, seconds None when not given), or None when this
-    parser is not sure (help, an unknown option, a bad or missing value, ``--``, not exactly one VMID): typer decides."""
-    from .lightargs import scan
-
-    got = scan(args, {d: o for o in OPTIONS for d in o.decls})
-    if got is None or len(got[1]) != 1:
-        return None
-    values: dict[str, Any] = {o.dest: (False if o.kind == "flag" else None) for o in OPTIONS}
-    for opt, text in got[0]:
-        if text is None:
-            values[opt.dest] = True
-            continue
-        if text.startswith("-"):
-            return None
-        try:
-            values[opt.dest] = float(text)  # what click's FLOAT does; settings then check the range
-        except ValueError:
-            return None
-    values[ARGUMENT[0]] = got[1][0]
-    return values
-
-
-def overrides(values: dict[str, Any]) -> dict[str, Any]:
-    """The settings the options override (None: not given, the file or the default stands)."""
-    out: dict[str, Any] = {}
-    for o in OPTIONS:
-        if o.setting:
-            v = values.get(o.dest)
-            out[o.setting] = (False if v else None) if o.kind == "flag" else v
-    return out
-
-
-def run(values: dict[str, Any], opts: wiring.GlobalOptions) -> int:
-    """``pvegpu reset`` with parsed arguments: the one entry point of the typer command and of the light path."""
-    s = wiring.settings(opts, overrides(values))
-    return do_reset(s, check_vmid(values["vmid"]), dry_run=bool(values["dry_run"]), json_out=bool(values["json_out"]),
-                    verbose=bool(values["verbose"]))
-
-
-def main(args: list[str], opts: wiring.GlobalOptions) -> int | None:
-    """The front door's ``reset``: the exit code, or None to let typer handle the line (help, an error in it)."""
-    values = parse(args)
-    if values is None:
-        return None
-    json_out = bool(values["json_out"])
-    try:
-        return run(values, opts)
-    except E.PvegpuError as exc:  # as cli.run: the JSON consumer gets JSON; the person watching still gets the message
-        if json_out:
-            _say(contract.dumps(contract.error_document(exc, "reset")), err=False)
-        return exc.show(sys.stderr)
-    except KeyboardInterrupt:  # before the handlers were in place: the front door says so on stderr (exit 130)
-        if json_out:
-            _say(contract.dumps(contract.error_document(E.SignalledError("interrupted", None, 130), "reset")), err=False)
-        raise
-    except Exception as exc:  # noqa: BLE001 - the front door renders it (one line); --json still gets its document
-        if json_out:
-            _say(contract.dumps(contract.error_document(E.PvegpuError(f"internal error: {type(exc).__name__}: {exc}"), "reset")),
-                 err=False)
-        raise
+from .ports import Interrupted
+from .render import reset_human, reset_json, step_line
+from .reset import reset
+from .textfit import said
+from .vmreset import reset_vm, vm_human
 
 
 def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool = False) -> int:
@@ -125,8 +28,6 @@ def do_vm_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bo
 def _guarded(signals: _Signals, body: Any) -> int:
     """``body()`` under the handlers: a signal that ends it (before the stop request, or one escaping at its very
     start) is one error line and the journal's, saying what was, or may have been, stopped."""
-    from .ports import Interrupted
-
     try:
         return int(body())
     except Interrupted as exc:  # after the stop request, reset() / reset_vm() report the signal themselves
@@ -153,10 +54,6 @@ def _guarded(signals: _Signals, body: Any) -> int:
 
 def _vm_reset(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     """A VM's reset, under the handlers; the report is printed before they go (``done``: a signal is then recorded)."""
-    from .logs import configure
-    from .render import step_line
-    from .vmreset import reset_vm, vm_human
-
     signals.kind = "VM"
     log = configure(verbose=verbose, json_lines=json_out and verbose)
     on_step = None if json_out else (lambda st: _say(step_line(st.name, str(st.detail.get("msg", st.outcome)), verbose), err=False))
@@ -177,7 +74,7 @@ class _Signals:
     signal ends the run at once (nothing was stopped). From it on, the first signal is recorded and said, and
     the restart is finished (then exit 128+n); a second one abandons it (the report still says where the CT is)."""
 
-    SIGNALS = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self, vmid: int, kind: str | None = "CT") -> None:
         self.vmid, self.kind = vmid, kind  # kind None: not located yet ("guest VMID" until it is "CT" or "VM")
@@ -187,12 +84,12 @@ class _Signals:
 
     def __enter__(self) -> _Signals:
         for sig in self.SIGNALS:
-            self.previous[sig] = _signal.signal(sig, self._handle)
+            self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():
-            _signal.signal(sig, handler)
+            signal.signal(sig, handler)
 
     def critical(self) -> None:
         self.in_critical = True
@@ -201,8 +98,6 @@ class _Signals:
         return self.got
 
     def _handle(self, signum: int, frame: Any) -> None:
-        from .ports import Interrupted
-
         name, code = SIGNAL_NAMES.get(signum, f"signal {signum}"), 128 + signum
         if self.done:  # the report is being printed: let it finish
             self.got = self.got or (name, code)
@@ -215,13 +110,11 @@ class _Signals:
             raise Interrupted(name, code)
         if self.got is None:
             self.got = (name, code)
-            from .textfit import said
-
             _say(said(f"{name}: {self.kind or 'guest'} {self.vmid}'s {'shutdown' if self.kind == 'VM' else 'stop'} was requested, "
                       f"so pvegpu finishes the restart first (then exits {code}); a second Ctrl-C or SIGTERM abandons it",
                       "pvegpu: ", "    "))
             return
-        if signum == _signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
+        if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
             return
         self.raised = True  # at most once: a third signal must not break the abandon's report
         raise Interrupted(name, code, abandoned=True)
@@ -256,10 +149,6 @@ def _located(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: b
 
 def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
     """A container's reset, under the handlers; the report is printed before they go (``done``: a signal is then recorded)."""
-    from .logs import configure
-    from .render import reset_human, reset_json, step_line
-    from .reset import reset
-
     log = configure(verbose=verbose, json_lines=json_out and verbose)  # -v: also one line per item (as check's)
     on_step = None if json_out else (lambda st: _say(step_line(st.name, str(st.detail.get("msg", st.outcome)), verbose), err=False))
     on_wait = None if json_out else (lambda text: _say(step_line("wait", text, verbose), err=False))

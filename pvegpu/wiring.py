@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 @record(frozen=True)
 class GlobalOptions:
-    """The options every command honours, wherever they stand on the line (see ``frontdoor``)."""
+    """The options every command honours, given before it (``pvegpu --config FILE reset 129``; ``pvegpu.cli``)."""
 
     config: str | None = None
     simulate: str | None = None

@@ -224,11 +224,10 @@ def test_settings_file_a_user_can_write_is_refused_and_pre_start_refuses(tmp_pat
     pvelike.as_uid(65534, write)
     os.close(dirfd)
     assert os.stat(cfg).st_uid == 65534
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")} | {"PVEGPU_CONFIG": str(cfg)}
 
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "pvegpu", *args, "--config", str(cfg)], capture_output=True, text=True,
-                              cwd=REPO, timeout=60, env=env)
+    def run(*args):  # the settings file as the hook gets it (PVE passes no options)
+        return subprocess.run([sys.executable, "-m", "pvegpu", *args], capture_output=True, text=True, cwd=REPO, timeout=60, env=env)
 
     r = run("check", "129")
     assert r.returncode == 2 and r.stderr.startswith("Error: ") and "Hint: " in r.stderr and "Traceback" not in r.stderr, r.stderr

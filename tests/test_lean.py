@@ -1,5 +1,4 @@
-"""The lean core: the settings' field types, the reset's start-up imports no typer machinery, ``pvegpu reset``'s
-light parser and its typer command read one table, and the settings snapshot."""
+"""The settings' field types, ``pvegpu reset``'s options reaching the reset, and the settings snapshot."""
 
 from __future__ import annotations
 
@@ -13,7 +12,8 @@ import time
 
 import pytest
 
-from pvegpu import resetcmd
+from pvegpu import cli
+from pvegpu.__main__ import run
 from pvegpu.errors import ConfigError
 from pvegpu.settings import ResetSettings, Settings
 from tests.pvelike import REPO
@@ -35,61 +35,40 @@ def _modules_after(code: str) -> set[str]:
     return set(out.stdout.split())
 
 
-def test_the_reset_path_imports_no_typer():
-    """``pvegpu reset`` starts without typer, click, pydantic or rich (the front door parses its line)."""
-    mods = _modules_after("import pvegpu.frontdoor, pvegpu.resetcmd")
-    assert "pvegpu.resetcmd" in mods and not mods & {"typer", "click", "pydantic", "rich", "pvegpu.cli"}
+# -- reset's options ---------------------------------------------------------------------------------------
 
 
-# -- reset's one option table ----------------------------------------------------------------------------
-
-
-def _typer_reset():
-    import typer.main
-
-    from pvegpu import cli
-
-    return typer.main.get_command(cli.app).commands["reset"]  # type: ignore[attr-defined]
-
-
-def test_the_typer_command_is_built_from_the_table():
-    """Every option of the table is the typer command's, with its flags, help, metavar and kind, and nothing else."""
-    cmd = _typer_reset()
-    params = {p.name: p for p in cmd.params if p.name != "help"}
-    assert set(params) == {o.dest for o in resetcmd.OPTIONS} | {resetcmd.ARGUMENT[0]}
-    for o in resetcmd.OPTIONS:
-        p = params[o.dest]
-        assert tuple(p.opts + p.secondary_opts) == o.decls or set(p.opts) == set(o.decls)
-        assert p.help == o.help and p.is_flag == (o.kind == "flag") and (p.metavar or "") == o.metavar
-    assert params["vmid"].metavar == resetcmd.ARGUMENT[1] and params["vmid"].required
-
-
-LINES = [
-    ["129"], ["129", "--json"], ["--json", "129"], ["129", "--dry-run", "--no-restart", "-v"], ["129", "--verbose"],
-    ["129", "--timeout", "5"], ["129", "--timeout=7.5", "--grace", "1", "--settle=0.1"], ["129", "--timeout", "1_0"],
-    ["129", "--timeout", "nan"], ["129", "--grace", "2", "--grace", "3"], ["--settle", "0", "129", "--json"],
-]
-
-
-@pytest.mark.parametrize("line", LINES)
-def test_light_parser_and_typer_read_a_line_alike(monkeypatch, line):
-    """For every line the light parser takes, typer calls the same entry point with the same values."""
-    from pvegpu import cli
-
-    seen: list[dict] = []
-    monkeypatch.setattr(resetcmd, "run", lambda values, opts: seen.append(dict(values)) or 0)
-    assert cli.run(["reset", *line], cli.wiring.GlobalOptions()) == 0
-    light = resetcmd.parse(line)
-    assert light is not None and json.dumps(light, sort_keys=True) == json.dumps(seen[0], sort_keys=True)
-
-
-@pytest.mark.parametrize("line", [
-    [], ["--help"], ["129", "-h"], ["129", "130"], ["129", "--bogus"], ["129", "--timeout"], ["129", "--timeout", "x"],
-    ["129", "--timeout", "-1"], ["129", "--json=1"], ["--", "129"], ["129", "-vx"],
+@pytest.mark.parametrize("line,flags,settings", [
+    (["129"], {}, {}), (["129", "--json"], {"json_out": True}, {}), (["--json", "129"], {"json_out": True}, {}),
+    (["129", "--dry-run", "--no-restart", "-v"], {"dry_run": True, "verbose": True}, {"restart": False}),
+    (["129", "--verbose"], {"verbose": True}, {}), (["129", "--timeout", "5"], {}, {"timeout": 5.0}),
+    (["129", "--timeout=7.5", "--grace", "1", "--settle=0.1"], {}, {"timeout": 7.5, "grace": 1.0, "settle": 0.1}),
+    (["129", "--grace", "2", "--grace", "3"], {}, {"grace": 3.0}), (["--settle", "0", "129", "--json"], {"json_out": True}, {"settle": 0.0}),
 ])
-def test_light_parser_leaves_what_it_is_not_sure_of_to_typer(line):
-    """Help, unknown options, missing or bad values, ``--`` and a wrong number of VMIDs go to typer."""
-    assert resetcmd.parse(line) is None
+def test_reset_options_reach_the_reset(monkeypatch, tmp_path, line, flags, settings):
+    """Each option of `pvegpu reset` arrives: the flags as the reset's arguments, the seconds and --no-restart as the
+    settings they override (the last of a repeated one wins); the rest keep their defaults."""
+    cfg = tmp_path / "empty.toml"
+    cfg.write_text("")
+    for k in [k for k in os.environ if k.startswith("PVEGPU_")]:
+        monkeypatch.delenv(k)
+    seen: list[tuple] = []
+    monkeypatch.setattr(cli, "do_reset", lambda s, vmid, **kw: seen.append((s, vmid, kw)) or 0)
+    assert run(["--config", str(cfg), "reset", *line]) == 0
+    (s, vmid, kw), = seen
+    assert vmid == 129 and kw == {"dry_run": False, "json_out": False, "verbose": False} | flags
+    default = ResetSettings()
+    assert {k: getattr(s.reset, k) for k in ("timeout", "grace", "settle", "restart")} == {
+        k: getattr(default, k) for k in ("timeout", "grace", "settle", "restart")} | settings
+
+
+@pytest.mark.parametrize("line", [[], ["129", "130"], ["129", "--bogus"], ["129", "--timeout"], ["129", "--timeout", "x"],
+                                  ["129", "--timeout", "-1"], ["129", "--json=1"], ["129", "-vx"]])
+def test_a_bad_reset_line_is_a_usage_error(line, capsys):
+    """A missing or extra VMID, an unknown option, a missing, bad or out-of-range value: exit 2, Error and Hint lines."""
+    assert run(["reset", *line]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Error: ") and "Hint: " in err and "Traceback" not in err, err
 
 
 def _pvegpu(*args):
@@ -101,24 +80,8 @@ def stopped_ct(sim_node):
     return sim_node({"node": "s", "gpus": [GPU], "containers": [{"vmid": 129, "status": "stopped", "gpus": [0]}]})
 
 
-def test_reset_through_the_light_path_is_the_typer_reset(stopped_ct):
-    """A dry run through the front door and through typer give the same exit code and the same JSON report."""
-    from pvegpu import cli
-
-    light = _pvegpu("--simulate", stopped_ct.root, "reset", "129", "--dry-run", "--json")
-    code = subprocess.run([sys.executable, "-c", "import sys; from pvegpu import cli, wiring; "
-                           f"sys.exit(cli.run(['reset', '129', '--dry-run', '--json'], wiring.GlobalOptions(None, {stopped_ct.root!r})))"],
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert cli is not None and light.returncode == code.returncode == 0, light.stderr + code.stderr
-    a, b = json.loads(light.stdout), json.loads(code.stdout)
-    for doc in (a, b):
-        doc.pop("duration_s", None)
-        doc.pop("started_at", None)
-    assert a.keys() == b.keys() and a["outcome"] == b["outcome"] and a["exit_code"] == b["exit_code"]
-
-
-def test_reset_errors_with_json_are_json_on_the_light_path(stopped_ct):
-    """An unknown guest: exit 3, a JSON error object on stdout and the rendered error on stderr, as through typer."""
+def test_reset_errors_with_json_are_json(stopped_ct):
+    """An unknown guest: exit 3, a JSON error object on stdout and the rendered error on stderr."""
     r = _pvegpu("--simulate", stopped_ct.root, "reset", "555", "--json")
     assert r.returncode == 3 and json.loads(r.stdout)["exit_code"] == 3 and r.stderr.startswith("Error:")
 

@@ -9,12 +9,12 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPU = {"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771}
 CT = {"vmid": 129, "name": "llm129", "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 2048}]}
-WATCHED = ("typer", "structlog")
+WATCHED = ("structlog",)
 
 
 def _imported(*argv: str) -> tuple[int, set[str]]:
     """Run pvegpu with ``argv`` in a fresh interpreter: its exit code and which of WATCHED it imported."""
-    code = ("import sys; from pvegpu.frontdoor import main; sys.argv = ['pvegpu', *sys.argv[1:]]; rc = main(); "
+    code = ("import sys; from pvegpu.__main__ import run; rc = run(sys.argv[1:]); "
             f"print(rc, *[m for m in {WATCHED!r} if m in sys.modules], file=sys.stderr)")
     p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO, timeout=120)
     words = p.stderr.strip().splitlines()[-1].split()
@@ -29,7 +29,7 @@ def test_a_clean_reset_imports_no_structlog(sim_node):
 
 
 def test_a_dry_run_imports_no_structlog(sim_node):
-    """`reset --dry-run --json`: no typer, no structlog."""
+    """`reset --dry-run --json` writes no events: no structlog."""
     node = sim_node({"node": "pve-sim", "gpus": [GPU], "containers": [CT]})
     rc, mods = _imported("--simulate", node.root, "reset", "129", "--dry-run", "--json")
     assert rc == 0 and mods == set()

@@ -36,8 +36,6 @@ def test_after_the_abandon_a_further_signal_is_only_recorded():
 
 def test_a_signal_escaping_after_the_stop_request_never_says_not_stopped(monkeypatch):
     """An Interrupted that leaves reset() once the critical section began: the error says the CT may be STOPPED, exit 128+n."""
-    import pvegpu.reset as reset_pkg
-
     class Ports:
         lock = interrupts = None
 
@@ -51,7 +49,7 @@ def test_a_signal_escaping_after_the_stop_request_never_says_not_stopped(monkeyp
         raise Interrupted("SIGTERM", 143, abandoned=True)
 
     journal: list[str] = []
-    monkeypatch.setattr(reset_pkg, "reset", reset)
+    monkeypatch.setattr(resetcmd, "reset", reset)
     monkeypatch.setattr(wiring, "ct_lock", lambda *a: contextlib.nullcontext(object()))
     monkeypatch.setattr(wiring, "reset_policy", lambda s, dry_run: None)
     monkeypatch.setattr(wiring, "journal_line", journal.append)
@@ -86,7 +84,7 @@ def test_a_sigint_while_the_guest_is_located_is_the_handlers_and_gets_a_json_err
     """SIGINT during where() (the handlers are already in place): exit 130, a pvegpu-error document, "not stopped" journalled."""
     import json
 
-    from pvegpu import frontdoor
+    from pvegpu.__main__ import run
 
     class Pve:
         def where(self, vmid):
@@ -96,7 +94,7 @@ def test_a_sigint_while_the_guest_is_located_is_the_handlers_and_gets_a_json_err
     journal: list[str] = []
     monkeypatch.setattr(wiring, "world", lambda s, **kw: type("W", (), {"pve": Pve()})())
     monkeypatch.setattr(wiring, "journal_line", journal.append)
-    code = frontdoor.main(["reset", "129", "--json"])
+    code = run(["reset", "129", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 130 and doc["schema"] == "pvegpu-error" and doc["exit_code"] == 130
     assert journal and "was not stopped" in journal[0]

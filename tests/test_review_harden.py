@@ -9,7 +9,8 @@ import signal
 
 import pytest
 
-from pvegpu import frontdoor, wiring
+from pvegpu import wiring
+from pvegpu.__main__ import run
 from pvegpu.model import Guest
 
 # -- wording before the guest is located ---------------------------------------------------------------------
@@ -33,7 +34,7 @@ def _interrupted_reset(monkeypatch, capsys, guest, where_signal=False):
     monkeypatch.setattr(wiring, "ct_lock", lock)
     monkeypatch.setattr(wiring, "vm_api", lambda s: None)
     monkeypatch.setattr(wiring, "journal_line", journal.append)
-    code = frontdoor.main(["reset", "129", "--json"])
+    code = run(["reset", "129", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 130 and doc["schema"] == "pvegpu-error" and doc["exit_code"] == 130
     assert journal == [doc["error"]]

@@ -59,9 +59,9 @@ def test_a_reset_usage_error_with_json_is_a_pvegpu_error_document(line, capsys):
     """`pvegpu reset ... --json` with a bad line: exit 2 and a pvegpu-error document on stdout (README: errors with --json)."""
     import json
 
-    from pvegpu import frontdoor
+    from pvegpu.__main__ import run
 
-    code = frontdoor.main(["reset", *line])
+    code = run(["reset", *line])
     out = capsys.readouterr().out
     assert code == 2
     doc = json.loads(out) if out.strip() else {}
@@ -79,12 +79,12 @@ def test_a_sigterm_while_the_final_report_prints_does_not_kill_it(sim_node):
 
     node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/full"}],
                      "containers": [{"vmid": 129, "status": "stopped", "gpus": [0]}]})
-    code = ("import os, signal, sys; from pvegpu import frontdoor, resetcmd; say = resetcmd._say\n"
+    code = ("import os, signal, sys; from pvegpu import resetcmd; from pvegpu.__main__ import run; say = resetcmd._say\n"
             "def _say(text, err=True):\n"
             "    if not err and text.lstrip().startswith('{'): os.kill(os.getpid(), signal.SIGTERM)\n"
             "    say(text, err)\n"
             "resetcmd._say = _say\n"
-            f"sys.exit(frontdoor.main(['--simulate', {node.root!r}, 'reset', '129', '--dry-run', '--json']))\n")
+            f"sys.exit(run(['--simulate', {node.root!r}, 'reset', '129', '--dry-run', '--json']))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode in (0, 143) and r.returncode != -signal.SIGTERM, (r.returncode, r.stderr[-400:])
     assert json.loads(r.stdout)["schema"] == "pvegpu-reset"
@@ -119,14 +119,15 @@ def test_reset_json_gets_a_document_for_a_ctrl_c_or_an_internal_error_before_the
     """Ctrl-C while the guest is located (before the handlers), or an internal error: --json still gets a pvegpu-error document."""
     import json
 
-    from pvegpu import frontdoor, wiring
+    from pvegpu import wiring
+    from pvegpu.__main__ import run
 
     class Pve:
         def where(self, vmid):
             raise exc("boom")
 
     monkeypatch.setattr(wiring, "world", lambda s, **kw: type("W", (), {"pve": Pve()})())
-    code = frontdoor.main(["reset", "129", "--json"])
+    code = run(["reset", "129", "--json"])
     out = capsys.readouterr().out
     assert code in (1, 130)
     doc = json.loads(out) if out.strip() else {}

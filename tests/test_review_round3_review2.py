@@ -144,7 +144,7 @@ def test_simulate_writes_no_settings_snapshot_into_the_real_run_pvegpu(tmp_path,
 
 def test_simulate_without_a_value_hints_a_directory_not_a_settings_file():
     """`pvegpu --simulate` (no value) hints `pvegpu --simulate /etc/pvegpu/pvegpu.toml check 129`: the --config
-    example pasted for --simulate, which takes a simulated node's DIR (frontdoor's "needs a value" hint)."""
+    example pasted for --simulate, which takes a simulated node's DIR."""
     r = _pvegpu("--simulate")
     assert r.returncode == 2
     assert ".toml" not in r.stderr, r.stderr

@@ -131,13 +131,13 @@ def test_a_start_gate_that_cannot_fork_its_check_refuses_with_the_gates_code(mon
     import random
 
     from pvegpu import errors as E
-    from pvegpu import frontdoor
+    from pvegpu.__main__ import run
 
     def no_fork() -> int:
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(os, "fork", no_fork)
-    code = frontdoor.main(["hook", str(random.randint(100000, 999999)), "pre-start"])
+    code = run(["hook", str(random.randint(100000, 999999)), "pre-start"])
     err = capsys.readouterr().err
     assert code == E.EXIT_REFUSED and "Traceback" not in err and "internal error" not in err
 
@@ -148,12 +148,12 @@ def test_a_post_stop_that_cannot_fork_its_check_never_fails_the_stop(monkeypatch
     import random
 
     from pvegpu import errors as E
-    from pvegpu import frontdoor
+    from pvegpu.__main__ import run
 
     def no_fork() -> int:
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(os, "fork", no_fork)
-    code = frontdoor.main(["hook", str(random.randint(100000, 999999)), "post-stop"])
+    code = run(["hook", str(random.randint(100000, 999999)), "post-stop"])
     err = capsys.readouterr().err
     assert code == E.EXIT_OK and "internal error" not in err

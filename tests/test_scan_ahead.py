@@ -294,7 +294,7 @@ def test_an_audit_whose_settings_fail_leaves_no_scan_running(tree_host, tmp_path
     bad = tmp_path / "pvegpu.toml"
     bad.write_text("[gate\n")
     with pytest.raises(E.PvegpuError):
-        auditcmd.run(auditcmd.defaults(), GlobalOptions(config=str(bad)))
+        auditcmd.run(GlobalOptions(config=str(bad)))
     assert not wiring._AHEAD and _children() <= before
 
 

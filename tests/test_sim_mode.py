@@ -80,7 +80,7 @@ def test_sim_create_then_every_command_with_simulate_then_remove(made):
     r = _pvegpu("--simulate", root, "reset", "131", "--json", "--grace", "1")
     assert r.returncode == 0, r.stderr
     assert schemas.validate(json.loads(r.stdout), "reset")["outcome"] == "clean"
-    r = _pvegpu("--simulate", root, "hook", "131", "post-stop")
+    r = _pvegpu("hook", "131", "post-stop", env={"PVEGPU_SIMULATE": root})  # PVE's call: the node from the environment
     assert r.returncode == 0, r.stderr
     r = _pvegpu("--simulate", root, "hook", "allow-once", "131")
     assert r.returncode == 0 and os.path.exists(os.path.join(root, "allow-once", "131")), r.stderr

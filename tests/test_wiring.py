@@ -7,7 +7,8 @@ import json
 import os
 import random
 
-from pvegpu import frontdoor, wiring
+from pvegpu import wiring
+from pvegpu.__main__ import run
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0}
@@ -31,7 +32,7 @@ def test_reset_asks_the_composition_root_for_its_node_once(sim_node, monkeypatch
 
     monkeypatch.setattr(wiring, "world", world)
     monkeypatch.setattr(wiring, "_sim_ports", sim)
-    rc = frontdoor.main(["--simulate", node.root, "reset", str(vmid), "--json", "--no-restart"])
+    rc = run(["--simulate", node.root, "reset", str(vmid), "--json", "--no-restart"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["exit_code"] == 0, doc
     assert calls == {"world": 1, "sim": 1}

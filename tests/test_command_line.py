@@ -1,16 +1,18 @@
-"""One front door: --config, --version and -h work for every command wherever they stand on the line, and
-errors come out as one rendering (message, hint, exit code), never a traceback."""
+"""The command line: global options before the command, -h for every command, `hook VMID PHASE` as PVE calls it,
+help in 80 columns, typos named with a suggestion, and errors as one rendering (message, hint, exit code), never a
+traceback."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from pvegpu import errors as E
-from pvegpu.frontdoor import is_gate_command, split_globals
+from pvegpu.__main__ import is_hook_call, run
 from tests import schemas
 from tests.pvelike import REPO
 
@@ -31,12 +33,11 @@ def node_cfg(sim_node, tmp_path):
 
 
 @pytest.mark.parametrize("line", [
-    ["--config", "{cfg}", "check", "129"], ["check", "129", "--config", "{cfg}"], ["check", "--config={cfg}", "129"],
-    ["--config", "{cfg}", "hook", "129", "pre-start"], ["hook", "129", "pre-start", "--config", "{cfg}"],
-    ["reset", "129", "--dry-run", "--config", "{cfg}"], ["--config={cfg}", "audit", "--json"],
+    ["--config", "{cfg}", "check", "129"], ["--config={cfg}", "check", "129", "--json"],
+    ["--config", "{cfg}", "reset", "129", "--dry-run"], ["--config={cfg}", "audit", "--json"],
 ])
-def test_config_is_honoured_wherever_it_stands(node_cfg, line):
-    """The settings file is read for check, hook, reset and audit, before or after the subcommand."""
+def test_config_is_honoured_before_the_command(node_cfg, line):
+    """The settings file given before the command is read for check, reset and audit."""
     r = pvegpu(*[a.replace("{cfg}", node_cfg) for a in line])
     assert r.returncode in ((0, 8) if "audit" in line else (0,)), r.stdout + r.stderr  # audit: 8 = findings on the node
     if "audit" in line:
@@ -44,7 +45,26 @@ def test_config_is_honoured_wherever_it_stands(node_cfg, line):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("line", [["--config", "{bad}", "check", "129"], ["reset", "129", "--config", "{bad}"], ["audit", "--config={bad}"]])
+def test_the_hook_reads_its_settings_from_pvegpu_config(node_cfg):
+    """`hook VMID PHASE` takes no options (PVE passes none): the settings file comes from PVEGPU_CONFIG."""
+    r = pvegpu("hook", "129", "pre-start", env=dict(os.environ, PVEGPU_CONFIG=node_cfg))
+    assert r.returncode == 0 and "may start" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("line,hint", [
+    (["check", "129", "--config", "x.toml"], "`pvegpu --config FILE check ...`"),
+    (["reset", "129", "--simulate=/tmp/node"], "`pvegpu --simulate DIR reset ...`"),
+    (["hook", "status", "--version"], "`pvegpu --version`"),
+    (["--config", "x.toml", "hook", "129", "pre-start"], "PVEGPU_CONFIG"),
+    (["hook", "129", "pre-start", "--config", "x.toml"], "PVEGPU_CONFIG"),
+])
+def test_a_global_option_after_the_command_says_where_it_stands(line, hint):
+    """A global option after the command (or any option on the hook's line) is exit 2 naming where it belongs."""
+    r = pvegpu(*line)
+    assert r.returncode == 2 and hint in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("line", [["--config", "{bad}", "check", "129"], ["--config", "{bad}", "reset", "129"], ["--config={bad}", "audit"]])
 def test_bad_config_file_is_an_error_for_every_command(tmp_path, line):
     """A broken settings file given with --config is never silently ignored (exit 2, the file named)."""
     bad = tmp_path / "bad.toml"
@@ -61,19 +81,19 @@ def test_broken_settings_in_the_hook_fail_closed_with_the_gates_code(tmp_path, p
     never fails a stop; other phases exit 0 at once."""
     bad = tmp_path / "bad.toml"
     bad.write_text("[reset]\ngrace = 0\n")
-    r = pvegpu("hook", "129", phase, "--config", str(bad))
+    r = pvegpu("hook", "129", phase, env=dict(os.environ, PVEGPU_CONFIG=str(bad)))
     assert r.returncode == code and r.stderr.startswith(text) and str(bad) in r.stderr if text else r.returncode == code, r.stderr
 
 
-@pytest.mark.parametrize("line", [["--version"], ["check", "--version"], ["reset", "129", "--version"], ["hook", "--version"]])
-def test_version_anywhere(line):
-    """--version prints the version and exits 0 wherever it stands."""
+@pytest.mark.parametrize("line", [["--version"], ["--version", "check", "129"], ["--config", "x.toml", "--version", "reset"]])
+def test_version_before_the_command(line):
+    """--version prints the version and exits 0 (before anything else is read)."""
     r = pvegpu(*line)
     assert r.returncode == 0 and r.stdout.startswith("pvegpu ")
 
 
 @pytest.mark.parametrize("line,text", [(["-h"], "Commands"), (["reset", "-h"], "Usage: pvegpu reset [OPTIONS] VMID"),
-                                       (["check", "-h"], "check VMID"), (["hook", "--help"], "hook VMID PHASE"),
+                                       (["check", "-h"], "Usage: pvegpu check [OPTIONS] VMID"), (["hook", "--help"], "hook VMID PHASE"),
                                        (["hook", "129", "-h"], "hook VMID PHASE"), (["audit", "--help"], "--json")])
 def test_help_short_and_long(line, text):
     """-h and --help work for the main command and every subcommand; hook's help documents `hook VMID PHASE`."""
@@ -92,7 +112,7 @@ def test_check_json_errors_are_json(node_cfg):
 
 def test_hook_errors_carry_the_pvegpu_prefix(node_cfg):
     """A bad hook argument is one prefixed line (it lands in the PVE task log), exit 2."""
-    r = pvegpu("--config", node_cfg, "hook", "129", "pre-migrate")
+    r = pvegpu("hook", "129", "pre-migrate", env=dict(os.environ, PVEGPU_CONFIG=node_cfg))
     assert r.returncode == 2 and r.stderr.startswith("pvegpu: Error: unknown hook phase 'pre-migrate'"), r.stderr
 
 
@@ -115,14 +135,13 @@ def test_not_a_pve_node_is_one_message_for_every_command(tmp_path):
     assert outs == {f"Error: not a Proxmox VE node: {tmp_path}/none/.vmlist not found and no API configured"}
 
 
-def test_split_globals_keeps_the_rest_in_order():
-    """The front door's one rule: global options come off the line, everything else stays as it was."""
-    found, rest = split_globals(["hook", "--config", "a.toml", "129", "pre-start", "--version"])
-    assert found == {"config": "a.toml", "version": True} and rest == ["hook", "129", "pre-start"]
-    with pytest.raises(E.UsageError):
-        split_globals(["check", "129", "--config"])
-    assert is_gate_command(["hook", "129", "pre-start"]) and not is_gate_command(["hook", "install"])
-    assert not is_gate_command(["hook", "--help"]) and is_gate_command(["check"])
+def test_only_pves_call_of_the_guard_skips_typer():
+    """`hook VMID PHASE` (and a malformed VMID the hook explains) goes to the hook; hook's subcommands, their typos,
+    help and every other command go to typer."""
+    assert is_hook_call(["hook", "129", "pre-start"]) and is_hook_call(["hook", "12x", "pre-start"])
+    assert is_hook_call(["hook", "129"])  # the hook says what PVE's call looks like
+    for line in (["hook", "install"], ["hook", "instal"], ["hook", "--help"], ["hook", "129", "-h"], ["check", "129"], ["hook"], []):
+        assert not is_hook_call(line), line
 
 
 def test_render_is_message_hint_and_prefix():
@@ -172,3 +191,48 @@ def test_simulate_on_an_existing_directory_that_is_no_node_hints_a_new_directory
     with pytest.raises(E.UsageError) as exc:
         wiring.settings(wiring.GlobalOptions(simulate=str(tmp_path / "new")))
     assert f"sim create {tmp_path / 'new'}`" in (exc.value.hint or "")
+
+
+COMMANDS = [[], ["reset"], ["check"], ["audit"], ["demo"], ["hook"], ["hook", "install"], ["hook", "uninstall"], ["hook", "status"],
+            ["hook", "allow-once"], ["sim"], ["sim", "create"], ["sim", "remove"]]
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_help_fits_80_columns_in_one_plain_style(cmd, capsys, monkeypatch):
+    """Every command's help, on a terminal wider than 80 columns too: exit 0, click's plain style, no line over 80
+    columns, no type names (`<str>`, `TEXT`) or doubled brackets (`[[VMID]...]...`)."""
+    monkeypatch.setenv("COLUMNS", "200")
+    assert run([*cmd, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Usage: pvegpu") and max(len(line) for line in out.splitlines()) <= 80, out
+    for noise in ("<str>", "<float>", "<list", "TEXT", "FLOAT", "[[", "{VMID}", "\u256d"):
+        assert noise not in out, (noise, out)
+
+
+def test_main_help_names_containers_and_vms_and_every_global_option(capsys):
+    """`pvegpu --help` says what pvegpu is for (containers and VMs) and shows --config, --simulate and --version."""
+    assert run(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "LXC containers and VMs" in out and all(o in out for o in ("--config FILE", "--simulate DIR", "--version"))
+
+
+@pytest.mark.parametrize("line,bad,suggestion", [
+    (["hook", "instal"], "'instal'", "'install'"), (["check", "129", "--jsno"], "--jsno", "--json"),
+    (["rest", "129"], "'rest'", "'reset'"), (["reset", "129", "--dry-rn"], "--dry-rn", "--dry-run"),
+    (["audit", "--clustr"], "--clustr", "--cluster"), (["sim", "creat", "/tmp/x"], "'creat'", "'create'"),
+])
+def test_a_typo_is_named_with_a_suggestion(line, bad, suggestion, capsys):
+    """A mistyped command or option: exit 2, one Error line naming the bad word and suggesting the right one, one Hint
+    line pointing at the command's help; nothing on stdout."""
+    assert run(line) == 2
+    got = capsys.readouterr()
+    lines = got.err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("Error: ") and lines[1].startswith("Hint: ") and "--help" in lines[1], got.err
+    assert bad in lines[0] and suggestion in lines[0].split("Did you mean", 1)[1] and not got.out, got.err
+
+
+def test_a_typo_with_json_is_a_pvegpu_error_document(capsys):
+    """`check 129 --json --jsno`: the JSON consumer gets a pvegpu-error document naming the bad option, exit 2."""
+    assert run(["check", "129", "--json", "--jsno"]) == 2
+    doc = schemas.validate(json.loads(capsys.readouterr().out), "error")
+    assert doc["exit_code"] == 2 and doc["command"] == "check" and "--jsno" in doc["error"]
