@@ -348,8 +348,13 @@ def finish(rep: Report, out_dir: str, budget: str) -> str:
 
 
 def command_line(argv: Sequence[str]) -> str:
-    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO) if sys.argv and sys.argv[0] else "bench/?"
-    return shlex.join(["python3", script, *argv])
+    """How this run was started, from the repository root (paths inside it relative)."""
+    def rel(path: str) -> str:
+        full = os.path.abspath(path)
+        return os.path.relpath(full, REPO) if full.startswith(REPO + os.sep) else path
+
+    script = rel(sys.argv[0]) if sys.argv and sys.argv[0] else "bench/?"
+    return shlex.join([rel(sys.executable), script, *argv])
 
 
 # -- the simulated node, through pvegpu's CLI -----------------------------------------------------------------------

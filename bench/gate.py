@@ -15,7 +15,8 @@ and ``shared`` (CT 302, running, holds memory on the same GPU: the gate attribut
   ``PVEGPU_CONFIG`` (a node reads /etc/pvegpu/pvegpu.toml). ``shared``: CT 302 is a PVE-like container (cgroup
   ``/lxc/302/ns``, its own PID namespace, bench/sbs_node.py) running bench/cuda_hold.py (1 GiB, a real context).
 - simulated node (``--node sim``, anywhere): ``pvegpu sim create``, ``pvegpu --simulate DIR hook install 301``, the
-  guard run with ``PVEGPU_SIMULATE=DIR`` as the simulated start runs it; nvidia-smi: n/a (no GPU).
+  guard run with ``PVEGPU_SIMULATE=DIR`` as the simulated start runs it; nvidia-smi: n/a (no GPU), paired instead with
+  its stand-in bench/sim_smi.py (a Python process reading the simulated NVML), so the load shows on both alike.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ GATE_BUDGET = C.Budget("at_most_s", 0.150)
 CASES = {"idle": "CT 301's GPU idle (a clean start)", "shared": "GPU shared with running CT 302 (1 GiB to attribute)"}
 SIM_GAP = ("no NVIDIA GPU here: NVML is pvegpu's simulated driver (files of the node's directory), a container is a process "
            "session, /dev/nvidia0 a private pty device (recognised by device number, as /dev/nvidia0 is); nvidia-smi: n/a (no GPU)")
+SIM_SMI = os.path.join(C.REPO, "bench", "sim_smi.py")
+SIM_AGAINST = f"nvidia-smi {C.NO_GPU}; its stand-in `bench/sim_smi.py DIR` (a Python process reading the simulated NVML)"
 STUB = "#!/bin/sh\n# stand-in for PVE's {name}: log the call, succeed\necho \"{name} $*\" >> {log}\nexit 0\n"
 
 
@@ -168,11 +171,13 @@ def measure(case: object, rounds: int, gpu: bool) -> tuple[dict[str, list[float]
         exits["allowed (exit 0)" if p.returncode == 0 else f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[:160]}"] += 1
         return dt
 
+    smi_argv = C.SMI_GATE if gpu else [sys.executable, SIM_SMI, case.node.dir]  # type: ignore[attr-defined]
+
     def smi() -> float | None:
-        dt, p = C.timed(C.SMI_GATE, timeout=60)
+        dt, p = C.timed(smi_argv, timeout=60)
         return dt if p.returncode == 0 else None
 
-    methods = {"gate": gate, **({"nvidia-smi": smi} if gpu else {})}
+    methods = {"gate": gate, "nvidia-smi": smi}
     for fn in methods.values():  # once untimed: the files and libraries in the page cache, as on a node in use
         fn()
     exits.clear()
@@ -180,10 +185,11 @@ def measure(case: object, rounds: int, gpu: bool) -> tuple[dict[str, list[float]
 
 
 def row(case: str, times: dict[str, list[float]], exits: Counter[str], gpu: bool) -> C.Row:
+    """The case's line: the gate beside nvidia-smi (on a simulated node: n/a, and its stand-in bench/sim_smi.py)."""
     failures = [f"{n} × {what}" for what, n in exits.items() if not what.startswith("allowed")]
-    return C.Row(f"gate, {CASES[case]}", times["gate"], against="`" + " ".join(C.SMI_GATE) + "`",
-                 other=times.get("nvidia-smi") if gpu else None, other_note="" if gpu else C.NO_GPU,
-                 budget=GATE_BUDGET, failures=failures)
+    against = "`" + " ".join(C.SMI_GATE) + "`" if gpu else SIM_AGAINST
+    return C.Row(f"gate, {CASES[case]}", times["gate"], against=against, other=times.get("nvidia-smi") or None,
+                 other_note=C.NO_GPU, budget=GATE_BUDGET, failures=failures)
 
 
 def p90(xs: list[float]) -> float | None:
@@ -220,9 +226,8 @@ def main(argv: list[str]) -> int:
         finally:
             c.close()
         rows.append(row(case, times, exits, gpu))
-        notes.append(f"- {case}: the gate's p90 {C.fmt_s(p90(times['gate']))}"
-                     + (f", nvidia-smi's p90 {C.fmt_s(p90(times.get('nvidia-smi', [])))}" if gpu else "")
-                     + f"; exits: {dict(exits)}")
+        notes.append(f"- {case}: the gate's p90 {C.fmt_s(p90(times['gate']))}, "
+                     f"{'nvidia-smi' if gpu else 'its stand-in'}'s p90 {C.fmt_s(p90(times.get('nvidia-smi', [])))}; exits: {dict(exits)}")
         print(f"gate {case}: {C.fmt_runs(times['gate'])}", file=sys.stderr, flush=True)
     rep.add(C.table(rows))
     rep.add("")

@@ -454,8 +454,10 @@ def test_gate_row_counts_refusals_as_failures():
 
     from bench import gate as G
 
-    row = G.row("idle", {"gate": [0.05, 0.06]}, Counter({"allowed (exit 0)": 1, "exit 10: refused": 1}), gpu=False)
-    assert row.failures == ["1 × exit 10: refused"] and row.other is None and row.cells()[2].endswith(": n/a (no GPU)")
+    row = G.row("idle", {"gate": [0.05, 0.06], "nvidia-smi": []}, Counter({"allowed (exit 0)": 1, "exit 10: refused": 1}), gpu=False)
+    assert row.failures == ["1 × exit 10: refused"] and row.other is None and row.cells()[2].startswith("nvidia-smi n/a (no GPU); ")
+    stand_in = G.row("idle", {"gate": [0.05], "nvidia-smi": [0.2]}, Counter({"allowed (exit 0)": 1}), gpu=False)
+    assert "`bench/sim_smi.py DIR`" in stand_in.cells()[2] and stand_in.cells()[2].endswith("median 200 ms (min 200 ms, 1 run)")
     ok = G.row("shared", {"gate": [0.05], "nvidia-smi": [0.03]}, Counter({"allowed (exit 0)": 1}), gpu=True)
     assert ok.failures == [] and ok.cells()[-1] == "yes" and ok.other == [0.03]
 
@@ -482,7 +484,7 @@ def test_gate_on_the_simulated_node_measures_the_installed_guard(capsys):
     assert G.main(["--node", "sim", "--rounds", "2"]) == 0
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("| gate, ")]
-    assert len(rows) == 2 and all("2 runs" in r and "n/a (no GPU)" in r and "≤ 150 ms" in r for r in rows)
+    assert len(rows) == 2 and all(r.count("2 runs") == 2 and "nvidia-smi n/a (no GPU)" in r and "≤ 150 ms" in r for r in rows)
     assert "exits: {'allowed (exit 0)': 2}" in out and "- node: simulated node" in out
 
 
