@@ -216,7 +216,9 @@ def measure(node: GpuNode | SimNode, size: int, rounds: int, holders: int, cgrou
         def fuser() -> float:
             return C.timed(node.fuser, timeout=600)[0]
 
+        load = os.getloadavg()[0]
         times = C.paired({"audit": audit, "fuser": fuser}, rounds)
+        load_text = f"1-minute load {load:.1f} before the rounds, {os.getloadavg()[0]:.1f} after"
     finally:
         crowd.close()
     failures = [f"{n} × exit {code}" for code, n in exits.items() if code not in (0, 8)]
@@ -224,7 +226,7 @@ def measure(node: GpuNode | SimNode, size: int, rounds: int, holders: int, cgrou
     row = C.Row(f"`pvegpu audit`, node of {size:,} processes", times["audit"], against=against, other=times["fuser"],
                 budget=budget_for(size), failures=failures)
     note = (f"- {size:,}: {count:,} processes on the machine during the rounds ({len(sleepers):,} sleepers started, "
-            f"{sum(1 for _, d in sleepers if d)} holding a GPU device); audit exits {dict(exits)}; {agree}")
+            f"{sum(1 for _, d in sleepers if d)} holding a GPU device), {load_text}; audit exits {dict(exits)}; {agree}")
     return row, note
 
 
