@@ -136,14 +136,18 @@ class GpuNode:
         self.audit = [*pvegpu, "--config", self.config, "audit"]
         self.fuser = ["fuser", "-v", *sorted(glob.glob("/dev/nvidia*"))]
         self.devices = self.gpus
-        self.started = False
+        try:
+            self._start_holder()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_holder(self) -> None:
         ready = os.path.join(self.tmp, "ready")
         init = N.start_ct(self.cuda_vmid, f"exec {sys.executable} {C.REPO}/bench/cuda_hold.py --gib 1 --ready {ready}\n")
-        self.started = True
         end = time.monotonic() + 120
         while not os.path.exists(ready):
             if N.start_time(init) is None or time.monotonic() > end:
-                self.close()
                 raise RuntimeError("the CUDA holder (bench/cuda_hold.py --gib 1) did not get ready")
             time.sleep(0.05)
 
@@ -152,8 +156,7 @@ class GpuNode:
         return f"arch: amd64\nhostname: ct{i}\n{dev}"
 
     def close(self) -> None:
-        if self.started:
-            N.kill_ct(self.cuda_vmid)
+        N.kill_ct(self.cuda_vmid)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

@@ -32,6 +32,8 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import common as C  # noqa: E402
+from bench import sbs_node as N  # noqa: E402
+from tests.pvelike import etc_pve  # noqa: E402
 
 TARGET, NEIGHBOUR = 301, 302
 NODE = "bench"
@@ -68,10 +70,15 @@ class GpuCase:
     """One case on the GPU node: the PVE-like tree, the settings, the guard ``hook install`` wrote, CT 302's holder."""
 
     def __init__(self, pvegpu: list[str], case: str) -> None:
-        from tests.pvelike import etc_pve
-
         self.tmp = tempfile.mkdtemp(prefix="bench-gate-")
         self.shared = case == "shared"
+        try:
+            self._build(pvegpu)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, pvegpu: list[str]) -> None:
         minor = gpu_minor(0)
         root = etc_pve(os.path.join(self.tmp, "pve"), NODE, {TARGET: ct_conf(minor), NEIGHBOUR: ct_conf(minor)})
         with open(os.path.join(root, "storage.cfg"), "w") as f:
@@ -96,8 +103,6 @@ class GpuCase:
             self._start_holder()
 
     def _start_holder(self) -> None:
-        from bench import sbs_node as N
-
         ready = os.path.join(self.tmp, "ready")
         holder = os.path.join(C.REPO, "bench", "cuda_hold.py")
         init = N.start_ct(NEIGHBOUR, f"exec {sys.executable} {holder} --gib 1 --ready {ready}\n")
@@ -109,8 +114,6 @@ class GpuCase:
 
     def close(self) -> None:
         if self.shared:
-            from bench import sbs_node as N
-
             N.kill_ct(NEIGHBOUR)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
