@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Every GPU measurement behind BENCHMARKS.md in one go, as root on an NVIDIA node, from the repo root:
-#   OUT=/tmp/pvegpu-gpu bash bench/gpu_batch.sh        (COMPARE=DIR: gate_parts also times another checkout)
-# PARTS="tests gate timelines sbs" (the default: all) runs only the sections named, e.g. in two calls of a 10-minute limit.
+# The GPU tests and the three budgets of bench/ on a GPU node in one go, as root, from the repo root:
+#   OUT=/tmp/pvegpu-gpu bash bench/gpu_batch.sh
+# PARTS="tests gate reset audit" (the default: all) runs only the sections named, e.g. in two calls of a 10-minute limit.
+# Each budget writes OUT/<date>-<budget>.md; copy them into bench/results/.
 # On a machine without a package registry, put the wheels in .whl/ first (BENCHMARKS.md says how).
 set -u
 OUT=${OUT:-/tmp/pvegpu-gpu}
-PARTS=" ${PARTS:-tests gate timelines sbs} "
+PARTS=" ${PARTS:-tests gate reset audit} "
 want() { case "$PARTS" in *" $1 "*) return 0;; esac; return 1; }
 PY=${PY:-python3}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# the commit, for the reports (a copy of the tree may come without .git)
+export PVEGPU_COMMIT=${PVEGPU_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 if [ -d .whl ]; then
   $PY -m pip install -q --break-system-packages --no-index --find-links .whl -e '.[test]' >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
 fi
@@ -23,7 +26,7 @@ fi
 if [ -x "$VENV/bin/python3" ] && [ -x "$VENV/bin/pvegpu" ] && ! head -1 "$VENV/bin/pvegpu" | grep -q -- ' -IS$'; then
   "$VENV/bin/python3" packaging/launcher.py "$VENV/bin/pvegpu" || echo "gpu_batch: $VENV keeps pip's console script" >&2
 fi
-SBS_PVEGPU=${SBS_PVEGPU:-$( [ -x "$VENV/bin/pvegpu" ] && echo "$VENV/bin/pvegpu" )}
+PVEGPU=${PVEGPU:-$( [ -x "$VENV/bin/pvegpu" ] && echo "$VENV/bin/pvegpu" )}
 if [ -d .qga ] && ! command -v qemu-ga >/dev/null; then  # the VM tests' guest agent, from Debian .debs put there
   for d in .qga/*.deb; do dpkg -x "$d" /opt/qga; done
   printf '#!/bin/sh\nLD_LIBRARY_PATH=/opt/qga/usr/lib/x86_64-linux-gnu exec /opt/qga/usr/sbin/qemu-ga "$@"\n' >/usr/local/bin/qemu-ga
@@ -34,22 +37,15 @@ uname -r >>"$OUT/machine.txt"; $PY --version >>"$OUT/machine.txt"
 if want tests; then echo "== GPU tests"; date +%s
 PVEGPU_RESULTS="$OUT/gpu.jsonl" timeout "${T_TESTS:-300}" $PY -m pytest -q -p no:cacheprovider -rA -m gpu tests/ 2>&1 | tail -40 | tee "$OUT/gpu-tests.log"
 fi
-if want gate; then echo "== gate vs nvidia-smi"; date +%s
-timeout "${T_GATE:-90}" $PY bench/bench_gate.py "${GATE_N:-40}" 2>&1 | tee "$OUT/gate.txt"
-echo "== gate, layer by layer (COMPARE=DIR: the hook rows from another checkout too)"; date +%s
-timeout "${T_PARTS:-120}" $PY bench/gate_parts.py "${PARTS_N:-25}" ${COMPARE:+--compare "$COMPARE"} 2>&1 | grep -v "exit 10" | tee "$OUT/gate_parts.txt"
+if want gate; then echo "== gate beside nvidia-smi"; date +%s
+timeout "${T_GATE:-120}" $PY bench/gate.py --node gpu --rounds "${GATE_N:-40}" ${PVEGPU:+--pvegpu "$PVEGPU"} --out "$OUT" 2>&1 | tail -20
 fi
-if want timelines; then echo "== NVML's calls, the gate's and the reset's timelines"; date +%s
-timeout "${T_TL:-120}" $PY bench/nvml_calls.py 20 2>&1 | tee "$OUT/nvml_calls.txt"
-timeout "${T_TL:-120}" $PY bench/gate_timeline.py 25 2>&1 | tee "$OUT/gate_timeline.txt"
-timeout "${T_TL:-120}" $PY bench/reset_timeline.py 12 2>&1 | tee "$OUT/reset_timeline.txt"
-if [ -n "${COMPARE:-}" ]; then
-  timeout "${T_TL:-120}" $PY bench/gate_timeline.py 25 --tree "$COMPARE" 2>&1 | tee "$OUT/gate_timeline-compare.txt"
-  timeout "${T_TL:-120}" $PY bench/reset_timeline.py 12 --tree "$COMPARE" 2>&1 | tee "$OUT/reset_timeline-compare.txt"
+if want reset; then echo "== reset against the floor and the manual routine"; date +%s
+timeout "${T_RESET:-300}" $PY bench/reset.py --node gpu --reps "${RESET_REPS:-5}" --scenarios "${RESET_SCENARIOS:-hold-20,ignore-term,two-cts}" \
+  --scale "${RESET_SCALE:-1.0}" ${PVEGPU:+--pvegpu "$PVEGPU"} --raw "$OUT/reset-raw.json" --out "$OUT" 2>&1 | grep -v '^|' | tail -60
 fi
-fi
-if want sbs; then echo "== side by side"; date +%s
-timeout "${T_SBS:-200}" $PY bench/side_by_side.py --out "$OUT" --name "${SBS_NAME:-side_by_side}" --methods manual,pvegpu,floor ${SBS_PVEGPU:+--pvegpu "$SBS_PVEGPU"} \
-  --scenarios "${SBS_SCENARIOS:-hold-20,ignore-term,two-cts}" --reps "${SBS_REPS:-3}" 2>&1 | tail -30
+if want audit; then echo "== audit against fuser -v"; date +%s
+timeout "${T_AUDIT:-240}" $PY bench/audit.py --node gpu --sizes "${AUDIT_SIZES:-2000,20000}" --rounds "${AUDIT_N:-9}" ${PVEGPU:+--pvegpu "$PVEGPU"} \
+  --out "$OUT" 2>&1 | tail -20
 fi
 date +%s

@@ -13,6 +13,8 @@ import os
 import re
 import sys
 
+from bench import sbs_node
+
 _CT = re.compile(r"^/nodes/([^/]+)/lxc/(\d+)/status/(current|stop|start)$")
 _TASK = re.compile(r"^/nodes/([^/]+)/tasks/([^/]+)/(status|log)$")
 
@@ -38,8 +40,6 @@ def upid(kind: str, vmid: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from bench import sbs_node
-
     action, what = route(argv)
     log = os.environ.get("SBS_PVESH_LOG")
     if log:

@@ -1,8 +1,8 @@
-"""Side-by-side benchmark: the GPU part (root, an NVIDIA GPU, nvidia-ml-py, nvidia-smi, nsenter, fuser).
+"""The reset side by side on a GPU node (root, an NVIDIA GPU, nvidia-ml-py, nvidia-smi, nsenter, fuser).
 
 Builds each scenario from a verified idle GPU, runs one method, reads the truth one second after the
-verdict with host NVML (the official nvidia-ml-py binding, not pvegpu's reader) plus a /proc scan, checks
-the processes outside the target, and tears everything down. What the numbers mean is bench/sbs_model.py.
+verdict with host NVML (the official nvidia-ml-py binding) plus a /proc scan, checks the processes outside
+the target, and tears everything down. What the numbers mean is bench/sbs_model.py; bench/reset.py drives it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 from bench import sbs_model as M
 from bench import sbs_node as N
 from bench.pvesh_shim import launcher as pvesh_launcher
+from tests.pvelike import etc_pve
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOLDER = os.path.join(REPO, "bench", "cuda_hold.py")
@@ -29,7 +30,7 @@ class Nvml:
     """Host NVML for GPU index ``index``: v2 used memory and the listed processes."""
 
     def __init__(self, index: int = 0) -> None:
-        import pynvml
+        import pynvml  # nvidia-ml-py, the official binding: needed on a GPU node only
 
         self.nv = pynvml
         pynvml.nvmlInit()
@@ -53,36 +54,6 @@ class Nvml:
                 pass
         return sorted(out.items())
 
-    def machine(self) -> dict:
-        nv = self.nv
-        name = nv.nvmlDeviceGetName(self.h)
-        return {"gpu": name.decode() if isinstance(name, bytes) else name,
-                "driver": (lambda d: d.decode() if isinstance(d, bytes) else d)(nv.nvmlSystemGetDriverVersion()),
-                "total_mib": round(nv.nvmlDeviceGetMemoryInfo(self.h).total / MIB)}
-
-
-def launcher_for_checkout(tmp: str, python: str) -> str:
-    """pvegpu as the .deb starts it (packaging/launcher.py: ``python -IS``, paths named), for this checkout: the path
-    of the launcher written in ``tmp``, or "" when it cannot be written (then ``python -m pvegpu`` is timed)."""
-    out = os.path.join(tmp, "pvegpu")
-    p = subprocess.run([python, os.path.join(REPO, "packaging", "launcher.py"), out, "--path", REPO, "--ignore-pth"],
-                       capture_output=True, text=True, timeout=60)
-    if p.returncode != 0:
-        print(f"sbs: timing python -m pvegpu ({p.stderr.strip()})", file=sys.stderr)
-        return ""
-    return out
-
-
-def _shebang(path: str) -> list[str]:
-    """The interpreter and flags of a launcher's ``#!`` line (packaging/launcher.py: ``#!PYTHON -IS``), else []."""
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(256).decode("utf-8", "replace")
-    except OSError:
-        return []
-    words = first[2:].split() if first.startswith("#!") else []
-    return words if len(words) == 2 and words[1] == "-IS" else []
-
 
 def smi() -> str:
     return subprocess.run(M.SMI_QUERY, capture_output=True, text=True, timeout=30).stdout
@@ -91,9 +62,7 @@ def smi() -> str:
 class Bench:
     """One benchmark session: the PVE-like tree, pvegpu's settings, the pvesh stand-in, the idle GPU."""
 
-    def __init__(self, grace: float, python: str = sys.executable, pvegpu: list[str] | None = None, index: int = 0) -> None:
-        from tests.pvelike import etc_pve
-
+    def __init__(self, grace: float, pvegpu: list[str], python: str = sys.executable, index: int = 0) -> None:
         self.nvml = Nvml(index)
         self.python = python
         self.tmp = tempfile.mkdtemp(prefix="sbs-")
@@ -108,8 +77,7 @@ class Bench:
         self.pvesh_log = os.path.join(self.tmp, "pvesh.log")
         self.env = dict(os.environ, PATH=shim_dir + os.pathsep + os.environ.get("PATH", ""), SBS_PVESH_LOG=self.pvesh_log,
                         SBS_PYTHON=python, PYTHONPATH=REPO)
-        self.launcher = "" if pvegpu else launcher_for_checkout(self.tmp, python)
-        self.pvegpu_argv = pvegpu or ([self.launcher] if self.launcher else [python, "-m", "pvegpu"])
+        self.pvegpu_argv = pvegpu
         self.kill = M.PKILL if shutil.which("pkill") else M.KILL_LOOP
         self.host_procs: list[subprocess.Popen] = []
         self.teardown()
@@ -119,14 +87,11 @@ class Bench:
         self.prime_settings(written=os.stat(self.config).st_mtime)
 
     def prime_settings(self, written: float) -> None:
-        """Have pvegpu read its settings once, untimed, as every command after a node's first does: a root run that
-        parses the TOML leaves a snapshot in /run/pvegpu (adapters/settingsfile.py), which later runs read without
-        tomllib (~10 ms on the H200). Without it the first timed reset alone parses the file. A file changed less than
-        2 s ago gets no snapshot: the wait is that long at most."""
+        """Have pvegpu read its settings once, untimed, as every command after a node's first does (a settings file
+        younger than 2 s is read afresh each time: the wait is that long at most)."""
         wait = written + 2.1 - time.time()
         if wait > 1:
-            print(f"side_by_side: waiting {wait:.1f} s for the settings file to be 2 s old (a newer one gets no snapshot)",
-                  file=sys.stderr, flush=True)
+            print(f"reset: waiting {wait:.1f} s for the settings file to be 2 s old", file=sys.stderr, flush=True)
         time.sleep(max(0.0, wait))
         subprocess.run([*self.pvegpu_argv, "--config", self.config, "reset", "999999999", "--dry-run", "--json"], env=self.env,
                        capture_output=True, timeout=60, stdin=subprocess.DEVNULL)  # no such guest: settings read, nothing done
@@ -229,40 +194,27 @@ class Bench:
             verdict, detail = "not clean", "processes survived the stop; " + detail
         return wall, verdict, detail, {}
 
-    def pvegpu(self, profile: bool = False) -> tuple[float, str, str, dict]:
+    def pvegpu(self) -> tuple[float, str, str, dict]:
         """pvegpu --config FILE reset VMID --json, as a whole process."""
         open(self.pvesh_log, "w").close()
         argv = [*self.pvegpu_argv, "--config", self.config, "reset", str(M.TARGET), "--json"]
-        if profile:  # -v: the events as JSON lines on stderr, for the timeline (costs structlog's import)
-            argv.append("-v")
-        if profile and argv[0] == self.python:
-            argv.insert(1, "-X")
-            argv.insert(2, "importtime")
-        elif profile and (line := _shebang(argv[0])):  # a launcher (packaging/launcher.py): its own #! line, plus -X importtime
-            argv[:1] = [line[0], "-X", "importtime", *line[1:], argv[0]]
-        t0, t0_epoch = time.monotonic(), time.time()
+        t0 = time.monotonic()
         t = time.perf_counter()
-        p = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=300)
+        p = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=300, stdin=subprocess.DEVNULL)
         wall = time.perf_counter() - t
         verdict, detail, extra = M.verdict_from_pvegpu(p.returncode, p.stdout)
         with open(self.pvesh_log) as f:
             extra["api_calls"] = f.read().split("\n")[:-1]
         extra |= M.pvegpu_phases(p.stdout, t0, wall)
-        extra["timeline"] = M.event_timeline(p.stderr, t0_epoch)
-        if profile:
-            extra["imports"] = M.import_profile(p.stderr)
         if verdict == "error":
             extra["stderr_tail"] = p.stderr[-800:]
         return wall, verdict, detail, extra
 
     def floor(self) -> tuple[float, str, str, dict]:
         """The physical floor: SIGKILL to every process of the target but its init (known, not searched for), NVML
-        polled every 5 ms until the memory is back to what others keep, plus pvegpu's settle window."""
-        from pvegpu.settings import ResetSettings
-
+        polled every 5 ms until it first shows the memory back to what others keep."""
         init = N.find_init(M.TARGET)
         pids = [p for p in N.ct_pids(M.TARGET) if p != init]
-        settle = ResetSettings().settle
         t = time.perf_counter()
         for pid in pids:
             try:
@@ -274,18 +226,17 @@ class Bench:
             back = used is not None and used <= self._keep + M.THRESHOLD_MIB and not {p for p, _ in self.nvml.listed()} & set(pids)
             release = time.perf_counter() - t
             if back:
-                return release + settle, "clean", f"memory back {release:.3f} s after SIGKILL, + settle {settle:g} s", \
-                    {"release_s": round(release, 4), "settle_s": settle}
+                return release, "clean", f"memory back {release:.3f} s after SIGKILL", {"release_s": round(release, 4)}
             if release > 30:
                 return release, "not clean", f"memory not back 30 s after SIGKILL ({used} MiB)", {}
             time.sleep(0.005)
 
-    def run(self, s: M.Scenario, method: str, rep: int = 0, profile: bool = False) -> M.Run:
-        r = M.Run(s.key, method + (" (importtime)" if profile else ""), rep)
+    def run(self, s: M.Scenario, method: str, rep: int = 0) -> M.Run:
+        r = M.Run(s.key, method, rep)
         try:
             r.keep_mib, r.allocated_mib = self.setup(s)
             before = self.outside()
-            fn = {"manual": self.manual, "restart": self.restart, "pvegpu": lambda: self.pvegpu(profile), "floor": self.floor}[method]
+            fn = {"manual": self.manual, "restart": self.restart, "pvegpu": self.pvegpu, "floor": self.floor}[method]
             r.wall_s, r.verdict, r.detail, r.extra = fn()
             time.sleep(1.0)
             r.truth = self.truth()

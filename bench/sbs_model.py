@@ -1,21 +1,25 @@
-"""Side-by-side benchmark: the pure part (scenarios, verdict vs truth, collateral, baseline, tables).
+"""The reset side by side: the pure part (scenarios, verdict vs truth, collateral, baseline, tables).
 
-No GPU, no root, no I/O: everything here is tested on CPU in tests/test_bench_harness.py. The GPU runner
-(bench/sbs_gpu.py) measures; this module decides what the measurements mean and renders them.
+No GPU, no root, no I/O: everything here is tested on CPU in tests/test_bench_harness.py. bench/reset.py measures
+(bench/sbs_gpu.py on a GPU node, a simulated node elsewhere); this module decides what the measurements mean and
+renders them.
 
 Manual equivalents: the *manual* method is ``pct exec VMID -- sh -c 'pkill -9 python; fuser -k /dev/nvidia*;
 sleep 3; nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits'``; the *restart* method is
 ``pct stop VMID && pct start VMID`` then the same ``nvidia-smi``; the *pvegpu* method is ``pvegpu reset VMID``.
 The *floor* is the physical limit of any verified reset: SIGKILL to every holder the scenario started (an oracle
-that needs no search), NVML polled until the memory is back (the driver's release time), plus pvegpu's settle
-window (clean must hold that long before anyone may call it clean).
+that needs no search), NVML polled until it first shows the memory back (the driver's release time). pvegpu then
+waits its settle window (``reset.settle``: clean must hold that long before anyone may call it clean); the floor does
+not.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from pvegpu.contract import dumps
 
@@ -70,8 +74,6 @@ def scenarios(keys: list[str] | None = None, scale: float = 1.0) -> list[Scenari
     chosen = [known[k] for k in keys] if keys else list(SCENARIOS)
     if scale == 1.0:
         return chosen
-    from dataclasses import replace
-
     return [replace(s, gib=s.gib * scale, neighbour_gib=s.neighbour_gib * scale, host_gib=s.host_gib * scale) for s in chosen]
 
 
@@ -82,7 +84,7 @@ def holder_argv(python: str, holder: str, gib: float, ready: str, *flags: str) -
 
 def workload_script(s: Scenario, python: str, holder: str, ready_dir: str, minor: int, cgroup_dir: str) -> str:
     """The shell script the target container runs (its only payload; the init runs it as its child)."""
-    q = _quote
+    q = shlex.quote
     ready = f"{ready_dir}/ready"
     lines = []
     if s.idle:
@@ -103,12 +105,6 @@ def workload_script(s: Scenario, python: str, holder: str, ready_dir: str, minor
 def ready_count(s: Scenario) -> int:
     """How many ready markers the target's workload writes once it holds its memory."""
     return s.workers if s.kind == "spawn" else 1
-
-
-def _quote(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
 
 
 # -- measurements and their meaning -------------------------------------------------------------------
@@ -299,13 +295,6 @@ def detail_table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-def markdown(meta: dict, runs: list[Run]) -> str:
-    """The report: machine and command, the summary, the detail."""
-    head = [f"Machine: {meta.get('machine', '?')}; driver {meta.get('driver', '?')}; {meta.get('when', '')}",
-            f"Command: `{meta.get('command', '?')}`", "", ""]
-    return "\n".join(head) + summary_table(runs) + "\n\n" + detail_table(runs) + "\n"
-
-
 def pvegpu_phases(stdout: str, t0: float, wall: float) -> dict:
     """Where a ``pvegpu reset --json`` process spent its wall time: start-up and exit (interpreter, imports,
     settings, NVML init, teardown: wall minus the reset's own elapsed), the reset itself, and the first signal
@@ -325,43 +314,8 @@ def pvegpu_phases(stdout: str, t0: float, wall: float) -> dict:
     for st in rep.get("steps", []):
         if st.get("name") == "verify" and "seconds" in st:
             out["memory_back_s"] = st["seconds"]
+            held = re.search(r"held for ([0-9.]+) s", str(st.get("msg", "")))
+            if held:
+                out["settle_s"] = float(held.group(1))
     return out
 
-
-def import_profile(stderr: str, top: int = 10) -> dict:
-    """``python -X importtime`` output → total and the largest top-level imports (ms, cumulative)."""
-    rows = []
-    for line in stderr.splitlines():
-        if not line.startswith("import time:"):
-            continue
-        parts = line[len("import time:"):].split("|")
-        if len(parts) != 3 or not parts[1].strip().isdigit():
-            continue
-        name = parts[2]
-        if len(name) - len(name.lstrip(" ")) == 1:  # top level: one space, nested imports are indented more
-            rows.append((name.strip(), int(parts[1]) / 1000))
-    rows.sort(key=lambda r: -r[1])
-    return {"total_ms": round(sum(ms for _, ms in rows), 1), "top": [[n, round(ms, 1)] for n, ms in rows[:top]]}
-
-
-def event_timeline(stderr: str, t0_epoch: float) -> dict[str, float]:
-    """``pvegpu reset --json`` writes its events as JSON lines on stderr, each with an ISO timestamp:
-    seconds from the process's start (t0_epoch, wall clock) to the first event of each name. The first,
-    ``reset.locate``, comes after start-up, settings, NVML init and the first NVML read."""
-    import datetime
-
-    out: dict[str, float] = {}
-    for line in stderr.splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            ev = json.loads(line)
-            ts = datetime.datetime.fromisoformat(str(ev["timestamp"]).replace("Z", "+00:00"))
-        except (ValueError, KeyError, TypeError):
-            continue
-        if ts.tzinfo is None:
-            ts = ts.replace(tzinfo=datetime.UTC)
-        name = str(ev.get("event", "?"))
-        key = f"{name}:{ev.get('outcome', '')}" if name in ("reset.verify", "reset.restart") else name
-        out.setdefault(key, round(ts.timestamp() - t0_epoch, 3))
-    return out

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+from tests.pvelike import cgroup_procs
+
 # PID 1 of the container: move into the payload cgroup, call itself "init", run the payload, reap every
 # child (orphans too) forever. SIGTERM from inside is ignored by the kernel for a namespace init.
 INIT = r"""
@@ -73,8 +75,6 @@ def start_ct(vmid: int, script: str = "", python: str = sys.executable, subcgrou
 
 
 def _procs(top: str) -> list[int]:
-    from tests.pvelike import cgroup_procs
-
     return cgroup_procs(top)
 
 

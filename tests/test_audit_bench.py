@@ -1,66 +1,87 @@
-"""The audit side by side's CLI row (``bench/audit_cli.py``) does the audit's whole work: on the bench node, the real
-``pvegpu audit --json`` through the entry point finds the holders the in-process audit finds, serial or not."""
+"""The audit budget's harness (bench/audit.py): the node it builds, the budgets by size, and that ``pvegpu audit`` on its
+simulated node names the holders ``fuser`` names (the check the benchmark prints before it times them)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from tests import pvelike
+from bench import audit as A
+from bench import common as C
 
 
-@pytest.mark.root(reason="needs root: the bench node's containers are real cgroups")
-def test_the_cli_row_audits_the_bench_node_like_the_in_process_audit(tmp_path):
-    """400 sleepers in 100 container cgroups, 4 stand-in holders in each of 26: the CLI (forked workers, and serial)
-    reports every container holder the in-process ``run_audit`` reports, with the stand-in NVML's GPUs."""
-    from bench.bench_audit import GPUS, STAND_INS, CountingPve, StandInNvml
-    from bench.bench_audit_sbs import CTS, cli_holders, spawn_node
-    from pvegpu.adapters.nodefiles import LocalNodeFiles
-    from pvegpu.adapters.procfs import DeviceTable, ProcHost
-    from pvegpu.audit import run_audit
+def test_the_budget_depends_on_the_node_size():
+    """2,000 processes: ≤ 1.5× fuser -v; 20,000: ≤ 1×; any other size is measured without a budget."""
+    assert A.budget_for(2000) == C.Budget("times_other", 1.5) and A.budget_for(20000) == C.Budget("times_other", 1.0)
+    assert A.budget_for(5000) is None
 
-    base = 680000 + (os.getpid() % 1000) * 100
-    vmids = [base + i for i in range(CTS)]
-    confs = {v: f"arch: amd64\nhostname: ct{i}\ndev0: /dev/nvidia{i % GPUS},gid=44\n" for i, v in enumerate(vmids) if i % 2 == 0}
-    root = pvelike.etc_pve(str(tmp_path / "pve"), "bench", confs | {v: "arch: amd64\n" for i, v in enumerate(vmids) if i % 2})
-    pids: list[int] = []
+
+def test_the_node_is_filled_up_to_its_size():
+    """Sleepers fill the node up to the size counted in /proc; the holders are started even on a fuller node."""
+    assert A.to_spawn(2000, 150, 100) == 1850 and A.to_spawn(2000, 1990, 100) == 100
+
+
+def test_holders_sit_in_containers_granted_their_gpu():
+    """The even containers are granted the GPUs in turn, the odd ones none; the first sleepers are the holders, in the
+    granted containers in turn, each holding its container's GPU; the others sit in container i % 100, holding nothing."""
+    assert [A.gpu_of(ct, 2) for ct in range(6)] == [0, None, 1, None, 0, None] and A.gpu_of(0, 0) is None
+    plan = A.plan(400, 120, ["/dev/nvidia0", "/dev/nvidia1"])
+    held = [(ct, dev) for ct, dev in plan if dev]
+    assert len(plan) == 400 and plan[:3] == [(0, "/dev/nvidia0"), (2, "/dev/nvidia1"), (4, "/dev/nvidia0")]
+    assert len(held) == 120 and held == plan[:120] and plan[100] == (0, "/dev/nvidia0") and plan[120] == (20, None)
+    assert all(dev == f"/dev/nvidia{A.gpu_of(ct, 2)}" for ct, dev in held)
+    assert A.plan(3, 5, []) == [(0, None), (1, None), (2, None)]
+
+
+def test_the_simulated_node_has_100_containers_8_running_on_8_gpus():
+    """The simulated audit node: 8 GPUs playing the given devices, 100 containers, the first 8 running one 1 GiB workload each."""
+    sc = A.sim_scenario([f"/dev/pts/{90 + i}" for i in range(8)])
+    running = [c for c in sc["containers"] if c["status"] == "running"]
+    assert len(sc["containers"]) == 100 and [g["stand_in"] for g in sc["gpus"]] == [f"/dev/pts/{90 + i}" for i in range(8)]
+    assert [c["workloads"] for c in running] == [[{"kind": "simple", "gpu": i, "mib": 1024}] for i in range(8)]
+
+
+def test_agreement_names_what_only_one_side_saw():
+    """The audit's holders against fuser's PIDs: counts, and what only one of them names."""
+    doc = json.dumps({"nodes": [{"gpus": [{"holders": [{"pid": 1}, {"pid": 2}]}]}]})
+    assert A.agreement(doc, "1 2") == "audit: 2 holders, fuser: 2 PIDs, in both: 2"
+    text = A.agreement(doc, "2 3")
+    assert text.startswith("audit: 2 holders, fuser: 2 PIDs, in both: 1; only the audit: 1; only fuser: 1")
+
+
+@pytest.mark.skipif(not C.shutil.which("fuser"), reason="needs fuser (Debian's psmisc)")
+def test_the_audit_on_the_simulated_node_names_the_holders_fuser_names():
+    """On the bench's simulated node with 16 extra holders, one paired round: `pvegpu audit --json` names every PID fuser
+    names, and the row carries both timings and the 2,000-process budget."""
+    node = A.SimNode(C.pvegpu_command())
     try:
-        pids, owners, vmids = spawn_node(400, base)
-        time.sleep(0.5)
-        state = tmp_path / "state.json"
-        state.write_text(json.dumps({"root": root, "owners": owners}))
-        table = DeviceTable({(os.major(os.stat(d).st_rdev), os.minor(os.stat(d).st_rdev)): m for m, d in enumerate(STAND_INS)})
-        rep = run_audit(pve=CountingPve(root, node="bench"), probe=StandInNvml(owners), host=ProcHost(table, workers=1),
-                        files=LocalNodeFiles(root))
-        ours = set(vmids)  # other suites may run containers holding the same stand-ins meanwhile
-        want = {(h.pid, g.index) for g in rep.gpus for h in g.holders if h.place == "lxc" and h.vmid in ours}
-        assert len(want) == 104  # 26 holding containers, 4 holders each
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PVEGPU_PVE_ROOT": root}
-        for extra in ({}, {"BENCH_SCAN_WORKERS": "1"}):
-            r = subprocess.run([sys.executable, os.path.join(pvelike.REPO, "bench", "audit_cli.py"), str(state), "audit", "--json"],
-                               capture_output=True, env=env | extra, timeout=120)
-            assert r.returncode in (0, 8), r.stderr.decode()[-2000:]
-            doc = json.loads(r.stdout)
-            got = {(h["pid"], g["index"]) for n in doc["nodes"] for g in n["gpus"] for h in g["holders"]
-                   if h["place"] == "lxc" and h["vmid"] in ours}
-            assert got == want and cli_holders(r.stdout) >= 104
-            assert [g["uuid"] for g in doc["nodes"][0]["gpus"]] == [f"GPU-bench-{i}" for i in range(GPUS)]
+        row, note = A.measure(node, 0, 1, 16, cgroups=False)
     finally:
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for p in pids:
-            try:
-                os.waitpid(p, 0)
-            except ChildProcessError:
-                pass
-        for v in vmids:
-            pvelike.destroy_ct(v)
+        node.close()
+    assert len(row.pvegpu) == 1 and len(row.other or []) == 1 and row.failures == []
+    assert "16 sleepers started, 16 holding a GPU device" in note
+    both = int(note.split("in both: ")[1].split(";")[0].split()[0])
+    assert "only" not in note and both >= 24  # 16 sleepers and the 8 running containers' workloads
+
+
+@pytest.mark.root(reason="needs root: the GPU node's sleepers sit in PVE-like container cgroups")
+def test_the_crowd_sits_in_pve_like_containers_and_is_gone_after():
+    """On the GPU node the sleepers go into /lxc/<vmid>/ns cgroups, a holder has its GPU's device open as fd 3; closing
+    the crowd kills and reaps every sleeper and removes the cgroups."""
+    import os
+
+    from tests import pvelike
+
+    with C.PrivateDevices(1) as dev:
+        base = 640000 + (os.getpid() % 1000) * 100
+        crowd = A.Crowd(A.plan(3, 1, dev.paths), base, cgroups=True)
+        try:
+            pids = list(crowd.pids)
+            cgroups = [open(f"/proc/{p}/cgroup").read().strip().rsplit("::", 1)[-1] for p in pids]
+            assert cgroups == [f"/lxc/{base}/ns", f"/lxc/{base + 1}/ns", f"/lxc/{base + 2}/ns"]
+            assert os.readlink(f"/proc/{pids[0]}/fd/3") == dev.paths[0] and not os.path.exists(f"/proc/{pids[1]}/fd/3")
+        finally:
+            crowd.close()
+        assert not any(os.path.exists(f"/proc/{p}") for p in pids)
+        assert not any(os.path.exists(os.path.dirname(pvelike.cgroup_dir(base + i))) for i in range(A.CTS))
