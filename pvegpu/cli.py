@@ -324,7 +324,7 @@ def hook_allow_once(vmid: str = typer.Argument(..., metavar="VMID", help="contai
 
     s = _settings()
     n = check_vmid(vmid)
-    pve = wiring.gate_ports(s).pve
+    pve = wiring.gate_pve(s)
     g = pve.where(n)
     if g is not None and g.type == "qemu":  # a VM's start is gated too (pvegpu/vmgate.py)
         local = pve.local_node()

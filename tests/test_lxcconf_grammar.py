@@ -141,14 +141,3 @@ def test_strenum_behaves_as_enums_strenum(kind):
     with pytest.raises(TypeError):
         class More(kind):  # type: ignore[misc, valid-type]
             DIM = "dim"
-
-
-def test_the_gate_and_the_scan_import_neither_enum_nor_re(tmp_path):
-    """The start gate's modules and the scan's front door import no ``enum``, ``re`` or ``collections``."""
-    import subprocess
-
-    code = ("import sys; from pvegpu import hook, wiring, gate, holders; from pvegpu.adapters import etcpve, procfs, "
-            "nvml_lite, locks, scanpool, settingsfile; print(sorted({'enum', 're', 'collections'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {sys.path!r}; {code}"],
-                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
-    assert out.strip() == "[]"

@@ -59,13 +59,3 @@ def test_an_adapter_warning_when_logging_was_imported_first_is_a_warning_line_to
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert p.stdout.split() == ["1"]
     assert p.stderr.splitlines() == ["warning: pvesh get /x wrote to stderr (its answer is used): y"]
-
-
-def test_the_node_paths_import_no_threading():
-    """The modules a reset and an audit on a node use (NVML's warm-up, bounded reads, the /proc scan) leave threading out."""
-    mods = ("pvegpu.frontdoor pvegpu.resetcmd pvegpu.auditcmd pvegpu.wiring pvegpu.reset pvegpu.render pvegpu.audit pvegpu.logs "
-            "pvegpu.adapters.bounded pvegpu.adapters.nvml_warm pvegpu.adapters.nvml_lite pvegpu.adapters.procfs "
-            "pvegpu.adapters.scanpool pvegpu.adapters.locks pvegpu.adapters.etcpve pvegpu.adapters.nodefiles").split()
-    code = f"import sys; sys.path.insert(0, {REPO!r}); import {', '.join(mods)}; print('threading' in sys.modules, len(sys.modules))"
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
-    assert out.stdout.split()[0] == "False", out.stderr

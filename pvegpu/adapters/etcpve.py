@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import NotFoundError, PveApiError
+from ..errors import NotFoundError, NotPveNodeError, PmxcfsDownError, PveApiError, PvegpuError
 from ..model import CtStatus, Guest
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
@@ -212,3 +212,12 @@ class NodePve:
         """``pvesh get /nodes/<node>/tasks/<upid>/status`` until the task stops, through the API."""
         return self._need_api("waiting for a task").wait_task(node, upid, timeout=timeout, what=what,  # type: ignore[no-any-return]
                                                               progress=progress)
+
+
+def no_pve(root: str) -> PvegpuError:
+    """Why there is no Proxmox VE to read: ``/etc/pve`` empty (pmxcfs down, exit 4), or absent (not a node, exit 3)."""
+    try:
+        empty = os.path.isdir(root) and not os.listdir(root)
+    except OSError:
+        empty = False
+    return PmxcfsDownError(root) if empty else NotPveNodeError(root)
