@@ -2,13 +2,11 @@
 
 Usage: python3 bench/audit_cli.py STATE [PVEGPU ARGS...]   (e.g. ``STATE audit --json``; PVEGPU_PVE_ROOT names the node's tree)
 
-Nothing of pvegpu is imported ahead of the command: three patches are applied by an import hook only when pvegpu
+Nothing of pvegpu is imported ahead of the command: the patches are applied by an import hook only when pvegpu
 itself imports their module, so every import and its cost stays where the command puts it:
 
-- ``pvegpu.adapters.nvml_lite`` (the ctypes NVML reader the audit opens): ``libnvidia-ml.so.1`` is a stand-in
-  library answering as ``bench_audit.StandInNvml`` does (8 GPUs, one owner pid with 1 GiB per holding container),
-  called through ctypes as the driver is (out-parameters by reference, the process list's two calls);
-- ``pynvml`` (nvidia-ml-py, for a release whose audit read NVML through it): the same answers;
+- ``pynvml`` (nvidia-ml-py, the NVML reader the audit opens): each call it makes answers as
+  ``bench_audit.StandInNvml`` does (8 GPUs, one owner pid with 1 GiB per holding container);
 - ``pvegpu.adapters.devscan``: the device table without arguments maps the four stand-in devices to GPUs 0-3 (on a
   node it maps major 195);
 - ``pvegpu.adapters.nodefiles``: ``/dev/nvidia*`` exist (the stand-ins), as on a GPU node;
@@ -84,107 +82,6 @@ def patch_pynvml(N: object) -> None:  # noqa: C901 - one stand-in per call the a
         setattr(N, name, fn)
 
 
-class _StandInLib:
-    """``libnvidia-ml.so.1`` for the ctypes reader: NVML's C calls, answered as ``patch_pynvml``'s stand-in answers."""
-
-    def __init__(self) -> None:
-        self.owners = _owners()
-
-        class _ErrorString:
-            restype = None
-
-            def __call__(self, rc: int) -> bytes:
-                return b"stand-in error %d" % rc
-
-        self.nvmlErrorString = _ErrorString()
-
-    def nvmlInit_v2(self) -> int:
-        return 0
-
-    def nvmlShutdown(self) -> int:
-        return 0
-
-    def nvmlDeviceGetCount_v2(self, count: object) -> int:
-        count._obj.value = GPUS  # type: ignore[attr-defined]
-        return 0
-
-    def nvmlDeviceGetHandleByIndex_v2(self, i: int, h: object) -> int:
-        if not 0 <= i < GPUS:
-            return 2
-        h._obj.value = 100 + i  # type: ignore[attr-defined]
-        return 0
-
-    def nvmlDeviceGetMinorNumber(self, h: object, minor: object) -> int:
-        minor._obj.value = h.value - 100  # type: ignore[attr-defined]
-        return 0
-
-    def nvmlDeviceGetUUID(self, h: object, buf: object, size: int) -> int:
-        buf.value = f"GPU-bench-{h.value - 100}".encode()  # type: ignore[attr-defined]
-        return 0
-
-    def nvmlDeviceGetName(self, h: object, buf: object, size: int) -> int:
-        buf.value = b"Bench GPU"  # type: ignore[attr-defined]
-        return 0
-
-    def nvmlDeviceGetPciInfo_v3(self, h: object, pci: object) -> int:
-        pci._obj.busIdLegacy = f"0000:{0x41 + h.value - 100:02x}:00.0".encode()  # type: ignore[attr-defined]
-        return 0
-
-    def nvmlDeviceGetMemoryInfo(self, h: object, mem: object) -> int:
-        mem._obj.total = 143771 * MIB  # type: ignore[attr-defined]
-        return 0
-
-    def nvmlDeviceGetMemoryInfo_v2(self, h: object, mem: object) -> int:
-        m = mem._obj  # type: ignore[attr-defined]
-        m.total, m.used, m.reserved = 143771 * MIB, len(self.owners.get(h.value - 100, [])) * 1024 * MIB, 615 * MIB  # type: ignore[attr-defined]
-        return 0
-
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, h: object, count: object, arr: object) -> int:
-        pids = self.owners.get(h.value - 100, [])  # type: ignore[attr-defined]
-        if arr is None:
-            count._obj.value = len(pids)  # type: ignore[attr-defined]
-            return 7 if pids else 0  # INSUFFICIENT_SIZE: the caller asks again with room
-        for i, p in enumerate(pids):
-            arr[i].pid, arr[i].usedGpuMemory = p, 1024 * MIB  # type: ignore[index]
-        count._obj.value = len(pids)  # type: ignore[attr-defined]
-        return 0
-
-    def _none(self, h: object, count: object, arr: object) -> int:
-        count._obj.value = 0  # type: ignore[attr-defined]
-        return 0
-
-    nvmlDeviceGetGraphicsRunningProcesses_v3 = nvmlDeviceGetMPSComputeRunningProcesses_v3 = _none
-
-    def nvmlDeviceGetRemappedRows(self, h: object, *out: object) -> int:
-        for o in out:
-            o._obj.value = 0  # type: ignore[attr-defined]
-        return 0
-
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: object, state: object) -> int:
-        return 3  # NOT_SUPPORTED
-
-    def nvmlDeviceGetMigMode(self, h: object, cur: object, pending: object) -> int:
-        cur._obj.value = pending._obj.value = 0  # type: ignore[attr-defined]
-        return 0
-
-    def nvmlSystemGetDriverVersion(self, buf: object, size: object) -> int:
-        return 3  # NOT_SUPPORTED, as patch_pynvml's
-
-
-def patch_nvml_lite(mod: object) -> None:
-    import ctypes
-
-    class _Ctypes:  # the module's ctypes, but libnvidia-ml.so.1 is the stand-in
-        def __getattr__(self, name: str) -> object:
-            return getattr(ctypes, name)
-
-        @staticmethod
-        def CDLL(name: object, *a: object, **kw: object) -> object:  # noqa: N802 - ctypes' name
-            return _StandInLib() if name == "libnvidia-ml.so.1" else ctypes.CDLL(name, *a, **kw)  # type: ignore[arg-type]
-
-    mod.ctypes = _Ctypes()  # type: ignore[attr-defined]
-
-
 def patch_devscan(mod: object) -> None:
     numbers = {(os.major(os.stat(d).st_rdev), os.minor(os.stat(d).st_rdev)): m for m, d in enumerate(STAND_INS)}
     cls = mod.DeviceTable  # type: ignore[attr-defined]
@@ -220,7 +117,7 @@ def patch_procfs(mod: object) -> None:
     cls.__init__ = __init__
 
 
-PATCHES = {"pynvml": patch_pynvml, "pvegpu.adapters.nvml_lite": patch_nvml_lite, "pvegpu.adapters.devscan": patch_devscan, "pvegpu.adapters.nodefiles": patch_nodefiles,
+PATCHES = {"pynvml": patch_pynvml, "pvegpu.adapters.devscan": patch_devscan, "pvegpu.adapters.nodefiles": patch_nodefiles,
            "pvegpu.adapters.procfs": patch_procfs}
 
 

@@ -23,7 +23,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUDIT_IMPORTS = ("import pvegpu.frontdoor, pvegpu.auditcmd, pvegpu.wiring, pvegpu.audit, pvegpu.render_audit, "
                  "pvegpu.adapters.procfs, pvegpu.adapters.nodefiles, pvegpu.adapters.etcpve, pvegpu.adapters.users, "
-                 "pvegpu.adapters.bounded, pvegpu.adapters.scanpool, pvegpu.adapters.clock, pvegpu.adapters.nvml_lite")
+                 "pvegpu.adapters.bounded, pvegpu.adapters.scanpool, pvegpu.adapters.clock, pvegpu.adapters.nvml")
 
 
 def cases(py: str) -> dict[str, list[str]]:

@@ -4,7 +4,7 @@
 
 Copies the checkout (or ``--tree DIR``) to a temporary directory, adds a mark at each step (a line appended to a
 file: the step, the pid, ``perf_counter`` in ms; the child's stdio is /dev/null), and runs the hookscript as PVE
-runs it N times (``gate_parts.py``'s node: one container, ``/etc/pvegpu/pvegpu.toml`` through its snapshot). Prints
+runs it N times (a node of one container, ``/etc/pvegpu/pvegpu.toml`` read through its snapshot). Prints
 each step's median time since the spawn, parent (P) or child (C) and, for the child's NVML thread (W), what
 it waited for. The marks cost a few µs each; the copy is the checkout's code, the marks aside.
 """
@@ -22,7 +22,6 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from bench.gate_parts import guard_for  # noqa: E402
 from tests import pvelike  # noqa: E402
 
 # (file, anchor, mark, after): a mark is put before (or after) the first line holding the anchor
@@ -36,21 +35,30 @@ MARKS = [
     ("pvegpu/hook.py", "allow, text = bool(v[\"allow\"]), str(v[\"text\"])", "P answer", False),
     ("pvegpu/adapters/child.py", "null = os.open(os.devnull, os.O_RDWR)", "C start", False),
     ("pvegpu/adapters/child.py", "_write_all(w, data)", "C write", False),
-    ("pvegpu/hook.py", "warm = wiring.warm_nvml(opts.simulate)", "C warm", True),
-    ("pvegpu/hook.py", "ports = wiring.gate_ports(s, warm)", "C settings", False),
-    ("pvegpu/hook.py", "ports = wiring.gate_ports(s, warm)", "C ports", True),
+    ("pvegpu/hook.py", "ports = wiring.gate_ports(s)", "C settings", False),
+    ("pvegpu/hook.py", "ports = wiring.gate_ports(s)", "C ports", True),
     ("pvegpu/gate.py", "pids = ports.host.ct_pids(vmid)", "C config", False),
     ("pvegpu/gate.py", "pids = ports.host.ct_pids(vmid)", "C ct_pids", True),
     ("pvegpu/gate.py", "init = next((p for p in pids", "C facts", False),
     ("pvegpu/gate.py", "return CheckResult(vmid, decide(vmid, facts", "C decide", False),
     ("pvegpu/holders.py", "samples = probe.sample(minors)", "C sampled", True),
-    ("pvegpu/adapters/nvml_lite.py", "            warm.join()", "C join", False),
-    ("pvegpu/adapters/nvml_lite.py", "            warm.join()", "C joined", True),
-    ("pvegpu/adapters/nvml_warm.py", "            import ctypes\n", "W ctypes", True),
-    ("pvegpu/adapters/nvml_warm.py", "lib = ctypes.CDLL(self.library)", "W loaded", True),
-    ("pvegpu/adapters/nvml_warm.py", "rc = int(lib.nvmlInit_v2())", "W init", True),
-    ("pvegpu/adapters/nvml_warm.py", "lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(ctypes.c_void_p()))", "W done", True),  # each GPU attached
+    ("pvegpu/adapters/bounded.py", "            self._wait(opening, None)", "C join", False),  # the first reading waits for NVML's start
+    ("pvegpu/adapters/bounded.py", "            self._wait(opening, None)", "C joined", True),
+    ("pvegpu/adapters/nvml.py", "            self.N.nvmlInit()", "W init", False),  # NVML's start, in its thread
+    ("pvegpu/adapters/nvml.py", "            self.N.nvmlInit()", "W started", True),
 ]
+
+
+def guard_for(tmp: str, tree: str, name: str) -> str:
+    """The hookscript with its fast path's pvegpu directory pointing at checkout ``tree`` (nvidia-ml-py's stays)."""
+    path = pvelike.guard(tmp, pvelike.launcher(tmp))
+    with open(path) as f:
+        text = f.read().replace(f"PVEGPU_PYTHONPATH={REPO}", f"PVEGPU_PYTHONPATH={tree}")
+    out = os.path.join(tmp, name)
+    with open(out, "w") as f:
+        f.write(text)
+    os.chmod(out, 0o755)
+    return out
 
 
 def instrument(src: str, dst: str, marks_file: str, marks: list[tuple[str, str, str, bool]] = MARKS) -> None:

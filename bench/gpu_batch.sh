@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU measurement behind BENCHMARKS.md in one go, as root on an NVIDIA node, from the repo root:
-#   OUT=/tmp/pvegpu-gpu bash bench/gpu_batch.sh        (COMPARE=DIR: gate_parts also times another checkout)
+#   OUT=/tmp/pvegpu-gpu bash bench/gpu_batch.sh        (COMPARE=DIR: the timelines also time another checkout)
 # PARTS="tests gate timelines sbs" (the default: all) runs only the sections named, e.g. in two calls of a 10-minute limit.
 # On a machine without a package registry, put the wheels in .whl/ first (BENCHMARKS.md says how).
 set -u
@@ -36,11 +36,8 @@ PVEGPU_RESULTS="$OUT/gpu.jsonl" timeout "${T_TESTS:-300}" $PY -m pytest -q -p no
 fi
 if want gate; then echo "== gate vs nvidia-smi"; date +%s
 timeout "${T_GATE:-90}" $PY bench/bench_gate.py "${GATE_N:-40}" 2>&1 | tee "$OUT/gate.txt"
-echo "== gate, layer by layer (COMPARE=DIR: the hook rows from another checkout too)"; date +%s
-timeout "${T_PARTS:-120}" $PY bench/gate_parts.py "${PARTS_N:-25}" ${COMPARE:+--compare "$COMPARE"} 2>&1 | grep -v "exit 10" | tee "$OUT/gate_parts.txt"
 fi
-if want timelines; then echo "== NVML's calls, the gate's and the reset's timelines"; date +%s
-timeout "${T_TL:-120}" $PY bench/nvml_calls.py 20 2>&1 | tee "$OUT/nvml_calls.txt"
+if want timelines; then echo "== the gate's and the reset's timelines"; date +%s
 timeout "${T_TL:-120}" $PY bench/gate_timeline.py 25 2>&1 | tee "$OUT/gate_timeline.txt"
 timeout "${T_TL:-120}" $PY bench/reset_timeline.py 12 2>&1 | tee "$OUT/reset_timeline.txt"
 if [ -n "${COMPARE:-}" ]; then

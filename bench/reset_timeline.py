@@ -42,8 +42,8 @@ MARKS = [
     ("pvegpu/resetcmd.py", "    log = configure(verbose=verbose", "imported", False),
     ("pvegpu/resetcmd.py", "        ports.lock, ports.interrupts = lock, signals", "locked", False),
     ("pvegpu/resetcmd.py", "        signals.done = True  # the report is final", "reset done", False),
-    ("pvegpu/adapters/nvml_warm.py", "            import ctypes\n", "W thread", True),  # NVML's thread at work
-    ("pvegpu/adapters/nvml_warm.py", "lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(ctypes.c_void_p()))", "W nvml", True),  # each GPU attached
+    ("pvegpu/adapters/nvml.py", "            self.N.nvmlInit()", "W thread", False),  # NVML's start, in its thread
+    ("pvegpu/adapters/nvml.py", "            self.N.nvmlInit()", "W nvml", True),
     ("pvegpu/reset/find.py", "    run.located = loc = locate(run.vmid", "R find", False),
     ("pvegpu/reset/find.py", "    run.located = loc = locate(run.vmid", "R located", True),
     ("pvegpu/reset/find.py", "    facts = r.before = run.inspect()", "R first reading", True),
