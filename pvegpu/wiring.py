@@ -1,7 +1,8 @@
 """The composition root: the one place that reads the settings, builds the ports and derives the policies.
 
 ``cli``, ``hook``, ``resetcmd`` and ``auditcmd`` call only this module; nothing below imports it. The node is chosen
-once per run: the simulated node under ``--simulate``, else this one. What each command gets:
+once per run (the simulated node under ``--simulate``, else this one), and NVML is opened one way, ``nvml_reader``
+(nvidia-ml-py, its start and every reading in a thread under a deadline: ``adapters/bounded.py``). What each gets:
 
 - the start gate (``check``, ``hook VMID pre-start``): ``gate_ports`` (``/etc/pve``, never the API; NVML; ``/proc``),
   ``gate_policy``; ``gate_pve`` locates a guest; ``gate_files`` for a VM's devices; ``own_start``.
@@ -9,10 +10,8 @@ once per run: the simulated node under ``--simulate``, else this one. What each 
   ``/proc``; clock), ``reset_policy`` / ``post_stop_policy``, ``ct_lock``; of a VM: ``vm_api``, ``vm_policy``.
 - ``audit``: ``world(s).audit_ports`` (NVML with details, PVE, ``/proc``, node files), ``cluster_audits``, the textfile.
 - ``hook install | uninstall | status``: ``install_target`` (``/etc/pve``, node name, snippet lister, ``pct``).
-
-NVML is opened one way for all of them: ``nvml_reader`` (nvidia-ml-py, its start and every reading in a thread
-under a deadline: ``adapters/bounded.py``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from . import errors as E
-from .adapters import journal, locks, nodefiles, ssh, storagecfg
+from .adapters import journal, locks, nodefiles, storagecfg
 from .adapters.bounded import BoundedProbe
 from .adapters.clock import SystemClock as system_clock
 from .adapters.etcpve import EtcPve, NodePve, no_pve
@@ -47,9 +46,10 @@ from .vmreset import VmPolicy
 
 if TYPE_CHECKING:
     from .adapters.pve import ProxmoxerPve
+    from .adapters.ssh import SshAudits
 
-# The API client (adapters/pve.py, adapters/agent.py: proxmoxer and requests) is imported inside the functions that
-# build it: the hookscript's path imports this module and stays free of it (the gate never calls the API).
+# Imported where they are built: the API client (adapters/pve.py, agent.py: proxmoxer, requests) and the cluster's
+# ssh fan-out (adapters/ssh.py: concurrent.futures brings logging); the hookscript and a plain reset need neither.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,9 +303,10 @@ def vm_api(s: Settings) -> VmApi:
     return ProxmoxerVm(api)
 
 
-def cluster_audits(timeout: float, options: list[str]) -> ssh.SshAudits:
+def cluster_audits(timeout: float, options: list[str]) -> SshAudits:
     """The other nodes' audits, over the root SSH trust PVE sets up between cluster nodes."""
-    return ssh.SshAudits(timeout=timeout, options=options)
+    from .adapters.ssh import SshAudits  # see the comment above GlobalOptions
+    return SshAudits(timeout=timeout, options=options)
 
 
 # -- hook install | uninstall | status ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from pvegpu import auditcmd
+from pvegpu.install import fast_path
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}
@@ -71,7 +72,7 @@ def test_light_audit_parser_leaves_what_it_is_not_sure_of_to_typer(line):
 
 def test_the_audit_path_imports_no_typer():
     """``pvegpu audit`` starts without typer, click, pydantic or rich (the front door parses its line)."""
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {REPO!r}); "
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {fast_path()!r}.split(':'); "
                           "import pvegpu.frontdoor, pvegpu.auditcmd, pvegpu.audit, pvegpu.render_audit; print(' '.join(sys.modules))"],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     mods = set(out.stdout.split())

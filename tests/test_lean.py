@@ -17,6 +17,7 @@ import pytest
 from pvegpu import record as R
 from pvegpu import resetcmd
 from pvegpu.errors import ConfigError
+from pvegpu.install import fast_path
 from pvegpu.model import GpuSample, Holder, NvmlProcess, Place, Placement, ProcIdentity, ProcInfo, Step
 from pvegpu.settings import ResetSettings, Settings
 from tests.pvelike import REPO
@@ -154,7 +155,7 @@ def test_a_records_methods_are_not_compiled_until_it_is_hot():
 
 
 def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {REPO!r}); {code}; "
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {fast_path()!r}.split(':'); {code}; "
                           "print(' '.join(sys.modules))"], capture_output=True, text=True, cwd=REPO, timeout=60)
     return set(out.stdout.split())
 
@@ -277,7 +278,7 @@ def test_a_root_run_writes_the_snapshot_and_the_next_reads_it_without_tomllib(co
     f, snap = conf
     first = _load(f, snap)
     assert os.stat(os.path.join(snap, "settings-other.snapshot")).st_uid == 0
-    code = (f"import sys; sys.path.insert(0, {REPO!r}); from pvegpu.adapters.settingsfile import load; "
+    code = (f"import sys; sys.path[:0] = {fast_path()!r}.split(':'); from pvegpu.adapters.settingsfile import load; "
             f"s = load({str(f)!r}, env={{}}, snapshot_dir={snap!r}); print(s.reset.grace, s.gate.exclusive, 'tomllib' in sys.modules)")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["4.0", "(129,", "130)", "False"], out.stderr
