@@ -127,7 +127,7 @@ class Opened(Probe):
 
 def test_begin_opens_in_its_thread_and_the_first_reading_takes_it_over():
     """begin() opens the probe in a thread while the caller goes on; the first reading uses that opening (one open),
-    a second begin() starts nothing more; close() closes it, and a later reading opens afresh."""
+    a second begin() starts nothing more; close() closes it, and a later opening starts afresh."""
     log: list[str] = []
     go = threading.Event()
 
@@ -143,6 +143,7 @@ def test_begin_opens_in_its_thread_and_the_first_reading_takes_it_over():
     assert b.gpus()[0].uuid == "GPU-x" and b.sample([0])[0].known and log == ["open"]
     b.close()
     assert log == ["open", "close"]
+    b.begin()  # after a close, a new run of the same reader begins afresh
     assert b.gpus() and log == ["open", "close", "open"]
 
 

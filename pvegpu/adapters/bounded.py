@@ -79,7 +79,8 @@ class BoundedProbe:
     def begin(self) -> None:
         """Start opening the inner probe now, in its thread, without waiting: the first reading waits for it."""
         with self._lock:
-            if self.inner is None and self._opener is not None and self._busy is None:
+            idle = self._busy is None or not self._busy.is_alive()
+            if self.inner is None and self._opener is not None and self._opening is None and idle:
                 self._busy = self._opening = _Call(self._probe)
 
     def _run(self, fn: Callable[[], T], progress: Callable[[], int] | None = None) -> T:
@@ -182,8 +183,9 @@ class BoundedProbe:
         process's exit closes it). With an ``opener``, a later reading opens it again."""
         with self._lock:
             opening, self._opening = self._opening, None
-            if opening is not None:  # begun, never read: its NVML is closed like any other
-                opening.returned(self.deadline)
+        if opening is not None:  # begun, never read: its NVML is closed like any other
+            opening.returned(self.deadline)
+        with self._lock:
             if self._busy is not None and self._busy.is_alive():
                 return
             inner = self.inner
