@@ -382,7 +382,7 @@ def hook_allow_once(
     """Let the next start of a guest through the start gate once (token expires after gate.override_ttl)."""
     s = wiring.settings(_opts(ctx))
     n = check_vmid(vmid)
-    pve = wiring.gate_ports(s).pve
+    pve = wiring.gate_pve(s)
     g = pve.where(n)
     if g is not None and g.type == "qemu":  # a VM's start is gated too (pvegpu/vmgate.py)
         local = pve.local_node()

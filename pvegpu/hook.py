@@ -27,7 +27,6 @@ from .textfit import fit
 from .vmgate import vm_verdict
 
 if TYPE_CHECKING:
-    from .adapters.nvml_warm import NvmlWarmup
     from .settings import Settings
 
 PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
@@ -35,9 +34,9 @@ HOOK_HINT = ("PVE runs the guard as `pvegpu-guard VMID PHASE`, no options: setti
              "(default /etc/pvegpu/pvegpu.toml), a simulated node from PVEGPU_SIMULATE; `pvegpu check VMID` asks the same")
 
 
-def _verdict(vmid: int, s: Settings, warm: NvmlWarmup | None = None) -> dict[str, Any]:
+def _verdict(vmid: int, s: Settings) -> dict[str, Any]:
     """The check as plain data, so it can cross the pipe from the bounded child."""
-    ports = wiring.gate_ports(s, warm)
+    ports = wiring.gate_ports(s)
     guest = ports.pve.where(vmid)
     if guest is not None and guest.type == "qemu":  # a VM: pvegpu/vmgate.py
         vm = vm_verdict(vmid, ports, wiring.gate_policy(s), lambda: wiring.gate_files(s))
@@ -48,12 +47,11 @@ def _verdict(vmid: int, s: Settings, warm: NvmlWarmup | None = None) -> dict[str
 
 
 def start_check(vmid: int, opts: wiring.GlobalOptions) -> Child:
-    """The check, started now in a forked child, before this process reads its settings: the child starts NVML
-    in a thread at once (``adapters/nvml_warm.py``), beside its own settings, ``/etc/pve`` and ``/proc`` reads;
-    ``gate.deadline`` counts from this fork (``collect``). The same settings are read on both sides."""
+    """The check, started now in a forked child, before this process reads its settings: the child begins NVML's
+    start beside its ``/etc/pve`` and ``/proc`` reads (``wiring.gate_ports``); ``gate.deadline`` counts from this
+    fork (``collect``). The same settings are read on both sides."""
     def check() -> dict[str, Any]:
-        warm = wiring.warm_nvml(opts.simulate)
-        return _verdict(vmid, wiring.settings(opts), warm)
+        return _verdict(vmid, wiring.settings(opts))
 
     return _fork(check)
 
@@ -195,7 +193,7 @@ def _pre_start(vmid: int, s: Settings, child: Child, out: TextIO, err: TextIO) -
 def _post_stop(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
     """Never fails the stop: reports leftovers; with gate.post_stop_reclaim, stops the CT's stray holders."""
     try:
-        guest = wiring.gate_ports(s).pve.where(vmid)
+        guest = wiring.gate_pve(s).where(vmid)
     except E.PvegpuError:
         guest = None
     if guest is not None and guest.type == "qemu":  # a stopped VM's GPU stays on vfio-pci: nothing to check or report

@@ -49,13 +49,30 @@ def guard_text(template: str, pvegpu_bin: str | None = None, fast: bool = True) 
     (every value shell-quoted: a path is data, never shell text)."""
     pvegpu_bin = os.path.abspath(pvegpu_bin or pvegpu_path())
     text = template.replace("PVEGPU=/usr/local/bin/pvegpu\n", f"PVEGPU={shlex.quote(pvegpu_bin)}\n")
-    if fast:  # the gate needs pvegpu only (it reads NVML through ctypes): one directory on the path
-        spec = importlib.util.find_spec("pvegpu")
-        where = os.path.dirname(os.path.dirname(spec.origin)) if spec and spec.origin else ""
-        if where and ":" not in where:
-            text = text.replace("PVEGPU_PYTHON=\n", f"PVEGPU_PYTHON={shlex.quote(sys.executable)}\n")
-            text = text.replace("PVEGPU_PYTHONPATH=\n", f"PVEGPU_PYTHONPATH={shlex.quote(where)}\n")
+    where = fast_path() if fast else None
+    if where:
+        text = text.replace("PVEGPU_PYTHON=\n", f"PVEGPU_PYTHON={shlex.quote(sys.executable)}\n")
+        text = text.replace("PVEGPU_PYTHONPATH=\n", f"PVEGPU_PYTHONPATH={shlex.quote(where)}\n")
     return text
+
+
+GATE_PACKAGES = ("pvegpu", "pynvml")  # all the gate imports beyond the standard library (NVML through nvidia-ml-py)
+
+
+def fast_path() -> str | None:
+    """The guard's import path for ``python -I -S`` (no site, so no ``.pth`` files): the directory each of
+    ``GATE_PACKAGES`` is imported from, pvegpu's first, joined by ":"; None when one cannot be found, or a directory
+    holds a ":" (the guard then runs the ``pvegpu`` command)."""
+    dirs: list[str] = []
+    for name in GATE_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin:
+            return None
+        where = os.path.dirname(spec.origin)  # a module's directory; a package's parent
+        dirs.append(os.path.dirname(where) if spec.submodule_search_locations is not None else where)
+    if any(":" in d or not d for d in dirs):
+        return None
+    return ":".join(dict.fromkeys(dirs))
 
 
 def write_atomic(path: str, text: str, mode: int = 0o755) -> None:

@@ -137,11 +137,11 @@ def do_reset(s: Any, vmid: int, *, dry_run: bool, json_out: bool, verbose: bool)
 
 
 def _located(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
-    world = wiring.world(s, warm_ct=vmid)  # one node world for the whole run: the same PVE port locates the guest and resets it
+    world = wiring.world(s)  # one node world for the whole run: the same PVE port locates the guest and resets it
     guest = world.pve.where(vmid)
     if guest is not None and guest.type == "qemu":
         return _vm_reset(s, vmid, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
-    if guest is not None:  # a container: NVML starts now (if world() has not already), beside the imports and the lock
+    if guest is not None:  # a container: NVML starts now, beside the imports and the lock
         signals.kind = "CT"  # located: from here on the wording is a container's
         world.warm_up()
     return _ct_reset(s, vmid, world, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)

@@ -2,7 +2,7 @@
 
 The composition root uses the simulated node for everything or nothing (``--simulate``); the fault matrix
 needs the real HTTPS / pvesh adapters in front of simulated GPUs. This swaps only the composition root's
-``open_nvml``, ``open_nvml_lite``, ``proc_host`` (for the sim's, from ``FAULTCLI_SIM_ROOT``) and, with ``FAULTCLI_DEVLOG``, the
+NVML reader (``NvmlProbe``), ``proc_host`` (for the sim's, from ``FAULTCLI_SIM_ROOT``) and, with ``FAULTCLI_DEVLOG``, the
 system log's socket, then runs the real command line unchanged:
 ``FAULTCLI_SIM_ROOT=DIR python -m tests.fault_cli --config FILE reset 129``.
 """
@@ -20,7 +20,7 @@ from pvegpu.sim.state import SimState
 
 if __name__ == "__main__":
     root = os.environ["FAULTCLI_SIM_ROOT"]
-    wiring.open_nvml = wiring.open_nvml_lite = lambda warm=None: SimNvml(SimState(root))  # type: ignore[assignment]
+    wiring.NvmlProbe = lambda details=False: SimNvml(SimState(root))  # type: ignore[assignment, misc]
     wiring.proc_host = lambda: SessionHost(SimState(root))  # type: ignore[assignment]
     if os.environ.get("FAULTCLI_DEVLOG"):  # the system log's socket, for tests that read what pvegpu logged
         from pvegpu.adapters import journal

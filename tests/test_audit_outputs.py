@@ -171,9 +171,11 @@ def fake_pynvml(**over):
 
 def test_nvml_health_reads_and_not_supported_is_unknown(monkeypatch):
     """NvmlProbe.health: reserved v2, remap pending, MIG off, driver version; NotSupported (retired pages on Hopper) is None."""
-    fake = fake_pynvml()
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    from pvegpu.adapters import nvml
     from pvegpu.adapters.nvml import NvmlProbe
+
+    fake = fake_pynvml()
+    monkeypatch.setattr(nvml, "pynvml", fake)
 
     with NvmlProbe() as p:
         p.gpus()

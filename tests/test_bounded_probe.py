@@ -55,7 +55,7 @@ def test_later_reads_do_not_pile_up_behind_a_hung_one():
     second = b.sample([0])
     assert p.calls == 1 and "earlier NVML read has not returned" in (second[0].error or "")
     p.release.set()
-    assert b._busy is not None and b._busy.join(5)
+    assert b._busy is not None and b._busy.returned(5)
     assert b.sample([0])[0].known and p.calls == 2
 
 
@@ -111,3 +111,95 @@ def test_health_many_stuck_on_one_gpu_keeps_what_came_before_within_the_deadline
     assert got == {0: ("health", 0)}
     assert b.health_many([2]) == {} and p.calls == [0, 1]
     p.release.set()
+
+
+class Opened(Probe):
+    """A probe whose opening and closing are written to ``log``."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__(block=False)
+        self.log = log
+        log.append("open")
+
+    def close(self):
+        self.log.append("close")
+
+
+def test_begin_opens_in_its_thread_and_the_first_reading_takes_it_over():
+    """begin() opens the probe in a thread while the caller goes on; the first reading uses that opening (one open),
+    a second begin() starts nothing more; close() closes it, and a later opening starts afresh."""
+    log: list[str] = []
+    go = threading.Event()
+
+    def opener():
+        go.wait(5)
+        return Opened(log)
+
+    b = BoundedProbe(None, deadline=5, opener=opener)
+    b.begin()
+    b.begin()
+    assert log == []  # the opening waits in its thread; this one went on
+    go.set()
+    assert b.gpus()[0].uuid == "GPU-x" and b.sample([0])[0].known and log == ["open"]
+    b.close()
+    assert log == ["open", "close"]
+    b.begin()  # after a close, a new run of the same reader begins afresh
+    assert b.gpus() and log == ["open", "close", "open"]
+
+
+def test_a_begun_opening_that_hangs_is_unknown_within_the_deadline_and_never_queued_behind():
+    """NVML's start stuck in the driver: the first reading answers unknown within its deadline, the next at once."""
+    release = threading.Event()
+
+    def opener():
+        release.wait(30)
+        return Probe(block=False)
+
+    b = BoundedProbe(None, deadline=0.2, opener=opener)
+    b.begin()
+    try:
+        first, second = b.sample([0]), b.sample([0])
+        assert not first[0].known and "did not return within 0.2 s" in (first[0].error or "")
+        assert not second[0].known and "earlier NVML read has not returned" in (second[0].error or "")
+        with pytest.raises(GpuQueryError):
+            b.gpus()
+    finally:
+        release.set()
+
+
+def test_an_opening_that_fails_is_the_readings_error_never_zero():
+    """NVML that cannot start: gpus() raises the opener's GpuQueryError, sample() gives every GPU unknown with its
+    reason, and start() raises it too."""
+    def opener():
+        raise GpuQueryError("NVML could not start: Driver Not Loaded", "load the driver")
+
+    b = BoundedProbe(None, deadline=5, opener=opener)
+    b.begin()
+    with pytest.raises(GpuQueryError, match="Driver Not Loaded"):
+        b.gpus()
+    got = b.sample([0, 1])
+    assert all(not x.known and x.used_bytes is None and "Driver Not Loaded" in (x.error or "") for x in got.values())
+    with pytest.raises(GpuQueryError, match="Driver Not Loaded"):
+        BoundedProbe(None, deadline=5, opener=opener).start()
+
+
+def test_no_scan_worker_is_forked_while_nvml_is_being_opened():
+    """While NVML's start runs in its thread (begin()), scanpool.forkable() is False (a fork copies one thread and
+    any lock it holds); once the first reading has taken it over, a scan may fork again."""
+    from pvegpu.adapters import scanpool
+
+    release = threading.Event()
+
+    def opener():
+        release.wait(30)
+        return Probe(block=False)
+
+    before = scanpool.forkable()
+    b = BoundedProbe(None, deadline=5, opener=opener)
+    b.begin()
+    try:
+        assert not scanpool.forkable()
+    finally:
+        release.set()
+    assert b.gpus()
+    assert scanpool.forkable() == before

@@ -1,5 +1,5 @@
-"""Contract: the driver model (``pvegpu/sim/driver.py``) shows what the real driver shows, through both real NVML
-adapters. The same cases run against the model everywhere and against the GPU (marker ``gpu``) on the device
+"""Contract: the driver model (``pvegpu/sim/driver.py``) shows what the real driver shows, through NVML's reader as
+each command opens it. The same cases run against the model everywhere and against the GPU (marker ``gpu``) on the device
 machine: per-context gap in ``used``, memory back within the release latency after SIGKILL, 0 with no context."""
 
 from __future__ import annotations
@@ -52,18 +52,22 @@ def _torch_ok() -> bool:
 
 
 def _probes():
+    """nvidia-ml-py's reader itself, then as the gate and reset open it (bounded, begun early) and as the audit does."""
+    from pvegpu import wiring
     from pvegpu.adapters.nvml import NvmlProbe
-    from pvegpu.adapters.nvml_lite import NvmlLite
-    from pvegpu.adapters.nvml_warm import NvmlWarmup
+    from pvegpu.settings import Settings
 
-    return [NvmlProbe(), NvmlLite(), NvmlLite(warm=NvmlWarmup())]
+    begun, audit = wiring.nvml_reader(Settings()), wiring.nvml_reader(Settings(), details=True)
+    begun.begin()
+    audit.start()
+    return [NvmlProbe(), begun, audit]
 
 
 @pytest.mark.parametrize("n", [1, 4])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _nvml_ok(), reason="no NVIDIA GPU/NVML here (runs on the device machine)")
 def test_gpu_gap_and_release_match_the_model(n):
-    """GPU, both adapters: n CUDA contexts show the model's gap (within 1.5 MiB); after SIGKILL the memory is back
+    """GPU, each reader: n CUDA contexts show the model's gap (within 1.5 MiB); after SIGKILL the memory is back
     within 0.2 s + one poll, with gap 0 (the model's latency is 0.15 s)."""
     if not _torch_ok():
         pytest.skip("torch with CUDA is not installed here")
@@ -104,18 +108,22 @@ def test_gpu_gap_and_release_match_the_model(n):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _nvml_ok(), reason="no NVIDIA GPU/NVML here (runs on the device machine)")
-def test_gpu_the_audits_reader_reads_what_nvidia_ml_py_reads():
-    """GPU: the audit's reader (the ctypes one with details) names every GPU as nvidia-ml-py does (index, minor, uuid,
-    bus id, name, total) and reads the same health (reserved memory, row remapping, retired pages, MIG, driver)."""
+def test_gpu_the_audits_reader_names_every_gpu_and_reads_its_health():
+    """GPU: the audit's reader (``wiring.nvml_reader`` with details) names every GPU as nvidia-ml-py's reader does
+    (index, minor, uuid, bus id, name, total), each with a bus id and a total, and reads its health (the driver
+    version known; what the GPU cannot tell is None, never a made-up value)."""
+    from pvegpu import wiring
     from pvegpu.adapters.nvml import NvmlProbe
-    from pvegpu.wiring import open_nvml
+    from pvegpu.settings import Settings
 
-    full, lite = NvmlProbe(), open_nvml()
+    full, audit = NvmlProbe(details=True), wiring.nvml_reader(Settings(), details=True)
     try:
+        audit.start()
         gpus = full.gpus()
-        assert lite.gpus() == gpus and gpus and all(g.bus_id and g.total_bytes for g in gpus)
+        assert audit.gpus() == gpus and gpus and all(g.bus_id and g.bus_id != "?" and g.total_bytes for g in gpus)
         for g in gpus:
-            assert lite.health(g.minor) == full.health(g.minor)
+            h = audit.health(g.minor)
+            assert h == full.health(g.minor) and h.driver_version
     finally:
         full.close()
-        lite.close()
+        audit.close()

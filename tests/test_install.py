@@ -231,6 +231,38 @@ def test_guard_with_missing_pvegpu_refuses_pre_start_with_fix(tmp_path, phase, c
         assert "refusing to start CT 129" in lines[0]
 
 
+def test_guard_fast_path_names_pvegpus_and_nvidia_ml_pys_directories():
+    """The fast path's import path is pvegpu's directory first, then the one pynvml (nvidia-ml-py, the gate's NVML
+    reader) is imported from, each once, ":" between them, shell-quoted in the guard."""
+    import importlib.util
+    import shlex
+
+    from pvegpu.install import fast_path, guard_text, template
+
+    where = fast_path()
+    assert where is not None
+    dirs = where.split(":")
+    pynvml = os.path.dirname(importlib.util.find_spec("pynvml").origin)  # type: ignore[union-attr, arg-type]
+    assert dirs[0] == REPO and pynvml in dirs and len(dirs) == len(set(dirs))
+    assert f"\nPVEGPU_PYTHONPATH={shlex.quote(where)}\n" in guard_text(template(), "/usr/bin/pvegpu")
+
+
+def test_guard_fast_path_runs_the_gate_without_site(tmp_path):
+    """The guard's fast path (python -I -S, only its written directories on the path) runs the hook, whose gate
+    imports nvidia-ml-py: a phase with nothing to check exits 0, and pynvml is importable that way."""
+    from pvegpu.install import fast_path, guard_text, template
+
+    g = tmp_path / "guard"
+    g.write_text(guard_text(template(), str(tmp_path / "no-such-pvegpu")))  # only the fast path can answer
+    g.chmod(0o755)
+    env = {"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C", "PVEGPU_PVE_ROOT": str(tmp_path / "pve")}
+    r = subprocess.run([str(g), "129", "post-start"], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=60)
+    assert r.returncode == 0 and "not found" not in r.stderr, r.stderr
+    code = "import sys; sys.path[:0] = sys.argv.pop(1).split(':'); import pynvml, pvegpu.adapters.nvml, pvegpu.hook; print('ok')"
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", code, fast_path() or ""], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "ok", r.stderr
+
+
 def test_guard_on_another_storage_is_ours_never_chained_onto_itself(tree, tmp_path):
     """A CT guarded from one snippets storage counts as guarded for another: install there does not chain
     pvegpu's guard onto itself, status says guarded, and uninstall from the other storage takes it off."""

@@ -29,12 +29,6 @@ def test_settings_keep_their_field_types_for_coercion():
         dataclasses.fields(object())
 
 
-def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {REPO!r}); {code}; "
-                          "print(' '.join(sys.modules))"], capture_output=True, text=True, cwd=REPO, timeout=60)
-    return set(out.stdout.split())
-
-
 # -- reset's options ---------------------------------------------------------------------------------------
 
 

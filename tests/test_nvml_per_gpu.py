@@ -1,5 +1,6 @@
-"""A failing GPU is a row, never the whole node gone: both NVML adapters (nvidia-ml-py and the gate's ctypes reader)
-on a stand-in driver that fails per GPU, and what audit, the gate and reset make of it.
+"""A failing GPU is a row, never the whole node gone: pvegpu's NVML reader (nvidia-ml-py) on a stand-in driver that
+fails per GPU, as each command opens it (the gate's and reset's bounded reader, the audit's with details), and what
+audit, the gate and reset make of it.
 
 The stand-in node has four GPUs: index 0 healthy; index 1 lost at enumeration (no handle: its minor is unknown);
 index 2 listed but its memory read fails; index 3 listed but its UUID read fails.
@@ -7,21 +8,24 @@ index 2 listed but its memory read fails; index 3 listed but its UUID read fails
 
 from __future__ import annotations
 
-import ctypes
 import sys
 import types
 
 import pytest
 
 from pvegpu import errors as E
+from pvegpu import wiring
+from pvegpu.adapters import nvml
 from pvegpu.adapters.bounded import BoundedProbe
+from pvegpu.adapters.nvml import NvmlProbe
 from pvegpu.audit import audit_document, run_audit
 from pvegpu.audit_model import FlagKind
 from pvegpu.gate import GatePolicy, GatePorts, evaluate
-from pvegpu.model import MIB
+from pvegpu.model import MIB, GpuHealth
 from pvegpu.prom import render
 from pvegpu.render_audit import audit_table
 from pvegpu.reset import Ports, ResetPolicy, reset
+from pvegpu.settings import Settings
 from tests.fakes import FakeClock, FakeHost, FakePve
 from tests.test_audit import NODES, FakeFiles
 from tests.test_audit_outputs import samples
@@ -91,129 +95,35 @@ def fake_pynvml(gpus=GPUS):
     return m
 
 
-class _ErrorString:
-    restype = None
-
-    def __call__(self, rc):
-        return {FakeLib.LOST_RC: LOST.encode(), FakeLib.UNKNOWN_RC: READ.encode()}.get(rc, b"error")
-
-
-class FakeLib:
-    """A stand-in libnvidia-ml.so.1 for NvmlLite (ctypes calling convention: out-parameters by reference)."""
-
-    SUCCESS, LOST_RC, UNKNOWN_RC = 0, 15, 999
-
-    def __init__(self, gpus=GPUS) -> None:
-        self.gpus = gpus
-        self.nvmlErrorString = _ErrorString()  # a function object: NvmlLite sets restype on it
-
-    def nvmlInit_v2(self):
-        return 0
-
-    def nvmlShutdown(self):
-        return 0
-
-    def nvmlDeviceGetCount_v2(self, count):
-        count._obj.value = len(self.gpus)
-        return 0
-
-    def nvmlDeviceGetHandleByIndex_v2(self, i, h):
-        if self.gpus[i].get("lost"):
-            return self.LOST_RC
-        h._obj.value = 100 + i
-        return 0
-
-    def _spec(self, h):
-        return self.gpus[h.value - 100]
-
-    def nvmlDeviceGetMinorNumber(self, h, minor):
-        minor._obj.value = self._spec(h)["minor"]
-        return 0
-
-    def nvmlDeviceGetUUID(self, h, buf, size):
-        if self._spec(h).get("uuid_fails"):
-            return self.UNKNOWN_RC
-        buf.value = self._spec(h)["uuid"].encode()
-        return 0
-
-    def nvmlDeviceGetName(self, h, buf, size):
-        buf.value = b"NVIDIA H200"
-        return 0
-
-    def nvmlDeviceGetMemoryInfo_v2(self, h, mem):
-        if self._spec(h).get("read_fails"):
-            return self.UNKNOWN_RC
-        mem._obj.used = (h.value - 100) * 100 * MIB
-        mem._obj.total, mem._obj.reserved = 1000 * MIB, 0
-        return 0
-
-    def _procs(self, h, count, arr):
-        count._obj.value = 0
-        return 0
-
-    def nvmlDeviceGetPciInfo_v3(self, h, pci):
-        pci._obj.busIdLegacy = f"0000:{h.value - 100 + 1:02X}:00.0".encode()
-        return 0
-
-    def nvmlDeviceGetMemoryInfo(self, h, mem):  # v1: total, free, used
-        mem._obj.total = 1000 * MIB
-        return 0
-
-    def nvmlDeviceGetRemappedRows(self, h, corr, unc, pending, failed):
-        spec = self._spec(h)
-        if spec.get("no_remap"):
-            return 3  # NOT_SUPPORTED
-        pending._obj.value, failed._obj.value = spec.get("remap", (0, 0))
-        return 0
-
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, h, state):
-        return 3  # NOT_SUPPORTED (an H200 retires rows by remapping)
-
-    def nvmlDeviceGetMigMode(self, h, cur, pending):
-        cur._obj.value = 1 if self._spec(h).get("mig") else 0
-        return 0
-
-    def nvmlSystemGetDriverVersion(self, buf, size):
-        buf.value = b"580.159.04"
-        return 0
-
-    nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetGraphicsRunningProcesses_v3 = _procs
-    nvmlDeviceGetMPSComputeRunningProcesses_v3 = _procs
+def use(monkeypatch, module):
+    """``module`` as the pynvml pvegpu's NVML reader (``adapters/nvml.py``) drives, for this test."""
+    monkeypatch.setattr(nvml, "pynvml", module)
+    return module
 
 
 def full_probe(monkeypatch, gpus=GPUS):
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(gpus))
-    from pvegpu.adapters.nvml import NvmlProbe
-
+    """nvidia-ml-py's reader itself."""
+    use(monkeypatch, fake_pynvml(gpus))
     return NvmlProbe()
 
 
-def lite_probe(monkeypatch, gpus=GPUS, details=False):
-    from pvegpu.adapters.nvml_lite import NvmlLite
-
-    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLib(gpus))
-    return NvmlLite(details=details)
+def reader_probe(monkeypatch, gpus=GPUS):
+    """The reader the gate and reset open (``wiring.nvml_reader``): bounded, NVML opened in its thread, begun early."""
+    use(monkeypatch, fake_pynvml(gpus))
+    probe = wiring.nvml_reader(Settings())
+    probe.begin()
+    return probe
 
 
 def audit_probe(monkeypatch, gpus=GPUS):
-    """The reader ``pvegpu audit`` opens (``wiring.open_nvml``): the ctypes one, with details."""
-    from pvegpu import wiring
-
-    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLib(gpus))
-    return wiring.open_nvml()
-
-
-def warm_probe(monkeypatch, gpus=GPUS):
-    """The ctypes reader taking over NVML started in a thread (the start gate's way)."""
-    from pvegpu.adapters.nvml_lite import NvmlLite
-    from pvegpu.adapters.nvml_warm import NvmlWarmup
-
-    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLib(gpus))
-    return NvmlLite(warm=NvmlWarmup())
+    """The reader ``pvegpu audit`` opens (``world(s).audit_probe``): bounded, with details, started."""
+    use(monkeypatch, fake_pynvml(gpus))
+    probe = wiring.nvml_reader(Settings(), details=True)
+    probe.start()
+    return probe
 
 
-ADAPTERS = pytest.mark.parametrize("make", [full_probe, lite_probe, warm_probe, audit_probe],
-                                   ids=["nvidia-ml-py", "ctypes", "ctypes-warm", "ctypes-audit"])
+ADAPTERS = pytest.mark.parametrize("make", [full_probe, reader_probe, audit_probe], ids=["nvidia-ml-py", "gate-reset", "audit"])
 
 
 @ADAPTERS
@@ -246,48 +156,41 @@ def test_every_gpu_failing_is_an_error_for_the_node(monkeypatch, make):
     assert exc.value.exit_code == E.EXIT_GPU_UNKNOWN and list(p.lost) == [0, 1]
 
 
-def test_both_adapters_agree_on_a_failing_node(monkeypatch):
-    """The two readers give the same GPUs, the same lost indexes and the same known/unknown samples."""
-    full, lite = full_probe(monkeypatch), lite_probe(monkeypatch)
-    fg, lg = full.gpus(), lite.gpus()
-    assert [(g.index, g.minor, g.uuid) for g in fg] == [(g.index, g.minor, g.uuid) for g in lg]
-    assert list(full.lost) == list(lite.lost)
-    fs, ls = full.sample([0, 2, 3]), lite.sample([0, 2, 3])
-    assert {m: (s.known, s.used_bytes) for m, s in fs.items()} == {m: (s.known, s.used_bytes) for m, s in ls.items()}
-
-
 HEALTHY = [{"minor": 0, "uuid": "GPU-a", "remap": (1, 0)}, {"minor": 1, "uuid": "GPU-b", "mig": True, "no_remap": True},
            {"lost": True}, {"minor": 3, "uuid": "GPU-c", "read_fails": True}]
 
 
-def test_the_audits_reader_agrees_with_nvidia_ml_py(monkeypatch):
-    """What the audit reads (wiring.open_nvml: the ctypes reader with details) equals nvidia-ml-py's reader on the same
-    driver: every GPU's identity (bus id, name, total), lost indexes, samples, and each GPU's health, unknowns too."""
-    full, audit = full_probe(monkeypatch, HEALTHY), audit_probe(monkeypatch, HEALTHY)
-    assert audit.gpus() == full.gpus() and audit.lost == full.lost
-    a, f = audit.sample([0, 1, 3]), full.sample([0, 1, 3])
-    assert {m: (x.used_bytes, x.processes) for m, x in a.items()} == {m: (x.used_bytes, x.processes) for m, x in f.items()}
-    assert READ in (a[3].error or "") and READ in (f[3].error or "")  # the ctypes reader also names the read that failed
-    for minor in (0, 1, 3, 7):
-        assert audit.health(minor) == full.health(minor)
+def test_the_audits_reader_reads_identity_and_health_unknowns_too(monkeypatch):
+    """The audit's reader names each GPU it can (bus id, name, total), the lost one by index, samples the readable
+    ones, and reads each GPU's health: what the driver cannot tell is None (unknown), never a value."""
+    audit = audit_probe(monkeypatch, HEALTHY)
+    assert [(g.index, g.minor, g.uuid, g.bus_id, g.name, g.total_bytes) for g in audit.gpus()] == [
+        (0, 0, "GPU-a", "0000:01:00.0", "NVIDIA H200", 1000 * MIB), (1, 1, "GPU-b", "0000:02:00.0", "NVIDIA H200", 1000 * MIB),
+        (3, 3, "GPU-c", "0000:04:00.0", "NVIDIA H200", 1000 * MIB)]
+    assert list(audit.lost) == [2] and LOST in audit.lost[2]
+    a = audit.sample([0, 1, 3])
+    assert a[0].used_bytes == 0 and a[1].used_bytes == 100 * MIB and a[3].used_bytes is None and READ in (a[3].error or "")
     h0, h1 = audit.health(0), audit.health(1)
     assert h0.remap_pending is True and h0.remap_failed is False and h0.retired_pages_pending is None
     assert h1.remap_pending is None and h1.mig_enabled is True and h0.driver_version == "580.159.04"
+    assert audit.health(3).reserved_bytes is None and audit.health(7) == GpuHealth()
 
 
 def test_the_gates_reader_reads_no_more_than_it_needs(monkeypatch):
-    """Without details (the gate, reset) the ctypes reader reads no PCI info nor total: a GPU whose bus id read would
-    fail still samples, and its bus id is empty."""
+    """Without details (the gate, reset) the reader reads no PCI info nor total: a GPU whose bus id read would fail
+    still samples, and its bus id is empty; with details (the audit) that GPU is unknown."""
     calls = []
-    lib = FakeLib([{"minor": 0, "uuid": "GPU-a"}])
-    lib.nvmlDeviceGetPciInfo_v3 = lambda h, pci: calls.append("pci") or 999
-    monkeypatch.setattr(ctypes, "CDLL", lambda name: lib)
-    from pvegpu.adapters.nvml_lite import NvmlLite
+    m = use(monkeypatch, fake_pynvml([{"minor": 0, "uuid": "GPU-a"}]))
 
-    probe = NvmlLite()
+    def pci(h):
+        calls.append("pci")
+        raise m.NVMLError("Unknown Error")
+
+    m.nvmlDeviceGetPciInfo = pci
+    probe = NvmlProbe()
     (g,) = probe.gpus()
     assert not calls and g.bus_id == "" and g.total_bytes is None and probe.sample([0])[0].known
-    detailed = NvmlLite(details=True)
+    detailed = NvmlProbe(details=True)
     (g,) = detailed.gpus()
     assert calls == ["pci"] and g.bus_id == "?" and not detailed.sample([0])[0].known
 
@@ -334,7 +237,7 @@ def test_two_lost_gpus_do_not_make_a_duplicate_series(monkeypatch):
     samples(text)
 
 
-@pytest.mark.parametrize("make", [full_probe, lite_probe], ids=["nvidia-ml-py", "ctypes"])
+@pytest.mark.parametrize("make", [full_probe, reader_probe], ids=["nvidia-ml-py", "gate-reader"])
 def test_gate_refuses_only_for_a_granted_gpu_it_cannot_read(monkeypatch, make):
     """Gate: a CT granted only the healthy GPU starts; one granted a GPU NVML could not name, or one whose reads
     fail, is refused as unknown (fail closed)."""
@@ -391,7 +294,7 @@ def test_cli_reset_of_a_ct_granted_a_lost_gpu_exits_5_on_the_simulated_node(sim_
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("make", [full_probe, lite_probe], ids=["nvidia-ml-py", "ctypes"])
+@pytest.mark.parametrize("make", [full_probe, reader_probe], ids=["nvidia-ml-py", "gate-reader"])
 def test_gate_refuses_a_ct_granted_every_gpu_while_one_is_lost(monkeypatch, make):
     """Gate: a CT granted every GPU (`c 195:*`) while NVML lost one is refused as unknown, like a named grant."""
     host, pve = _node()

@@ -206,12 +206,19 @@ def test_settings_collect_every_problem(tmp_path):
     assert "reset.nope: unknown setting" in msg and "gate.on_unknown" in msg and "reset.rounds" in msg
 
 
-def test_lite_nvml_missing_library_is_unknown():
-    """Without libnvidia-ml the gate's reader raises GpuQueryError (unknown), never reports zero."""
+def test_nvml_missing_library_is_unknown(monkeypatch):
+    """Without libnvidia-ml, NVML's reader (nvidia-ml-py) raises GpuQueryError (unknown), never reports zero."""
+    import pynvml
     import pytest
 
-    from pvegpu.adapters.nvml_lite import NvmlLite
+    from pvegpu.adapters.nvml import NvmlProbe
     from pvegpu.errors import GpuQueryError
 
-    with pytest.raises(GpuQueryError, match="(?i)library not found"):
-        NvmlLite("libnvidia-ml-does-not-exist.so.1")
+    def missing(*a, **kw):
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(pynvml, "nvmlLib", None)  # not loaded yet, as in a fresh process
+    monkeypatch.setattr(pynvml, "CDLL", missing)
+    with pytest.raises(GpuQueryError, match="(?i)library not found") as exc:
+        NvmlProbe()
+    assert exc.value.exit_code == 5

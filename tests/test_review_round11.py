@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import ctypes
 import pickle
 import threading
 
@@ -33,54 +32,45 @@ def test_stat_keeps_the_namedtuple_helpers():
 def test_a_guest_without_a_gpu_is_answered_while_nvml_is_still_starting(tmp_path, monkeypatch):
     """A CT whose config grants no NVIDIA GPU is allowed without waiting for NVML's start (a hung driver delays only GPU guests)."""
     from pvegpu import hook
-    from pvegpu.adapters.nvml_warm import NvmlWarmup
     from pvegpu.settings import Settings
+    from tests.test_nvml_per_gpu import fake_pynvml, use
 
     conf = tmp_path / "nodes" / "n1" / "lxc"
     conf.mkdir(parents=True)
     (tmp_path / ".vmlist").write_text('{"version": 1, "ids": {"100": {"node": "n1", "type": "lxc", "version": 1}}}')
     (conf / "100.conf").write_text("hostname: plain\n")
-    release = threading.Event()
+    release, returned = threading.Event(), threading.Event()
+    m = use(monkeypatch, fake_pynvml())
 
-    class StuckLib:  # nvmlInit_v2 sits in the driver until the test lets it go
-        def nvmlInit_v2(self):
-            release.wait(5)
-            return 9  # NVML_ERROR_DRIVER_NOT_LOADED
+    def init():  # nvmlInit sits in the driver until the test lets it go
+        release.wait(30)
+        returned.set()
+        raise m.NVMLError("Driver Not Loaded")
 
-    monkeypatch.setattr(ctypes, "CDLL", lambda name, **kw: StuckLib())
-    warm = NvmlWarmup()
+    m.nvmlInit = init
     try:
-        verdict = hook._verdict(100, Settings(node="n1", pve_root=str(tmp_path)), warm)
-        answered_before_nvml = not warm.finished
+        verdict = hook._verdict(100, Settings(node="n1", pve_root=str(tmp_path)))
+        answered_before_nvml = not returned.is_set()
     finally:
         release.set()
-        warm.join()
     assert verdict["allow"] is True and answered_before_nvml
 
 
 def test_a_gpu_guest_is_refused_when_nvml_cannot_start(tmp_path, monkeypatch):
-    """A CT granted a GPU is refused when NVML's start fails, with the reader opened late as before."""
+    """A CT granted a GPU is refused (its GPU unknown) when NVML's start fails."""
     from pvegpu import hook
-    from pvegpu.adapters.nvml_warm import NvmlWarmup
     from pvegpu.settings import Settings
+    from tests.test_nvml_per_gpu import fake_pynvml, use
 
     conf = tmp_path / "nodes" / "n1" / "lxc"
     conf.mkdir(parents=True)
     (tmp_path / ".vmlist").write_text('{"version": 1, "ids": {"100": {"node": "n1", "type": "lxc", "version": 1}}}')
     (conf / "100.conf").write_text("hostname: gpu\ndev0: /dev/nvidia0,gid=44\n")
+    m = use(monkeypatch, fake_pynvml())
 
-    class DeadLib:
-        def nvmlInit_v2(self):
-            return 9  # NVML_ERROR_DRIVER_NOT_LOADED
+    def init():
+        raise m.NVMLError("Driver Not Loaded")
 
-        class nvmlErrorString:  # noqa: N801 - the C function's name
-            restype = None
-
-            def __call__(self, rc):
-                return b"Driver Not Loaded"
-
-        nvmlErrorString = nvmlErrorString()  # type: ignore[assignment]
-
-    monkeypatch.setattr(ctypes, "CDLL", lambda name, **kw: DeadLib())
-    verdict = hook._verdict(100, Settings(node="n1", pve_root=str(tmp_path)), NvmlWarmup().join())
+    m.nvmlInit = init
+    verdict = hook._verdict(100, Settings(node="n1", pve_root=str(tmp_path)))
     assert verdict["allow"] is False and verdict["json"]["gpus"][0]["state"] == "unknown"

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import _thread
-import threading
 import time
 
 import pytest
 
-from pvegpu.adapters import workers
 from pvegpu.adapters.bounded import BoundedProbe
 from pvegpu.adapters.procfs import ProcessScan, ProcHost
-from pvegpu.adapters.workers import Worker
 from pvegpu.audit import _health, _HealthAhead
 from pvegpu.holders import inspect_gpus
 from pvegpu.model import GpuInfo, GpuSample, Holding
@@ -112,45 +108,3 @@ def test_a_process_whose_reading_raises_is_unreadable_and_the_scan_goes_on(tmp_p
     monkeypatch.setenv("PVEGPU_DEBUG", "1")
     with pytest.raises(ZeroDivisionError):
         ProcHost(proc=str(tmp_path), scan=_Boom, workers=1).holdings([1, 2, 3])
-
-
-def test_a_worker_is_not_alive_while_another_thread_joins_it():
-    """alive is False once the call has returned, whatever another thread is doing with the worker meanwhile."""
-    w = Worker(lambda: None)
-    assert w.join(5)
-    stop = threading.Event()
-
-    def joiner():
-        while not stop.is_set():
-            w.join(0)
-
-    t = threading.Thread(target=joiner, daemon=True)
-    t.start()
-    try:
-        assert not any(w.alive for _ in range(20000))
-    finally:
-        stop.set()
-        t.join(5)
-
-
-def test_a_forked_child_counts_no_running_worker():
-    """In a child forked while a worker runs, no worker runs (only the forking thread lives on): the child may fork."""
-    import os
-
-    gate = _thread.allocate_lock()
-    gate.acquire()
-    w = Worker(gate.acquire)
-    try:
-        r, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.write(wfd, b"1" if workers.running() else b"0")
-            os._exit(0)
-        os.close(wfd)
-        answer = os.read(r, 1)
-        os.waitpid(pid, 0)
-        os.close(r)
-        assert answer == b"0" and workers.running()
-    finally:
-        gate.release()
-        w.join(5)

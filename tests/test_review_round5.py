@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 
@@ -10,16 +9,17 @@ from pvegpu.model import GpuSample
 from tests.pvelike import kill_and_reap
 
 
-class _StuckLib:
-    """A libnvidia-ml whose nvmlInit_v2 sits in the driver (as after an Xid) until the test lets it go."""
+def _stuck_nvml(monkeypatch, release: threading.Event) -> None:
+    """A pynvml whose nvmlInit sits in the driver (as after an Xid) until the test lets it go, then fails."""
+    from tests.test_nvml_per_gpu import fake_pynvml, use
 
-    def __init__(self, release: threading.Event) -> None:
-        self.release = release
-        self.nvmlErrorString = lambda rc: b"stuck"
+    m = use(monkeypatch, fake_pynvml())
 
-    def nvmlInit_v2(self) -> int:
-        self.release.wait(30)
-        return 9  # NVML_ERROR_DRIVER_NOT_LOADED, once let go
+    def init() -> None:
+        release.wait(30)
+        raise m.NVMLError("Driver Not Loaded")
+
+    m.nvmlInit = init
 
 
 def while_nvml_start_hangs(monkeypatch, call, limit_extra: float = 5.0) -> tuple[bool, float, dict[str, object]]:
@@ -29,7 +29,7 @@ def while_nvml_start_hangs(monkeypatch, call, limit_extra: float = 5.0) -> tuple
     from pvegpu.adapters.settingsfile import load
 
     release = threading.Event()
-    monkeypatch.setattr(ctypes, "CDLL", lambda name: _StuckLib(release))
+    _stuck_nvml(monkeypatch, release)
     s = load(None, env={}, snapshot_dir=None)
     box: dict[str, object] = {}
 
@@ -54,9 +54,9 @@ def test_a_reset_whose_nvml_start_hangs_gets_unknown_within_the_read_deadline(mo
     from pvegpu import wiring
 
     def first_reading(s):
-        lazy = wiring.LazyNvml(s)
-        lazy.warm_up()
-        return lazy.sample([0])
+        probe = wiring.nvml_reader(s)
+        probe.begin()
+        return probe.sample([0])
 
     finished, took, box = while_nvml_start_hangs(monkeypatch, first_reading)
     assert finished, f"the reading was still waiting after {took:.1f} s"

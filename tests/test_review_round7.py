@@ -1,8 +1,7 @@
-"""Review round 7: the audit's ctypes NVML reader against nvidia-ml-py's, and the whole-node scan started ahead."""
+"""Review round 7: the audit's NVML reader on a failing driver, and the whole-node scan started ahead."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 
@@ -10,92 +9,70 @@ import pytest
 
 from pvegpu import errors as E
 from pvegpu.adapters import scanpool
-from pvegpu.adapters.bounded import BoundedProbe
 from pvegpu.adapters.devscan import ScanBudget
 from pvegpu.adapters.procfs import ProcHost
 from pvegpu.audit import run_audit
 from tests.test_audit import NODES, FakeFiles
-from tests.test_nvml_per_gpu import LOST, READ, FakeLib, _Err, _node, fake_pynvml
+from tests.test_nvml_per_gpu import LOST, READ, _Err, _node, fake_pynvml, use
 from tests.test_scan_ahead import _children, _stat_text, _table, small_shares, stall_workers, tree  # noqa: F401 - fixtures
 
 ONE = [{"minor": 0, "uuid": "GPU-ok-0"}]
 
 
-class _NoPciV3(FakeLib):
-    """A driver whose NVML lacks nvmlDeviceGetPciInfo_v3 (ctypes raises AttributeError for a missing symbol)."""
-
-    def __getattribute__(self, name):
-        if name == "nvmlDeviceGetPciInfo_v3":
-            raise AttributeError(f"libnvidia-ml.so.1: undefined symbol: {name}", name=name)
-        return super().__getattribute__(name)
-
-
-def _audit_reader(monkeypatch, lib):
+def _audit_reader(monkeypatch, m):
+    """The reader ``pvegpu audit`` opens (``world(s).audit_probe``: details, started) over the stand-in pynvml ``m``."""
     from pvegpu import wiring
+    from pvegpu.settings import Settings
 
-    monkeypatch.setattr(ctypes, "CDLL", lambda name: lib)
-    return wiring.open_nvml()
+    use(monkeypatch, m)
+    probe = wiring.nvml_reader(Settings(), details=True)
+    probe.start()
+    return probe
 
 
-def test_a_driver_without_pci_info_v3_is_an_unknown_gpu_not_an_internal_error(monkeypatch):
-    """A driver lacking nvmlDeviceGetPciInfo_v3: the audit lists the GPU with bus '?' and unknown samples (as
-    nvidia-ml-py's FunctionNotFound made it), never an AttributeError that ends the whole audit."""
-    probe = _audit_reader(monkeypatch, _NoPciV3(ONE))
+def test_a_driver_without_pci_info_is_an_unknown_gpu_not_an_internal_error(monkeypatch):
+    """A driver whose NVML lacks the PCI info call: the audit lists the GPU with bus '?' and unknown samples, never
+    an error that ends the whole audit."""
+    m = fake_pynvml(ONE)
+
+    def pci(h):
+        raise m.NVMLError_FunctionNotFound("Function Not Found")
+
+    m.nvmlDeviceGetPciInfo = pci
+    probe = _audit_reader(monkeypatch, m)
     (g,) = probe.gpus()
     assert g.bus_id == "?" and not probe.sample([0])[0].known
     host, pve = _node()
     pve.add_ct(129)
-    rep = run_audit(pve=pve, probe=BoundedProbe(_audit_reader(monkeypatch, _NoPciV3(ONE)), 5), host=host,
-                    files=FakeFiles(NODES))
+    rep = run_audit(pve=pve, probe=_audit_reader(monkeypatch, m), host=host, files=FakeFiles(NODES))
     assert [g.minor for g in rep.gpus] == [0]
 
 
-class _MinorLost(FakeLib):
-    def nvmlDeviceGetMinorNumber(self, h, minor):
-        return self.LOST_RC
-
-
-def test_a_gpu_whose_minor_read_fails_is_named_as_nvidia_ml_py_named_it(monkeypatch):
-    """The audit's lost-GPU row text is unchanged by the reader swap: 'GPU 0: GPU is lost' for a failing minor read."""
+def test_a_gpu_whose_minor_read_fails_is_named_lost_by_its_index(monkeypatch):
+    """The audit's lost-GPU row text for a failing minor read: 'GPU 0: GPU is lost'."""
     m = fake_pynvml(ONE)
 
     def minor(h):
         raise _Err(LOST)
 
     m.nvmlDeviceGetMinorNumber = minor
-    monkeypatch.setitem(__import__("sys").modules, "pynvml", m)
-    from pvegpu.adapters.nvml import NvmlProbe
-
-    full = NvmlProbe()
-    with pytest.raises(E.GpuQueryError):
-        full.gpus()
-    audit = _audit_reader(monkeypatch, _MinorLost(ONE))
-    with pytest.raises(E.GpuQueryError):
+    audit = _audit_reader(monkeypatch, m)
+    with pytest.raises(E.GpuQueryError, match="no GPU can be read: GPU 0: GPU is lost"):
         audit.gpus()
-    assert audit.lost == full.lost
+    assert audit.lost == {0: "GPU 0: GPU is lost"}
 
 
-class _CountFails(FakeLib):
-    def nvmlDeviceGetCount_v2(self, count):
-        return self.UNKNOWN_RC
-
-
-def test_a_failing_gpu_count_is_reported_as_before(monkeypatch):
-    """NVML that cannot count the GPUs: the audit's error message is the one nvidia-ml-py's reader gave."""
+def test_a_failing_gpu_count_is_reported_with_the_drivers_words(monkeypatch):
+    """NVML that cannot count the GPUs: the audit's error says so, with the driver's words."""
     m = fake_pynvml(ONE)
 
     def count():
         raise _Err(READ)
 
     m.nvmlDeviceGetCount = count
-    monkeypatch.setitem(__import__("sys").modules, "pynvml", m)
-    from pvegpu.adapters.nvml import NvmlProbe
-
-    with pytest.raises(E.GpuQueryError) as old:
-        NvmlProbe().gpus()
-    with pytest.raises(E.GpuQueryError) as new:
-        _audit_reader(monkeypatch, _CountFails(ONE)).gpus()
-    assert new.value.message == old.value.message
+    with pytest.raises(E.GpuQueryError) as exc:
+        _audit_reader(monkeypatch, m).gpus()
+    assert exc.value.message == f"NVML could not list the GPUs: {READ}"
 
 
 def _add_pid(root, pid):

@@ -126,11 +126,12 @@ def test_fake_probe_keeps_the_gpu_probe_contract():
 @pytest.mark.gpu
 @pytest.mark.skipif(not _nvml_ok(), reason="no NVIDIA GPU/NVML here (runs on the device machine)")
 def test_nvml_readers_keep_the_gpu_probe_contract():
-    """GPU: both NVML adapters keep the same GpuProbe contract FakeProbe keeps."""
+    """GPU: NVML's reader keeps the GpuProbe contract FakeProbe keeps, raw and as every command opens it (bounded)."""
+    from pvegpu import wiring
     from pvegpu.adapters.nvml import NvmlProbe
-    from pvegpu.adapters.nvml_lite import NvmlLite
+    from pvegpu.settings import Settings
 
-    for probe in (NvmlLite(), NvmlProbe()):
+    for probe in (NvmlProbe(), wiring.nvml_reader(Settings()), wiring.nvml_reader(Settings(), details=True)):
         try:
             _probe_contract(probe)
         finally:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import NotFoundError, PveApiError
+from ..errors import NotFoundError, NotPveNodeError, PmxcfsDownError, PveApiError, PvegpuError
 from ..lxcconf import parse_config
 from ..model import CtStatus, Guest, TaskResult
 
@@ -205,3 +205,12 @@ class NodePve:
         """``pvesh get /nodes/<node>/tasks/<upid>/status`` until the task stops, through the API."""
         return self._need_api("waiting for a task").wait_task(node, upid, timeout=timeout, what=what,  # type: ignore[no-any-return]
                                                               progress=progress)
+
+
+def no_pve(root: str) -> PvegpuError:
+    """Why there is no Proxmox VE to read: ``/etc/pve`` empty (pmxcfs down, exit 4), or absent (not a node, exit 3)."""
+    try:
+        empty = os.path.isdir(root) and not os.listdir(root)
+    except OSError:
+        empty = False
+    return PmxcfsDownError(root) if empty else NotPveNodeError(root)

@@ -1,39 +1,38 @@
-"""Host NVML through nvidia-ml-py: the only module that imports pynvml, and the reference reader.
-
-pvegpu's commands read NVML through the ctypes reader (``adapters/nvml_lite.py``: the same calls and struct
-layouts, without this import's ~13-26 ms); the tests run both readers on the same stand-in driver and on the H200
-and require the same answers, so this module is the one the ctypes reader is held to.
+"""Host NVML through nvidia-ml-py: pvegpu's one NVML reader (the start gate, reset and audit).
 
 Memory is read with ``nvmlDeviceGetMemoryInfo`` version 2 (``used`` = allocated, without the driver's
 reserved share), falling back to v1 only where the driver lacks v2. A failed reading is None plus a
-reason, never zero. Manual equivalent: ``nvidia-smi --query-gpu=index,minor_number,memory.used``.
+reason, never zero; a GPU that fails never hides the others. Every call can sit in the driver: commands read
+through ``adapters/bounded.py`` (``wiring.nvml_reader``), which also runs ``NvmlProbe()`` (``nvmlInit``) under
+its deadline. Manual equivalent: ``nvidia-smi --query-gpu=index,minor_number,uuid,memory.used``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+import pynvml
+
 from ..errors import GpuQueryError
 from ..model import GpuHealth, GpuInfo, GpuSample, NvmlProcess
-
-TYPE_CHECKING = False  # typing is not imported at run time (import cost: pynvml's own is the rest)
-if TYPE_CHECKING:
-    from collections.abc import Iterable
-    from typing import Any
 
 _HINT = "is the NVIDIA driver loaded on the host? try `nvidia-smi`; pvegpu needs libnvidia-ml.so.1"
 
 
 class NvmlProbe:
-    """GpuProbe backed by the real driver. Use as a context manager, or call close()."""
+    """GpuProbe backed by the real driver; raises GpuQueryError when NVML cannot start. Use as a context manager,
+    or call close().
 
-    def __init__(self) -> None:
+    ``details`` (audit): ``gpus()`` also reads each GPU's PCI bus id and total memory, any identity read failing
+    making its samples unknown; without it (the gate, reset) only the UUID counts, and the name is display only."""
+
+    def __init__(self, *, details: bool = False) -> None:
+        self.N: Any = pynvml  # the module, looked up now: a test puts a stand-in driver in its place
+        self.details = details
         try:
-            import pynvml
-        except ImportError as exc:  # pragma: no cover - dependency is declared
-            raise GpuQueryError(f"nvidia-ml-py is not installed: {exc}", "pip install nvidia-ml-py") from exc
-        self.N: Any = pynvml
-        try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
+            self.N.nvmlInit()
+        except self.N.NVMLError as exc:
             raise GpuQueryError(f"NVML could not start: {exc}", _HINT) from exc
         self._handles: dict[int, Any] = {}
         self.lost: dict[int, str] = {}  # NVML index -> why: GPUs the last gpus() could not name (no handle, no minor)
@@ -54,9 +53,9 @@ class NvmlProbe:
 
     def gpus(self) -> list[GpuInfo]:
         """Every GPU NVML can name, by index. One that fails does not hide the others: a GPU whose handle or minor
-        number cannot be read is left out and named in ``lost`` (index -> why); one whose other identity reads
-        fail is listed with what is known, and every ``sample()`` of it is unknown with the reason. Raises only
-        when NVML cannot count the GPUs, or none can be read."""
+        number cannot be read (lost, fallen off the bus) is left out and named in ``lost`` (index -> why); one whose
+        other identity reads fail is listed with what is known, and every ``sample()`` of it is unknown with the
+        reason. Raises only when NVML cannot count the GPUs, or none can be read."""
         N = self.N
         try:
             count = int(N.nvmlDeviceGetCount())
@@ -72,19 +71,26 @@ class NvmlProbe:
                 self.lost[i] = f"GPU {i}: {exc or type(exc).__name__}"
                 continue
             self._handles[minor] = h
-            known: dict[str, Any] = {}
-            for key, read in (("uuid", N.nvmlDeviceGetUUID), ("bus", lambda h: N.nvmlDeviceGetPciInfo(h).busIdLegacy),
-                              ("name", N.nvmlDeviceGetName), ("total", lambda h: N.nvmlDeviceGetMemoryInfo(h).total)):
-                try:
-                    known[key] = read(h)
-                except N.NVMLError as exc:
-                    self._broken.setdefault(minor, f"NVML: GPU {i} {key}: {exc or type(exc).__name__}")
-            total = known.get("total")
-            out.append(GpuInfo(i, minor, _s(known.get("uuid", "?")), _s(known.get("bus", "?")).lower(), _s(known.get("name", "")),
-                               None if total is None else int(total)))
+            out.append(self._identity(i, minor, h))
         if count and not out:
             raise GpuQueryError("no GPU can be read: " + "; ".join(self.failed), _HINT)
         return out
+
+    def _identity(self, i: int, minor: int, h: Any) -> GpuInfo:
+        N = self.N
+        reads: dict[str, Any] = {"uuid": N.nvmlDeviceGetUUID, "name": N.nvmlDeviceGetName}
+        if self.details:
+            reads |= {"bus": lambda h: N.nvmlDeviceGetPciInfo(h).busIdLegacy, "total": lambda h: N.nvmlDeviceGetMemoryInfo(h).total}
+        known: dict[str, Any] = {}
+        for key, read in reads.items():
+            try:
+                known[key] = read(h)
+            except N.NVMLError as exc:
+                if key != "name" or self.details:  # without details the name is display only: no failure
+                    self._broken.setdefault(minor, f"NVML: GPU {i} {key}: {exc or type(exc).__name__}")
+        total = known.get("total")
+        bus = _s(known.get("bus", "?")).lower() if self.details else ""
+        return GpuInfo(i, minor, _s(known.get("uuid", "?")), bus, _s(known.get("name", "")), None if total is None else int(total))
 
     @property
     def failed(self) -> list[str]:
@@ -113,6 +119,7 @@ class NvmlProbe:
         return [NvmlProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory), kind) for p in items]
 
     def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
+        """Memory used and the processes NVML lists, per GPU; a GPU that cannot be read is unknown with the reason."""
         N = self.N
         out: dict[int, GpuSample] = {}
         for minor in minors:
@@ -134,10 +141,11 @@ class NvmlProbe:
                 for p in procs:
                     seen.setdefault(p.pid, p)
                 out[minor] = GpuSample(minor, used, tuple(seen.values()))
-            except (N.NVMLError, KeyError, GpuQueryError) as exc:
-                out[minor] = GpuSample(minor, None, None, f"NVML: {exc or type(exc).__name__}")
+            except KeyError:
+                out[minor] = GpuSample(minor, None, None, "NVML: GPU not found")
+            except (N.NVMLError, GpuQueryError) as exc:
+                out[minor] = GpuSample(minor, None, None, f"NVML: {getattr(exc, 'message', None) or exc or type(exc).__name__}")
         return out
-
 
     def _try(self, fn: str, *args: Any) -> Any:
         """One NVML call; None when the GPU or driver cannot tell (NotSupported, any NVML error): unknown, never 0."""

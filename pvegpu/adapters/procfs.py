@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -78,27 +79,26 @@ def _read_bytes(path: str, limit: int = 1 << 20) -> bytes | None:
 CMDLINE_WAIT = 0.25  # seconds a command line's read may take outside a watched scan ("?" past it)
 CMDLINE_STUCK = 8  # readers left blocked in the kernel at most: past that, an unread command line is "?" at once
 _TIMED_OUT: Any = object()
-_STUCK_READERS: list[object] = []
+_STUCK_READERS: list[threading.Thread] = []
 
 
 def _read_bounded(path: str, limit: int, wait: float) -> bytes | None:
-    """``_read_bytes(path, limit)`` in a thread of its own (``workers.Worker``), given ``wait`` seconds: ``_TIMED_OUT``
-    past them (the reader is left blocked in the kernel; at most ``CMDLINE_STUCK`` of them, then no new one is started)."""
-    from .workers import Worker
-
-    _STUCK_READERS[:] = [w for w in _STUCK_READERS if w.alive]  # type: ignore[attr-defined]  # unblocked since
+    """``_read_bytes(path, limit)`` in a daemon thread of its own, given ``wait`` seconds: ``_TIMED_OUT`` past them
+    (the reader is left blocked in the kernel; at most ``CMDLINE_STUCK`` of them, then no new one is started)."""
+    _STUCK_READERS[:] = [t for t in _STUCK_READERS if t.is_alive()]  # unblocked since
     if len(_STUCK_READERS) >= CMDLINE_STUCK:
         return _TIMED_OUT  # type: ignore[no-any-return]
+    got: list[bytes | None] = []
+    reader = threading.Thread(target=lambda: got.append(_read_bytes(path, limit)), name="pvegpu-read", daemon=True)
     try:
-        reader = Worker(lambda: _read_bytes(path, limit))
+        reader.start()
     except RuntimeError:  # no thread can be started (a process limit): not read, as a read that timed out
         return _TIMED_OUT  # type: ignore[no-any-return]
-    if not reader.join(wait):
+    reader.join(wait)
+    if reader.is_alive():
         _STUCK_READERS.append(reader)
         return _TIMED_OUT  # type: ignore[no-any-return]
-    if reader.error is not None:
-        raise reader.error
-    return reader.value  # type: ignore[return-value]
+    return got[0] if got else None
 
 
 def _read_at(dirfd: int, name: str, limit: int = 1 << 20) -> bytes:
@@ -534,14 +534,14 @@ class ProcHost:
                       stop: Callable[[int], bool] | None = None) -> int:
         """Scan ``todo[start:]`` into ``out`` until ``end``, or until ``stop(index)`` is true (a split scan's meeting
         point, ``scanpool.Split``); returns where to go on (past a stuck process, where it stopped, or the end). The
-        scan runs in a ``workers.Worker``; a process whose reading raised (a bug, never a tenant's doing) is unreadable,
+        scan runs in a daemon thread; a process whose reading raised (a bug, never a tenant's doing) is unreadable,
         what its fds had proved kept, and the scan goes on past it (``PVEGPU_DEBUG=1``: raised here instead)."""
-        from .workers import Worker
 
         found: dict[int, Holding] = {}
         at: list[Any] = [start, time.monotonic(), None, False]  # index, since when, pid, describing its proven holding
         halt = [len(todo)]
         abandoned = [False]  # set by this thread when it gives the scan up; the worker looks before each pid
+        raised: list[BaseException] = []  # what the worker's reading raised (a bug), for this thread to judge
 
         stuck = {p for p, _ticks in self._stuck}  # grows only once this scan's thread is given up (a new one reads it)
         describing = self._describing
@@ -571,9 +571,19 @@ class ProcHost:
                         if (info := self._describe_now(pid, watched=True)) is not None:
                             described[pid] = info
 
-        worker = Worker(work)
+        def watched() -> None:
+            try:
+                work()
+            except BaseException as exc:  # noqa: BLE001 - judged below, in this thread
+                raised.append(exc)
+
+        worker = threading.Thread(target=watched, name="pvegpu-scan", daemon=True)
+        worker.start()
         limit = self.budget.seconds + 0.5
-        while not worker.join(0.05):
+        while True:
+            worker.join(0.05)
+            if not worker.is_alive():
+                break
             j, since, _pid, describing_it = at
             if time.monotonic() > end:  # the whole scan's bound: what is not read by now is unknown
                 abandoned[0] = True
@@ -603,9 +613,9 @@ class ProcHost:
                 out[todo[j]] = _given_up(todo[j], scan, STUCK)
                 self._keep_described(describing, described, kept)
                 return int(j) + 1
-        if worker.error is not None:  # the reading of todo[at[0]] raised: unknown, never "holds nothing", nor a crash
+        if raised:  # the reading of todo[at[0]] raised: unknown, never "holds nothing", nor a crash
             if os.environ.get("PVEGPU_DEBUG") == "1":
-                raise worker.error
+                raise raised[0]
             j, _since, _pid, describing_it = at
             kept = {p: h for p, h in found.items() if describing_it or p != todo[j]}
             out.update(kept)

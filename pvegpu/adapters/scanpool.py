@@ -25,28 +25,34 @@ worker (``Split``). The merged result is what one serial scan gives. Rules:
 
 from __future__ import annotations
 
+import ctypes
+import marshal
+import mmap
 import os
+import select
+import signal
 import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
 
 from ..model import Holding
+from .devscan import BUDGET
 
-TYPE_CHECKING = False  # typing is not imported at run time
-if TYPE_CHECKING:
-    import signal
-    from collections.abc import Callable
-    from typing import Protocol
 
-    class Scanner(Protocol):
-        """What a share's scan needs of ``procfs.ProcHost`` (named here, not imported: no import cycle)."""
+class Scanner(Protocol):
+    """What a share's scan needs of ``procfs.ProcHost`` (named here, not imported: no import cycle)."""
 
-        _stuck: set[tuple[int, int]]
+    _stuck: set[tuple[int, int]]
 
-        def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float,
-                          stop: Callable[[int], bool] | None = None) -> int: ...
+    def _scan_watched(self, todo: list[int], start: int, deep: bool, out: dict[int, Holding], end: float,
+                      stop: Callable[[int], bool] | None = None) -> int: ...
 
-        def _described_rows(self) -> list[tuple[object, ...]] | None: ...
+    def _described_rows(self) -> list[tuple[object, ...]] | None: ...
 
-        def _add_described(self, rows: list[tuple[object, ...]]) -> None: ...
+    def _add_described(self, rows: list[tuple[object, ...]]) -> None: ...
+
 
 MAX_WORKERS = 8  # forked workers at most, whatever the cores
 MIN_PER_WORKER = 600  # pids per share at least: below that a fork costs more than it saves
@@ -69,17 +75,10 @@ def shares(count: int, limit: int | None = None) -> int:
 
 
 def forkable() -> bool:
-    """This process may fork scan workers now: main thread, no other Python thread (``threading``'s, or one of
-    pvegpu's workers: NVML's warm-up, a bounded read; ``workers.running``). ``threading`` is not imported for the
-    question (~3 ms before the audit's fork): a process that has not imported it started no thread through it
-    (pvegpu starts its own through ``_thread``: asked below), and runs this in its main thread."""
-    import sys
-
-    workers = sys.modules.get(__package__ + ".workers")  # only a process that imported it can have one running
-    if workers is not None and workers.running():
-        return False
-    threading = sys.modules.get("threading")
-    return threading is None or (threading.current_thread() is threading.main_thread() and threading.active_count() == 1)
+    """This process may fork scan workers now: from its main thread, with no other thread alive (a fork copies only
+    the calling thread, and with it any lock another thread holds mid-way: a driver call, a bounded NVML read, a scan
+    left stuck in the kernel). ``threading`` keeps its count of live threads under its own lock: nothing to race."""
+    return threading.current_thread() is threading.main_thread() and threading.active_count() == 1
 
 
 def scan(host: Scanner, todo: list[int], deep: bool, end: float, n: int) -> dict[int, Holding]:
@@ -103,8 +102,6 @@ class Split:
     (``ProcHost.prefetch``), the workers scan while this process imports, reads NVML and the configs."""
 
     def __init__(self, host: Scanner, todo: list[int], deep: bool, end: float, workers: int) -> None:
-        import mmap
-
         reap_exited()  # the last split's workers, if still exiting: none accumulates
 
         self.host, self.todo, self.deep, self.end = host, todo, deep, end
@@ -126,7 +123,6 @@ class Split:
         except BaseException:
             self.cancel()
             raise
-        import select  # noqa: F401 - ``_collect``'s: loaded now, while the workers scan, not after the scan (a C module: dlopen)
 
     def finish(self) -> dict[int, Holding]:
         """The holdings of every pid of ``todo``, in its order (what one serial scan gives). Interrupted (Ctrl-C, any
@@ -174,8 +170,6 @@ def _merge(out: dict[int, Holding], more: dict[int, Holding]) -> None:
     """``more`` into ``out``. A pid both sides read keeps a reading over "not reached before the deadline"; two
     readings that are both unknown keep every GPU and reason either saw (one may have found the GPU before its
     process's budget ran out): a GPU seen is never dropped."""
-    from .devscan import BUDGET
-
     for p, h in more.items():
         old = out.get(p)
         if old is None or (BUDGET in old.via and BUDGET not in h.via):
@@ -240,8 +234,6 @@ def _start(host: Scanner, part: list[int], deep: bool, end: float,
         r, w = os.pipe()
     except OSError:
         return None
-    import _signal as signal  # type: ignore[import-not-found]  # signal's C core: no enum for the scan
-
     parent = os.getpid()
     _prctl()  # resolved before the fork: the worker only calls it
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())  # none arrives between fork and reset
@@ -272,8 +264,6 @@ _PRCTL: list[Callable[..., int] | None] = []
 def _prctl() -> Callable[..., int] | None:
     """libc's ``prctl``, looked up once (None without one)."""
     if not _PRCTL:
-        import ctypes
-
         try:
             _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
         except (OSError, AttributeError):
@@ -284,8 +274,6 @@ def _prctl() -> Callable[..., int] | None:
 def _die_with(parent: int) -> None:
     """In a worker, signals still blocked: be killed when this process's parent ends, however it ends (SIGTERM,
     SIGHUP, SIGKILL reach pvegpu alone when systemd, ``timeout`` or ``kill`` send them); and end now if it already has."""
-    import _signal as signal  # type: ignore[import-not-found]  # signal's C core: no enum for the scan
-
     prctl = _prctl()
     if prctl is not None:
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
@@ -295,9 +283,6 @@ def _die_with(parent: int) -> None:
 
 def _worker(host: Scanner, part: list[int], deep: bool, end: float, w: int, r: int, mask: set[int | signal.Signals],
             stop: Callable[[int], bool] | None = None) -> None:
-    import _signal as signal  # type: ignore[import-not-found]  # signal's C core: no enum for the scan
-    import marshal
-
     for sig in signal.valid_signals():
         try:
             if callable(signal.getsignal(sig)):
@@ -322,10 +307,6 @@ def _collect(host: Scanner, worker: tuple[int, int], deadline: float, first: int
     """The worker's holdings and the index of ``todo`` it got to (its segment starting at ``first``), or None: it
     failed, or did not answer by ``deadline`` (then it is killed). The worker closes its pipe only after the whole
     answer, so end of file plus an answer that decodes is success."""
-    import marshal
-    import select
-    import time
-
     pid, r = worker
     chunks: list[bytes] = []
     ended = False
@@ -382,9 +363,6 @@ def reap_exited() -> None:
 def _reap(pid: int, kill: bool) -> None:
     """Reap the worker (killed first when it has not answered). One that does not exit within a moment (a thread
     of it blocked in the kernel) is left to a reaper thread; later scans of this run are then serial (``forkable``)."""
-    import _signal as signal  # type: ignore[import-not-found]  # signal's C core: no enum for the scan
-    import time
-
     if kill:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -401,9 +379,7 @@ def _reap(pid: int, kill: bool) -> None:
         if time.monotonic() > end:
             break
         time.sleep(0.001)
-    from .workers import Worker
-
-    Worker(lambda: _wait(pid))
+    threading.Thread(target=_wait, args=(pid,), name="pvegpu-reaper", daemon=True).start()
 
 
 def _wait(pid: int) -> None:

@@ -27,6 +27,7 @@ process on the machine that opens it counts as a holder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -267,3 +268,34 @@ def load(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UsageError(f"scenario {path} must be a JSON object, not {type(data).__name__}", _HINT)
     return data
+
+
+STATE_DIRS = {"lock_dir": "lock", "override_dir": "allow-once"}  # where under the simulated node's dir; else the key's stem
+
+
+def require_node(directory: str) -> None:
+    """``--simulate DIR``: a UsageError unless ``directory`` holds a simulated node (its ``scenario.json``), hinting
+    ``sim create`` of that directory when it could be one (absent or empty), else of a new one (``/etc`` is no node)."""
+    if os.path.isfile(os.path.join(directory, "scenario.json")):
+        return
+    try:
+        fresh = not os.path.lexists(directory) or (os.path.isdir(directory) and not os.listdir(directory))
+    except OSError:
+        fresh = False
+    where = directory if fresh else "/tmp/pvegpu-node"
+    raise UsageError(f"--simulate {directory}: not a simulated node (no scenario.json there)",
+                     f"`pvegpu sim create {where}` builds one{'' if fresh else ' in a new directory'} (README: Simulated node); "
+                     "`pvegpu demo` builds and removes one")
+
+
+def own_state(s: Any) -> Any:
+    """The settings ``s`` of the simulated node in ``s.simulate``, every state directory still at its real default moved
+    under the node's directory: a simulated node never touches this node's reset locks or allow-once tokens."""
+    changes: dict[str, object] = {}
+    for f in dataclasses.fields(s):
+        section = getattr(s, f.name)
+        if dataclasses.is_dataclass(section) and not isinstance(section, type):
+            moved = {g.name: os.path.join(s.simulate, STATE_DIRS.get(g.name, g.name.removesuffix("_dir")))
+                     for g in dataclasses.fields(section) if g.name.endswith("_dir") and getattr(section, g.name) == g.default}
+            changes.update({f.name: dataclasses.replace(section, **moved)} if moved else {})
+    return dataclasses.replace(s, **changes)
