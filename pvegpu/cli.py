@@ -154,34 +154,24 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
-def _demo_guard(sim: Any, data: dict[str, Any]) -> None:
-    """pvegpu's guard in the simulated node's snippets when a container names it (the simulated start runs it)."""
-    import os
-
-    from . import install as ins
-
-    if any(c.get("hookscript") == f"local:snippets/{ins.GUARD}" for c in data.get("containers", [])):
-        ins.write_atomic(os.path.join(sim.state.snippets, ins.GUARD), ins.guard_text(ins.template()), 0o755)
-
-
 @app.command("demo", cls=_Command)
 def demo_cmd(
-    scenario: str | None = typer.Option(None, "--scenario", metavar="FILE", help="a scenario JSON file (default: the built-in one)"),
+    scenario: str = typer.Option("demo", "--scenario", metavar="NAME", help="a built-in scenario (demo, idle, leak) or a scenario JSON file"),
     grace: float = typer.Option(1.0, "--grace", metavar="SECONDS", help="SIGTERM grace in the demo (short, so the demo is quick)"),
 ) -> None:
     """Run the real reset code against a built-in simulated node: no Proxmox, GPU or root needed."""
     global _OPTS
     from .sim import scenario as sc
+    from .sim.lifecycle import create
     from .textfit import said
 
-    data = sc.load(scenario) if scenario else sc.DEMO
+    data = sc.named(scenario)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)  # a killed demo still takes its workloads with it
     sim = None
     results: list[str] = []
     code = 0
     try:
-        sim = sc.build(data)
-        _demo_guard(sim, data)
+        sim = create(None, data)
         _OPTS = wiring.GlobalOptions(_OPTS.config, sim.root)
         s = _settings({"reset.grace": grace})
         typer.echo(said(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.",
@@ -219,23 +209,13 @@ app.add_typer(sim_app, name="sim")
 
 @sim_app.command("create", cls=_Command)
 def sim_create(
-    directory: str = typer.Argument(..., metavar="DIR", help="a new (or empty) directory for the simulated node"),
+    directory: str = typer.Argument(..., metavar="DIR", help="a new directory for the simulated node (made here, mode 700)"),
     scenario: str = typer.Option("demo", "--scenario", metavar="NAME", help="a built-in scenario (demo, idle, leak) or a scenario JSON file"),
 ) -> None:
     """Build a simulated node in DIR and start its containers (real processes); no Proxmox, GPU or root needed."""
-    import os
+    from .sim.lifecycle import create, created
 
-    from .sim import scenario as sc
-
-    data = sc.named(scenario)
-    if os.path.lexists(directory) and (not os.path.isdir(directory) or os.path.islink(directory) or os.listdir(directory)):
-        raise E.UsageError(f"{directory} exists and is not an empty directory", "name a new directory; `pvegpu sim remove DIR` removes an old node")
-    sim = sc.build(data, directory)
-    _demo_guard(sim, data)
-    running = [c["vmid"] for c in data.get("containers", []) if c.get("status", "running") == "running"]
-    typer.echo(f"simulated node {sim.node} in {sim.root}: {len(data.get('containers', []))} container(s), "
-               f"running: {', '.join(map(str, running)) or 'none'}")
-    typer.echo(f"try: pvegpu --simulate {sim.root} audit; remove it: pvegpu sim remove {sim.root}")
+    typer.echo(created(create(directory, scenario)))
 
 
 @sim_app.command("remove", cls=_Command)

@@ -14,6 +14,7 @@ import os
 
 from . import errors as E
 from .record import record
+from .sim.trust import node_settings
 
 TYPE_CHECKING = False  # typing is not imported at run time: the start gate pays for every import
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None)
     in its own directory, unless a setting says otherwise: ``--simulate`` never touches this node's real state,
     nor reads or writes the settings snapshot in ``/run/pvegpu``.
     """
-    extra = dict(overrides or {})
+    extra = node_settings(opts.simulate or os.environ.get("PVEGPU_SIMULATE"), overrides or {})  # a node only its caller can change; its scenario's settings
     if opts.simulate:
         if not os.path.isfile(os.path.join(opts.simulate, "scenario.json")):
             raise E.UsageError(f"--simulate {opts.simulate}: not a simulated node (no scenario.json there)", _sim_hint(opts.simulate))
