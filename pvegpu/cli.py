@@ -161,6 +161,7 @@ def demo_cmd(
 ) -> None:
     """Run the real reset code against a built-in simulated node: no Proxmox, GPU or root needed."""
     global _OPTS
+    from .install import GUARD, guard_text, template
     from .sim import scenario as sc
     from .sim.lifecycle import create
     from .textfit import said
@@ -171,7 +172,7 @@ def demo_cmd(
     results: list[str] = []
     code = 0
     try:
-        sim = create(None, data)
+        sim = create(None, data, (GUARD, guard_text(template())))
         _OPTS = wiring.GlobalOptions(_OPTS.config, sim.root)
         s = _settings({"reset.grace": grace})
         typer.echo(said(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.",
@@ -213,9 +214,10 @@ def sim_create(
     scenario: str = typer.Option("demo", "--scenario", metavar="NAME", help="a built-in scenario (demo, idle, leak) or a scenario JSON file"),
 ) -> None:
     """Build a simulated node in DIR and start its containers (real processes); no Proxmox, GPU or root needed."""
+    from .install import GUARD, guard_text, template
     from .sim.lifecycle import create, created
 
-    typer.echo(created(create(directory, scenario)))
+    typer.echo(created(create(directory, scenario, (GUARD, guard_text(template())))))
 
 
 @sim_app.command("remove", cls=_Command)

@@ -12,25 +12,26 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import PvegpuError, UsageError
-from ..install import GUARD, guard_text, template
 from .scenario import SimNode, build, named
 
-GUARD_VOLID = f"local:snippets/{GUARD}"
+Guard = tuple[str, str]  # pvegpu's guard: (file name, text), as the edge that installs it makes it (install.guard_text)
 
 
-def _files(data: dict[str, Any]) -> dict[str, tuple[bytes, int]]:
+def _files(data: dict[str, Any], guard: Guard | None) -> dict[str, tuple[bytes, int]]:
     """pvegpu's guard in the node's snippets when a container names it (a simulated start runs it, as PVE would)."""
-    if any(isinstance(c, dict) and c.get("hookscript") == GUARD_VOLID for c in data.get("containers", []) or []):
-        return {f"snippets/{GUARD}": (guard_text(template()).encode(), 0o755)}
+    if guard is not None and any(isinstance(c, dict) and c.get("hookscript") == f"local:snippets/{guard[0]}"
+                                 for c in data.get("containers", []) or []):
+        return {f"snippets/{guard[0]}": (guard[1].encode(), 0o755)}
     return {}
 
 
-def create(directory: str | None, scenario: str | dict[str, Any]) -> SimNode:
+def create(directory: str | None, scenario: str | dict[str, Any], guard: Guard | None = None) -> SimNode:
     """The node of ``scenario`` (a built-in name, a JSON file, or the scenario itself), running, in the new directory
-    ``directory`` (None: a temporary one its ``teardown`` removes, as ``pvegpu demo`` uses)."""
+    ``directory`` (None: a temporary one its ``teardown`` removes, as ``pvegpu demo`` uses); ``guard`` is written
+    into its snippets when a container names it as its hookscript."""
     data = named(scenario) if isinstance(scenario, str) else scenario
     try:
-        return build(data, directory, _files(data))
+        return build(data, directory, _files(data, guard))
     except PvegpuError as exc:
         notes = getattr(exc, "__notes__", [])
         if notes:  # it failed after it had made something: say that it is gone again

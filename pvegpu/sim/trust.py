@@ -16,7 +16,6 @@ Anything else is a one-line error with a hint, exit 2, before anything is read f
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
@@ -79,6 +78,8 @@ def check_node(directory: str) -> None:
 
 def scenario_settings(directory: str) -> dict[str, Any]:
     """The settings the node's scenario carries (``"settings": {"reset.timeout": 2}``: short waits for a demo)."""
+    import json  # only for a simulated node: the start gate's own path (which imports this module) needs no JSON parser
+
     data = read_regular(os.path.join(directory, SCENARIO), limit=MAX_SCENARIO)
     try:
         doc = json.loads(data) if data is not None else {}
