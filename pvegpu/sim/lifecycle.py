@@ -30,17 +30,18 @@ def create(directory: str | None, scenario: str | dict[str, Any], guard: Guard |
     ``directory`` (None: a temporary one its ``teardown`` removes, as ``pvegpu demo`` uses); ``guard`` is written
     into its snippets when a container names it as its hookscript."""
     data = named(scenario) if isinstance(scenario, str) else scenario
+    what = f"sim create {directory}" if directory else "building the simulated node"
     try:
         return build(data, directory, _files(data, guard))
     except PvegpuError as exc:
         notes = getattr(exc, "__notes__", [])
         if notes:  # it failed after it had made something: say that it is gone again
-            exc.message = f"sim create {directory or 'of a temporary node'} failed: {exc.message}; {'; '.join(notes)}"
+            exc.message = f"{what} failed: {exc.message}; {'; '.join(notes)}"
             exc.args = (exc.message,)
         raise
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
-        raise UsageError(f"sim create {directory or 'of a temporary node'} failed: {exc.strerror or exc}{where}; "
+        raise UsageError(f"{what} failed: {exc.strerror or exc}{where}; "
                          f"{'; '.join(getattr(exc, '__notes__', []))}",
                          "name a new directory in one only you can write (`pvegpu sim create /tmp/my-node`)") from None
 
