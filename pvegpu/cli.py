@@ -33,6 +33,7 @@ from .render import audit_text
 from .resetcmd import do_reset
 from .settings import ResetSettings
 from .sim import scenario as sc
+from .sim.lifecycle import create, created
 from .textfit import said
 
 _R = ResetSettings()
@@ -228,28 +229,22 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
-def _demo_guard(sim: Any, data: dict[str, Any]) -> None:
-    """pvegpu's guard in the simulated node's snippets when a container names it (the simulated start runs it)."""
-    if any(c.get("hookscript") == f"local:snippets/{ins.GUARD}" for c in data.get("containers", [])):
-        ins.write_atomic(os.path.join(sim.state.snippets, ins.GUARD), ins.guard_text(ins.template()), 0o755)
-
-
 @app.command("demo", cls=_Command)
 def demo_cmd(
     ctx: typer.Context,
-    scenario: str | None = typer.Option(None, "--scenario", metavar="FILE", help="a scenario JSON file (default: the built-in one)"),
+    scenario: str = typer.Option("demo", "--scenario", metavar="NAME", show_default=False,
+                                 help="a built-in scenario (demo (default), idle, leak) or a scenario JSON file"),
     grace: float = typer.Option(1.0, "--grace", metavar="SECONDS", show_default=False,
                                 help="SIGTERM grace in the demo (default 1: short, so the demo is quick)"),
 ) -> None:
     """Run the real reset code against a built-in simulated node: no Proxmox, GPU or root needed."""
-    data = sc.load(scenario) if scenario else sc.DEMO
+    data = sc.named(scenario)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)  # a killed demo still takes its workloads with it
     sim = None
     results: list[str] = []
     code = 0
     try:
-        sim = sc.build(data)
-        _demo_guard(sim, data)
+        sim = create(None, data, (ins.GUARD, ins.guard_text(ins.template())))
         s = wiring.settings(wiring.GlobalOptions(_opts(ctx).config, sim.root), {"reset.grace": grace})
         typer.echo(said(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.",
                         rest="") + "\n")
@@ -282,20 +277,13 @@ def demo_cmd(
 
 @sim_app.command("create", cls=_Command)
 def sim_create(
-    directory: str = typer.Argument(..., metavar="DIR", help="a new (or empty) directory for the simulated node", show_default=False),
+    directory: str = typer.Argument(..., metavar="DIR", help="a new directory for the simulated node (made here, mode 700)",
+                                    show_default=False),
     scenario: str = typer.Option("demo", "--scenario", metavar="NAME", show_default=False,
                                  help="a built-in scenario (demo (default), idle, leak) or a scenario JSON file"),
 ) -> None:
     """Build a simulated node in DIR and start its containers (real processes); no Proxmox, GPU or root needed."""
-    data = sc.named(scenario)
-    if os.path.lexists(directory) and (not os.path.isdir(directory) or os.path.islink(directory) or os.listdir(directory)):
-        raise E.UsageError(f"{directory} exists and is not an empty directory", "name a new directory; `pvegpu sim remove DIR` removes an old node")
-    sim = sc.build(data, directory)
-    _demo_guard(sim, data)
-    running = [c["vmid"] for c in data.get("containers", []) if c.get("status", "running") == "running"]
-    typer.echo(f"simulated node {sim.node} in {sim.root}: {len(data.get('containers', []))} container(s), "
-               f"running: {', '.join(map(str, running)) or 'none'}")
-    typer.echo(f"try: pvegpu --simulate {sim.root} audit; remove it: pvegpu sim remove {sim.root}")
+    typer.echo(created(create(directory, scenario, (ins.GUARD, ins.guard_text(ins.template())))))
 
 
 @sim_app.command("remove", cls=_Command)

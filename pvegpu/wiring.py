@@ -41,6 +41,7 @@ from .settings import Settings
 from .sim import nodefiles as simfiles
 from .sim import scenario
 from .sim.pvecli import SimPveCli
+from .sim.trust import node_settings
 from .vmguest import VmApi
 from .vmreset import VmPolicy
 
@@ -62,10 +63,10 @@ class GlobalOptions:
 
 def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None) -> Settings:
     """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides. A
-    simulated node keeps its state (locks, tokens, any ``*_dir``) in its own directory, and no settings snapshot."""
-    extra = dict(overrides or {})
+    simulated node (only its owner may use it) adds its scenario's settings and keeps its state (locks, tokens, any
+    ``*_dir``) in its own directory, with no settings snapshot."""
+    extra = node_settings(opts.simulate or os.environ.get("PVEGPU_SIMULATE"), overrides or {})
     if opts.simulate:
-        scenario.require_node(opts.simulate)
         extra["simulate"] = opts.simulate
     s = load(opts.config, overrides=extra, **({"snapshot_dir": None} if opts.simulate else {}))
     return scenario.own_state(s) if s.simulate else s

@@ -209,6 +209,7 @@ def test_cluster_audit_with_endless_and_hostile_nodes_still_writes_every_row_and
     start("127.0.0.4", f"exec cat {deep}")
     prom = tmp_path / "out" / "pvegpu.prom"
     prom.parent.mkdir()
+    prom.parent.chmod(0o755)  # the textfile directory is refused when others may write it: never the umask's choice
     argv = [sys.executable, "-m", "pvegpu", "--simulate", local.root, "audit", "--cluster", "--ssh-timeout", "20",
             *(f"--ssh-option={o}" for o in options)]
     t = time.monotonic()

@@ -94,6 +94,7 @@ def test_unknown_guest_is_reported_before_nvml_is_opened(tmp_path):
     root = pvelike.etc_pve(str(tmp_path / "pve"), "n1", {129: "dev0: /dev/nvidia0\n"}, vms=(200,))
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'pve_root = "{root}"\n[api]\nbackend = "https"\nhost = "127.0.0.1"\n[reset]\nlock_dir = "{tmp_path}/lock"\n')
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     for vmid, code, text in (("999", 3, "no guest 999"), ("200", 2, "api.token_file")):
         r = subprocess.run([sys.executable, "-m", "pvegpu", "--config", str(cfg), "reset", vmid], capture_output=True, text=True, cwd=REPO, timeout=60)
         assert r.returncode == code and text in r.stderr, r.stderr

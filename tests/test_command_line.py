@@ -29,6 +29,7 @@ def node_cfg(sim_node, tmp_path):
     node = sim_node({"node": "s", "gpus": [GPU], "containers": [{"vmid": 129, "status": "stopped", "gpus": [0]}]})
     cfg = tmp_path / "pvegpu.toml"
     cfg.write_text(f'simulate = "{node.root}"\n[reset]\nlock_dir = "{tmp_path}/lock"\n')
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     return str(cfg)
 
 
@@ -69,6 +70,7 @@ def test_bad_config_file_is_an_error_for_every_command(tmp_path, line):
     """A broken settings file given with --config is never silently ignored (exit 2, the file named)."""
     bad = tmp_path / "bad.toml"
     bad.write_text("[reset\n")
+    bad.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     r = pvegpu(*[a.replace("{bad}", str(bad)) for a in line])
     assert r.returncode == 2 and str(bad) in r.stderr and "Traceback" not in r.stderr, r.stderr
 
@@ -81,6 +83,7 @@ def test_broken_settings_in_the_hook_fail_closed_with_the_gates_code(tmp_path, p
     never fails a stop; other phases exit 0 at once."""
     bad = tmp_path / "bad.toml"
     bad.write_text("[reset]\ngrace = 0\n")
+    bad.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     r = pvegpu("hook", "129", phase, env=dict(os.environ, PVEGPU_CONFIG=str(bad)))
     assert r.returncode == code and r.stderr.startswith(text) and str(bad) in r.stderr if text else r.returncode == code, r.stderr
 
@@ -127,6 +130,7 @@ def test_not_a_pve_node_is_one_message_for_every_command(tmp_path):
     """Off a PVE node without an API: reset, check, hook, audit all say the same thing with exit 3."""
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'pve_root = "{tmp_path}/none"\n[reset]\nlock_dir = "{tmp_path}/lock"\n')
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     outs = set()
     for line in (["reset", "129"], ["check", "129"], ["audit"], ["reset", "129", "--dry-run"]):
         r = pvegpu("--config", str(cfg), *line)

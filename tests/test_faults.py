@@ -75,6 +75,7 @@ def write_config(path, **sections) -> str:
         lines.append(f"[{name}]")
         lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
     path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     return str(path)
 
 
@@ -704,6 +705,8 @@ def test_hook_install_onto_read_only_storage(tmp_path):
     pve = etc_pve(str(tmp_path / "pve"), "pve1", {129: "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"})
     vz = tmp_path / "vz"
     (vz / "snippets").mkdir(parents=True)
+    for d in (vz, vz / "snippets"):
+        d.chmod(0o755)  # a snippets directory others may write is refused: never the umask's choice
     (tmp_path / "pve" / "storage.cfg").write_text(f"dir: local\n\tpath {vz}\n\tcontent snippets\n")
     bindir = tmp_path / "bin"
     bindir.mkdir()

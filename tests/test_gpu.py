@@ -187,6 +187,7 @@ def test_gate_refuses_leftover_then_allows_after_reset(node, tmp_path):
     guard = pvelike.guard(str(tmp_path), pvelike.launcher(str(tmp_path)))
     cfg = tmp_path / "pvegpu.toml"
     cfg.write_text(f'pve_root = "{root}"\n')
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     env = {"PVEGPU_CONFIG": str(cfg)}
     refused = pvelike.run_as_pve(guard, 303, "pre-start", env)
     assert refused.returncode == 10 and "refusing to start CT 303" in refused.stderr
@@ -204,6 +205,7 @@ def _guard_env(tmp_path, root: str, extra: str = "") -> tuple[str, dict[str, str
     guard = pvelike.guard(str(tmp_path), pvelike.launcher(str(tmp_path)))
     cfg = tmp_path / "gate.toml"
     cfg.write_text(f'pve_root = "{root}"\n{extra}')
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     return guard, {"PVEGPU_CONFIG": str(cfg)}
 
 

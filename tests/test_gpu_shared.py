@@ -52,6 +52,7 @@ class Lab:
         self.config = os.path.join(tmp, "pvegpu.toml")
         with open(self.config, "w") as f:
             f.write(f'pve_root = "{self.root}"\nnode = "{NODE}"\n[api]\nbackend = "local"\n[reset]\nlock_dir = "{tmp}/locks"\n')
+        os.chmod(self.config, 0o644)  # a settings file is refused when others may write it: never the umask's choice
         bindir = os.path.join(tmp, "bin")
         os.makedirs(bindir)
         pvesh_launcher(bindir, G.REPO)

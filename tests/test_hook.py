@@ -62,6 +62,7 @@ def test_exclusive_policy_refuses_sharing(sim_node, guard, tmp_path):
     node = sim_node(scenario(other=[{"kind": "simple", "gpu": 0, "mib": 1024}]))
     cfg = tmp_path / "x.toml"
     cfg.write_text("[gate]\nexclusive = [129]\n")
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     r = hook(node, guard, PVEGPU_CONFIG=str(cfg))
     assert r.returncode == 10 and "exclusive" in r.stderr
 

@@ -42,6 +42,7 @@ def test_settings_file_out_of_range_or_wrong_type_refused(name, tmp_path):
     """Each non-finite, out-of-range or wrongly typed setting in the file is a ConfigError (exit 2) naming it."""
     f = tmp_path / "s.toml"
     f.write_text(BAD_TOML[name])
+    f.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     with pytest.raises(ConfigError) as exc:
         load(str(f), env={})
     assert exc.value.exit_code == 2 and name.split(" ")[0] in exc.value.message
@@ -68,6 +69,7 @@ def test_settings_good_values_and_integral_strings_accepted(tmp_path):
     """Plain values still load: ints for ints, ints or floats for floats, env strings parsed."""
     f = tmp_path / "ok.toml"
     f.write_text("[reset]\ngrace = 3\nsettle = 0.5\nrounds = 2\n[gate]\ndeadline = 600\nexclusive = [129, 130]\n")
+    f.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     s = load(str(f), env={"PVEGPU_API_PORT": "8443", "PVEGPU_RESET_KILL_WAIT": "2.5e0"})
     assert (s.reset.grace, s.reset.rounds, s.gate.deadline, s.gate.exclusive, s.api.port, s.reset.kill_wait) == (3.0, 2, 600.0, (129, 130), 8443, 2.5)
 
@@ -76,6 +78,7 @@ def test_settings_file_not_utf8_is_config_error(tmp_path):
     """A settings file that is not UTF-8 is a ConfigError naming the file, not a UnicodeDecodeError."""
     f = tmp_path / "latin1.toml"
     f.write_bytes(b"node = \"caf\xe9\"\n")
+    f.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     with pytest.raises(ConfigError, match="latin1.toml"):
         load(str(f), env={})
 
@@ -84,6 +87,7 @@ def test_settings_not_utf8_from_command_line_one_line_exit_2(tmp_path):
     """`pvegpu audit` with a non-UTF-8 settings file exits 2 with an error line, no traceback."""
     f = tmp_path / "bad.toml"
     f.write_bytes(b"\xff\xfe[reset]\n")
+    f.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     r = subprocess.run([sys.executable, "-m", "pvegpu", "audit"], capture_output=True, text=True, cwd=REPO, timeout=60,
                        env=dict(os.environ, PVEGPU_CONFIG=str(f)))
     assert r.returncode == 2 and "Traceback" not in r.stderr and "bad.toml" in r.stderr

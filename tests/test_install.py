@@ -35,6 +35,8 @@ def tree(tmp_path):
     os.makedirs(os.path.join(pve, "nodes", "pve2", "lxc"))
     vz = tmp_path / "vz"
     (vz / "snippets").mkdir(parents=True)
+    for d in (vz, vz / "snippets"):
+        d.chmod(0o755)  # a snippets directory others may write is refused: never the umask's choice
     (vz / "snippets" / "mine.pl").write_text("#!/bin/sh\nexit 0\n")
     with open(os.path.join(pve, "storage.cfg"), "w") as f:
         f.write(f"dir: local\n\tpath {vz}\n\tcontent iso,vztmpl,backup\n")
@@ -45,6 +47,7 @@ def tree(tmp_path):
         (bin_ / name).chmod(0o755)
     cfg = tmp_path / "pvegpu.toml"
     cfg.write_text(f'pve_root = "{pve}"\nnode = "pve1"\n')
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", STUB_LOG=str(tmp_path / "log"), STUB_PVE=pve, PVEGPU_CONFIG=str(cfg))
 
     def cli(*args):
@@ -269,6 +272,8 @@ def test_guard_on_another_storage_is_ours_never_chained_onto_itself(tree, tmp_pa
     pve, vz, cli, log = tree
     vz2 = tmp_path / "vz2"
     (vz2 / "snippets").mkdir(parents=True)
+    for d in (vz2, vz2 / "snippets"):
+        d.chmod(0o755)  # as the tree's storage: a snippets directory others may write is refused
     with open(os.path.join(pve, "storage.cfg"), "a") as f:
         f.write(f"\ndir: snip2\n\tpath {vz2}\n\tcontent snippets\n")
     assert cli("install", "129").returncode == 0

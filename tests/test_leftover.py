@@ -41,6 +41,7 @@ def test_one_setting_feeds_reset_gate_and_audit(tmp_path):
     """[leftover] threshold_mib and per_context_mib reach reset, the gate and audit alike."""
     cfg = tmp_path / "s.toml"
     cfg.write_text("[leftover]\nthreshold_mib = 100\nper_context_mib = 7.5\n")
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     s = load(str(cfg), env={})
     want = LeftoverRule(100 * MIB, int(7.5 * MIB))
     assert leftover_rule(s) == want == reset_policy(s).rule == gate_policy(s).rule
@@ -52,6 +53,7 @@ def test_old_threshold_keys_keep_working(tmp_path, text):
     """reset.threshold_mib / gate.threshold_mib still set the one threshold."""
     cfg = tmp_path / "s.toml"
     cfg.write_text(text)
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     assert load(str(cfg), env={}).leftover.threshold_mib == 80
 
 
@@ -59,6 +61,7 @@ def test_old_threshold_keys_that_disagree_are_an_error(tmp_path):
     """Two different old thresholds (they used to be two rules) are one clear settings error naming the new key."""
     cfg = tmp_path / "s.toml"
     cfg.write_text("[reset]\nthreshold_mib = 80\n[gate]\nthreshold_mib = 64\n")
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     with pytest.raises(ConfigError) as exc:
         load(str(cfg), env={})
     assert exc.value.exit_code == 2 and "leftover.threshold_mib" in exc.value.message
@@ -68,6 +71,7 @@ def test_host_users_setting_is_checked(tmp_path):
     """gate.host_users is share (default) or refuse; anything else is a settings error."""
     cfg = tmp_path / "s.toml"
     cfg.write_text('[gate]\nhost_users = "maybe"\n')
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     with pytest.raises(ConfigError):
         load(str(cfg), env={})
     cfg.write_text("")

@@ -195,11 +195,13 @@ def test_settings_collect_every_problem(tmp_path):
 
     bad = tmp_path / "bad.toml"
     bad.write_text("[reset\n")
+    bad.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     with pytest.raises(ConfigError, match="bad.toml") as exc:
         load(str(bad), env={})
     assert exc.value.exit_code == 2
     good = tmp_path / "x.toml"
     good.write_text("[reset]\ngrace = 3\nnope = 1\n[gate]\non_unknown = \"maybe\"\n")
+    good.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     with pytest.raises(ConfigError) as exc:
         load(str(good), env={"PVEGPU_RESET_ROUNDS": "0"})
     msg = exc.value.message

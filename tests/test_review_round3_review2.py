@@ -136,6 +136,7 @@ def test_simulate_writes_no_settings_snapshot_into_the_real_run_pvegpu(tmp_path,
     monkeypatch.delenv("PVEGPU_CONFIG", raising=False)
     sim = tmp_path / "node"
     sim.mkdir()
+    sim.chmod(0o700)  # a node only its user can change (as `sim create` makes it), whatever the umask
     (sim / "scenario.json").write_text("{}")
     s = wiring.settings(wiring.GlobalOptions(simulate=str(sim)))
     assert s.reset.grace == 5

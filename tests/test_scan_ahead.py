@@ -293,6 +293,7 @@ def test_an_audit_whose_settings_fail_leaves_no_scan_running(tree_host, tmp_path
     before = _children()
     bad = tmp_path / "pvegpu.toml"
     bad.write_text("[gate\n")
+    bad.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     with pytest.raises(E.PvegpuError):
         auditcmd.run(GlobalOptions(config=str(bad)))
     assert not wiring._AHEAD and _children() <= before

@@ -42,8 +42,10 @@ def test_simulated_state_dirs_default_under_the_simulated_node(tmp_path, monkeyp
         monkeypatch.delenv(k)
     cfg = tmp_path / "empty.toml"
     cfg.write_text("")
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     node = tmp_path / "simnode"
     node.mkdir()
+    node.chmod(0o700)  # a node only its user can change (as `sim create` makes it), whatever the umask
     (node / "scenario.json").write_text("{}")
     s = wiring.settings(wiring.GlobalOptions(config=str(cfg), simulate=str(node)))
     assert s.reset.lock_dir == f"{node}/lock" and s.gate.override_dir == f"{node}/allow-once"

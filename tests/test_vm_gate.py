@@ -188,6 +188,7 @@ def test_allow_once_lets_one_vm_start_through(sim_node, guard, tmp_path):
     node = sim_node(_scenario(workloads=[{"kind": "simple", "gpu": 0, "mib": 1024}]))
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[gate]\noverride_dir = "{tmp_path}/once"\n')
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     env = {"PVEGPU_SIMULATE": node.root, "PVEGPU_CONFIG": str(cfg), **SLOW_OK}
     a = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "--config", str(cfg), "hook", "allow-once", "200"],
                        capture_output=True, text=True, timeout=90, cwd=pvelike.REPO, env=os.environ | SLOW_OK)

@@ -17,23 +17,29 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..adapters.devscan import ProcessScan, ScanBudget, stat_nosync
 from ..adapters.procfs import DeviceTable, ProcHost
 from ..adapters.procstat import Stat, read_stat
 from ..model import Place, Placement, Via
+from .sessions import DEAD, descends, own_init
+from .sessions import members as session_members
 from .state import SimState
 
 
 class SessionBoundary:
-    """Container = the session of its simulated init; its init is the recorded init pid."""
+    """Container = the session of its simulated init, and only the processes below that init, while the init is
+    provably this node's (``sessions.own_init``: pid, start time, owner, command line): a state file that names
+    any other process places nothing in a container, so nothing else is ever signalled."""
 
     def __init__(self, state: SimState) -> None:
         self.state = state
         self._mtime = -1.0
-        self._by_sid: dict[int, tuple[int, int]] = {}  # sid -> (vmid, init pid)
+        self._by_sid: dict[int, tuple[int, int, dict[str, Any]]] = {}  # sid -> (vmid, init pid, the state naming it)
+        self._proved: set[tuple[int, int]] = set()  # inits whose owner and command line were read: only their start time is read again
 
-    def _sessions(self) -> dict[int, tuple[int, int]]:
+    def _sessions(self) -> dict[int, tuple[int, int, dict[str, Any]]]:
         path = os.path.join(self.state.root, "cts")
         try:
             mtime = os.stat(path).st_mtime
@@ -41,13 +47,30 @@ class SessionBoundary:
             return {}
         if mtime != self._mtime:
             self._mtime = mtime
-            self._by_sid = {int(c["sid"]): (int(c["vmid"]), int(c["init_pid"]))
-                            for c in self.state.cts() if c.get("status") == "running" and c.get("sid")}
+            self._by_sid = {int(c["sid"]): (int(c["vmid"]), int(c["init_pid"]), c)
+                            for c in self.state.cts() if c.get("status") == "running" and c.get("sid") and c.get("init_pid")}
         return self._by_sid
 
-    def place(self, pid: int, st: Stat) -> tuple[Placement, str]:
-        hit = self._sessions().get(st.sid)
+    def _own(self, sid: int) -> tuple[int, int] | None:
+        """(vmid, init pid) of the session ``sid`` when its init is provably this node's, else None."""
+        hit = self._sessions().get(sid)
         if hit is None:
+            return None
+        ident = (hit[1], hit[2].get("init_start"))
+        if ident in self._proved:
+            st = read_stat(hit[1])
+            if st is not None and st.start_ticks == ident[1] and st.state not in DEAD:
+                return hit[0], hit[1]
+            return None
+        init = own_init(self.state.root, hit[2])
+        if init is None:
+            return None
+        self._proved.add(init)
+        return hit[0], hit[1]
+
+    def place(self, pid: int, st: Stat) -> tuple[Placement, str]:
+        hit = self._own(st.sid)
+        if hit is None or not descends(pid, hit[1]):
             return Placement(Place.HOST), "/"
         return Placement(Place.CONTAINER, hit[0]), f"/lxc/{hit[0]}/ns (simulated: session {st.sid})"
 
@@ -59,8 +82,8 @@ class SessionBoundary:
         return pid, hit is not None and hit[1] == pid
 
     def members(self, vmid: int) -> Iterable[int]:
-        sids = {s for s, (v, _) in self._sessions().items() if v == vmid}
-        return [int(n) for n in os.listdir("/proc") if n.isdigit() and (st := read_stat(n)) is not None and st.sid in sids]
+        sids = [s for s, (v, _, _) in self._sessions().items() if v == vmid and self._own(s) is not None]
+        return [p for s in sids for p in session_members(s)]
 
 
 PRIVATE_MAJOR = 0xFFFFF  # no kernel device number has it (majors are 12 bits): an fd of a private stand-in stats as PRIVATE_MAJOR:n

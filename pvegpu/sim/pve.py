@@ -11,7 +11,6 @@ Knobs in the container's state: ``lock``, ``ha_managed``, ``ha_state``, ``start_
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,12 +18,12 @@ from typing import Any
 
 from ..adapters.clock import SystemClock
 from ..adapters.etcpve import EtcPve
-from ..adapters.procstat import read_stat
 from ..adapters.tasks import wait_task
 from ..errors import PveApiError
 from ..lxcconf import parse_config
 from ..model import CtStatus, Guest, TaskResult
-from .state import SimState, read_json, write_json
+from .sessions import kill_session
+from .state import SimState, read_json
 from .workload import start_ticks
 
 PVE_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
@@ -47,7 +46,7 @@ class SimPve(EtcPve):
         upid = f"UPID:{guest.node}:{os.getpid():08X}:{start_ticks():08X}:{now + n:08X}:{kind}:{guest.vmid}:root@pam:"
         status = error or "OK"
         log = log + ([f"TASK ERROR: {error}"] if error else ["TASK OK"])
-        write_json(os.path.join(self.state.root, "tasks", f"{n:06d}.json"), {"upid": upid, "status": "stopped", "exitstatus": status, "log": log})
+        self.state.write_json(f"tasks/{n:06d}.json", {"upid": upid, "status": "stopped", "exitstatus": status, "log": log})
         return upid
 
     def _find(self, upid: str) -> dict[str, Any]:
@@ -81,8 +80,7 @@ class SimPve(EtcPve):
         self._check(guest, ct)
         if ct.get("stop_error"):
             return self._task(guest, "vzstop", str(ct["stop_error"]), [])
-        if session_is_ours(self.state, ct):
-            kill_session(ct)
+        kill_session(self.state.root, ct)  # only while its init is provably this node's (sessions.own_init)
         ct.update(status="stopped", init_pid=None, sid=None)
         self.state.set_ct(guest.vmid, ct)
         return self._task(guest, "vzstop", None, [])
@@ -106,7 +104,7 @@ class SimPve(EtcPve):
         upid = self._task(guest, "vzstart", None, log)
         if ct.get("init_dies"):  # vzstart said OK; the init exits right after
             ct = self.state.ct(guest.vmid)
-            kill_session(ct)
+            kill_session(self.state.root, ct)
             ct.update(status="stopped", init_pid=None, sid=None)
             self.state.set_ct(guest.vmid, ct)
         return upid
@@ -122,56 +120,6 @@ class SimPve(EtcPve):
         if proc.returncode != 0:
             return f"hookscript error for {vmid} on pre-start: command '{path} {vmid} pre-start' failed: exit code {proc.returncode}"
         return None
-
-
-def session_is_ours(state: SimState, ct: dict[str, Any]) -> bool:
-    """Whether the session a container's state names is still that container's simulated init (pid, start time and
-    ``python -m pvegpu.sim.init <this dir>``): a stale or edited state file never gets another process group killed."""
-    sid, start = ct.get("sid"), ct.get("init_start")
-    if not isinstance(sid, int) or isinstance(sid, bool) or sid <= 1 or sid != ct.get("init_pid"):
-        return False
-    try:
-        with open(f"/proc/{sid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-        if start_ticks(sid) != start:
-            return False
-    except OSError:
-        return False
-    if b"pvegpu.sim.init" not in argv or argv.index(b"pvegpu.sim.init") + 1 >= len(argv):
-        return False
-    return os.path.realpath(os.fsdecode(argv[argv.index(b"pvegpu.sim.init") + 1])) == os.path.realpath(state.root)
-
-
-def kill_session(ct: dict[str, Any], deadline: float = 5.0) -> None:
-    """``lxc-stop --kill``: SIGKILL the container's whole session and wait (bounded) until it is gone."""
-    sid = ct.get("sid")
-    if not sid:
-        return
-    try:
-        os.killpg(int(sid), signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        try:
-            os.waitpid(int(sid), os.WNOHANG)
-        except ChildProcessError:
-            pass
-        try:
-            os.killpg(int(sid), 0)
-        except ProcessLookupError:
-            return
-        if _only_zombies(int(sid)):
-            return
-        time.sleep(0.005)
-
-
-def _only_zombies(sid: int) -> bool:
-    """No live process is left in session ``sid`` (``ps -o stat= -s <sid>`` shows only Z)."""
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (st := read_stat(name)) is not None and st.sid == sid and st.state not in ("Z", "X"):
-            return False
-    return True
 
 
 def start_init(state: SimState, vmid: int, expect_contexts: int = 0, deadline: float = 10.0) -> None:

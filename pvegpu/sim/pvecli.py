@@ -32,7 +32,8 @@ class SimPveCli:
         return 1, f"{argv[0] if argv else '?'}: not simulated on a simulated node: {' '.join(argv)}"
 
     def _hookscript(self, vmid: int, volid: str | None) -> tuple[int, str]:
-        path = os.path.join(self.state.etc_pve, "nodes", self.node, "lxc", f"{vmid}.conf")
+        rel = f"etc-pve/nodes/{self.node}/lxc/{vmid}.conf"
+        path = os.path.join(self.state.root, rel)
         try:
             with open(path, encoding="utf-8") as f:
                 text = f.read()
@@ -42,7 +43,7 @@ class SimPveCli:
         lines = [line for line in top.splitlines() if not re.match(r"^hookscript:", line)]
         if volid is not None:
             lines.append(f"hookscript: {volid}")
-        _write(path, "\n".join(lines) + "\n" + ("\n[" + rest if sep else ""))
+        self.state.write(rel, ("\n".join(lines) + "\n" + ("\n[" + rest if sep else "")).encode())
         return 0, ""
 
     def _content(self, storage: str, content: str) -> tuple[int, str]:
@@ -67,12 +68,6 @@ class SimPveCli:
             done = True
         if not done:
             return 255, f"storage '{storage}' does not exist"
-        _write(path, "\n".join(out) + "\n")
+        self.state.write("etc-pve/storage.cfg", ("\n".join(out) + "\n").encode())
         return 0, ""
 
-
-def _write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)

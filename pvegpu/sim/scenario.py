@@ -17,6 +17,8 @@ A scenario is JSON (or the equivalent dict)::
     }
 
 ``pci`` is the simulated node's sysfs: PCI bus id -> the driver bound to it ("" none), for the VM gate and audit.
+``settings`` (optional) are settings for runs on this node (``{"reset.timeout": 2}``: a demo's short waits); they
+stand in for the settings file there, and an option on the line or a ``PVEGPU_*`` variable still wins.
 Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn`` (see ``pvegpu.sim.workload``).
 A GPU plays ``/dev/nvidia<minor>`` with a stand-in the workload processes open: by default the node's own empty
 file ``DIR/dev/nvidia<minor>``, matched by its inode, so no other node (nor anything else on the machine) holds
@@ -30,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -38,8 +41,10 @@ from typing import Any
 from ..errors import UsageError
 from .host import SessionHost
 from .nvml import SimNvml
-from .pve import SimPve, kill_session, session_is_ours, start_init
-from .state import SimState, write_json
+from .pve import SimPve, start_init
+from .sessions import kill_session
+from .state import DIR_FLAGS, DIR_MODE, SimState, read_json
+from .trust import SCENARIO, check_node
 
 KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn")
 
@@ -67,6 +72,7 @@ IDLE: dict[str, Any] = {  # nothing holds the GPU: check allows, audit has nothi
 
 LEAK: dict[str, Any] = {  # CT 129's job leaves 1 GiB behind when it dies: reset stops it, restarts, still exit 7
     "node": "pve-sim",
+    "settings": {"reset.grace": 1, "reset.kill_wait": 1, "reset.timeout": 2},  # a demo: each wait for the leaked memory is short
     "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771}],
     "containers": [{"vmid": 129, "name": "llm129", "status": "running", "gpus": [0],
                     "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024, "leak": True}]}],
@@ -93,9 +99,22 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # a node's or a driver's name: one path component, never ".."
+BUS_ID = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
+
+
 def validate(sc: dict[str, Any]) -> None:
     """Every problem of the scenario as one UsageError, before anything is laid out or started."""
     problems: list[str] = []
+    if not isinstance(sc.get("node", "pve-sim"), str) or not NAME.fullmatch(sc.get("node", "pve-sim")):
+        problems.append(f"node {sc.get('node')!r}: must be a node name (letters, digits, '.', '_', '-')")
+    pci = sc.get("pci") or {}
+    if not isinstance(pci, dict) or not all(isinstance(b, str) and BUS_ID.fullmatch(b) and isinstance(d, str) and (not d or NAME.fullmatch(d))
+                                            for b, d in pci.items()):
+        problems.append("pci: must map PCI bus ids (0000:41:00.0) to a driver name or \"\"")
+    settings = sc.get("settings") or {}
+    if not isinstance(settings, dict) or not all(isinstance(k, str) and isinstance(v, str | int | float | bool) for k, v in settings.items()):
+        problems.append('settings: must map setting names ("reset.timeout") to plain values')
     gpus = sc.get("gpus")
     if not isinstance(gpus, list) or not gpus:
         problems.append("no gpus")
@@ -141,12 +160,17 @@ def validate(sc: dict[str, Any]) -> None:
 
 
 class SimNode:
-    """A running simulated node in ``root``; ``teardown()`` kills every simulated container."""
+    """A running simulated node in ``root``; ``teardown()`` kills every simulated container.
+
+    Only a node the caller owns alone is used (``trust.check_node``): whoever else could write its files would
+    choose what its containers are."""
 
     def __init__(self, root: str, owns_root: bool = False) -> None:
+        check_node(root)
         self.state = SimState(root)
-        meta = json.load(open(os.path.join(root, "scenario.json")))
-        self.node = str(meta["node"])
+        meta = read_json(os.path.join(root, SCENARIO), {})
+        self.scenario: dict[str, Any] = meta if isinstance(meta, dict) else {}
+        self.node = str(self.scenario.get("node", "pve-sim"))
         self.owns_root = owns_root
 
     @property
@@ -156,71 +180,112 @@ class SimNode:
     def ports(self) -> tuple[SimPve, SimNvml, SessionHost]:
         return SimPve(self.state, self.node), SimNvml(self.state), SessionHost(self.state)
 
-    def teardown(self) -> None:
-        for ct in self.state.cts():
-            if session_is_ours(self.state, ct):  # a state file names the session: never a process group that is not this node's
-                kill_session(ct)
+    def teardown(self) -> int:
+        """Kill every container's session whose init is provably this node's (``sessions.own_init``: a state file
+        never gets another process group killed); remove the directory if this node made it. Returns how many
+        processes were killed."""
+        killed = sum(kill_session(self.root, ct) for ct in self.state.cts())
         if self.owns_root:
             shutil.rmtree(self.root, ignore_errors=True)
+        return killed
 
 
-def build(scenario: dict[str, Any], root: str | None = None) -> SimNode:
-    """Lay out the node described by ``scenario`` and start its running containers."""
+def _new_dir(root: str | None) -> tuple[str, int]:
+    """The node's directory, made here (mode 0700, set with fchmod: the umask takes nothing), and a descriptor of it
+    that every write of the layout goes through. An existing path is refused, even an empty directory: a directory
+    someone else made (or could still change) is never built into."""
+    if root is None:
+        root = tempfile.mkdtemp(prefix="pvegpu-sim-")  # new, 0700, this process's
+    else:
+        try:
+            os.mkdir(root, DIR_MODE)
+        except FileExistsError:
+            raise UsageError(f"{root} exists: `sim create` makes the node's directory itself",
+                             "name a new directory (it is made, mode 700); `pvegpu sim remove DIR` removes an old node") from None
+        except OSError as exc:
+            raise UsageError(f"cannot make {root}: {exc.strerror or exc}", "name a new directory in one you can write") from None
+    root = os.path.abspath(root)
+    try:
+        fd = os.open(root, DIR_FLAGS)
+    except OSError as exc:  # renamed and replaced by a link, between the mkdir and this open
+        raise UsageError(f"{root} changed while it was made ({exc.strerror or exc}): not built", "name a new directory in one only you can write") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or os.listdir(fd):  # another's directory swapped in under the name: build nothing there
+        os.close(fd)
+        raise UsageError(f"{root} changed while it was made (another directory took its name): not built",
+                         "name a new directory in one only you can write")
+    os.fchmod(fd, DIR_MODE)
+    return root, fd
+
+
+def build(scenario: dict[str, Any], root: str | None = None, files: dict[str, tuple[bytes, int]] | None = None) -> SimNode:
+    """Lay out the node described by ``scenario`` in a new directory (``root``, or a temporary one that teardown
+    removes) and start its running containers; ``files``: more files of the node (path in it -> bytes, mode),
+    written before any container starts. On any failure what was made goes again (its processes, its directory),
+    and the exception carries a note that says so."""
     validate(scenario)
     owns = root is None
-    root = root or tempfile.mkdtemp(prefix="pvegpu-sim-")
+    root, fd = _new_dir(root)
     try:
-        return _lay_out(scenario, root, owns)
-    except BaseException:
-        if owns:
-            shutil.rmtree(root, ignore_errors=True)
-        raise
+        try:
+            _lay_out(scenario, SimState(root, dir_fd=fd), files or {})
+            return SimNode(root, owns_root=owns)
+        except BaseException as exc:
+            exc.add_note(undo(root, fd))
+            raise
+    finally:
+        os.close(fd)
 
 
-def _lay_out(scenario: dict[str, Any], root: str, owns: bool) -> SimNode:
-    state = SimState(root)
+def undo(root: str, fd: int) -> str:
+    """Remove a node that failed while it was built: kill its containers' sessions (``kill_session``: only this
+    node's), then remove its directory while ``root`` still names the one made (``fd``). Says what it did."""
+    killed = sum(kill_session(root, ct) for ct in SimState(root).cts())
+    made = os.fstat(fd)
+    try:
+        now = os.lstat(root)
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (made.st_dev, made.st_ino):
+        return f"{root} was moved or replaced while it was built: nothing removed there; remove the node by hand"
+    shutil.rmtree(root, ignore_errors=True)
+    stopped = f" and stopped the {killed} process(es) it had started" if killed else ""
+    return f"removed {root}{stopped}" if not os.path.lexists(root) else f"could not remove {root}{stopped}: remove it by hand"
+
+
+def _lay_out(scenario: dict[str, Any], state: SimState, files: dict[str, tuple[bytes, int]]) -> None:
     node = str(scenario.get("node", "pve-sim"))
-    write_json(os.path.join(root, "scenario.json"), scenario | {"node": node})
+    state.write_json(SCENARIO, scenario | {"node": node})
     state.set_gpus(list(scenario["gpus"]))
-    lxc = os.path.join(state.etc_pve, "nodes", node, "lxc")
-    qemu = os.path.join(state.etc_pve, "nodes", node, "qemu-server")
-    os.makedirs(lxc, exist_ok=True)
-    os.makedirs(qemu, exist_ok=True)
-    os.makedirs(state.snippets, exist_ok=True)
-    if not os.path.lexists(os.path.join(state.etc_pve, "local")):
-        os.symlink(f"nodes/{node}", os.path.join(state.etc_pve, "local"))
+    lxc, qemu = f"etc-pve/nodes/{node}/lxc", f"etc-pve/nodes/{node}/qemu-server"
+    state.mkdirs(lxc)
+    state.mkdirs(qemu)
+    state.mkdirs("snippets")
+    state.symlink(f"nodes/{node}", "etc-pve/local")
     ids: dict[str, Any] = {}
     for ct in scenario.get("containers", []):
         ids[str(ct["vmid"])] = {"node": node, "type": "lxc", "version": 1}
-        with open(os.path.join(lxc, f"{ct['vmid']}.conf"), "w") as f:
-            f.write(ct_conf(ct))
+        state.write(f"{lxc}/{ct['vmid']}.conf", ct_conf(ct).encode("utf-8"))
         state.set_ct(int(ct["vmid"]), {k: v for k, v in ct.items() if k != "config"} | {"status": "stopped"})
     for vm in scenario.get("vms", []):
         ids[str(vm["vmid"])] = {"node": vm.get("node", node), "type": "qemu", "version": 1}
-        with open(os.path.join(qemu, f"{vm['vmid']}.conf"), "w") as f:
-            f.write(str(vm["config"]).rstrip("\n") + "\n" if vm.get("config") else f"name: {vm.get('name', 'vm')}\nhostpci0: 0000:01:00.0,pcie=1\n")
+        text = str(vm["config"]).rstrip("\n") + "\n" if vm.get("config") else f"name: {vm.get('name', 'vm')}\nhostpci0: 0000:01:00.0,pcie=1\n"
+        state.write(f"{qemu}/{vm['vmid']}.conf", text.encode("utf-8"))
     for bus, driver in (scenario.get("pci") or {}).items():  # sysfs of the simulated node: bus id -> bound driver ("" none)
-        dev = os.path.join(root, "sys", "bus", "pci", "devices", bus)
-        os.makedirs(dev, exist_ok=True)
-        with open(os.path.join(dev, "vendor"), "w") as f:
-            f.write("0x10de\n")
+        dev = f"sys/bus/pci/devices/{bus}"
+        state.write(f"{dev}/vendor", b"0x10de\n")
         if driver:
-            os.makedirs(os.path.join(root, "sys", "bus", "pci", "drivers", driver), exist_ok=True)
-            os.symlink(os.path.join(root, "sys", "bus", "pci", "drivers", driver), os.path.join(dev, "driver"))
-    write_json(os.path.join(state.etc_pve, ".vmlist"), {"version": 1, "ids": ids})
-    with open(os.path.join(state.etc_pve, "storage.cfg"), "w", encoding="utf-8") as f:  # `local` is this directory: snippets/
-        f.write(f"dir: local\n\tpath {root}\n\tcontent iso,vztmpl,backup\n")
-    sim = SimNode(root, owns_root=owns)
+            state.mkdirs(f"sys/bus/pci/drivers/{driver}")
+            state.symlink(os.path.join(state.root, "sys", "bus", "pci", "drivers", driver), f"{dev}/driver")
+    state.write_json("etc-pve/.vmlist", {"version": 1, "ids": ids})
+    state.write("etc-pve/storage.cfg", f"dir: local\n\tpath {state.root}\n\tcontent iso,vztmpl,backup\n".encode())  # `local` is this directory
+    for rel, (data, mode) in files.items():
+        state.write(rel, data, mode)
     expected = 0
-    try:
-        for ct in scenario.get("containers", []):
-            if ct.get("status", "running") == "running":
-                expected += len(ct.get("workloads", []))
-                start_init(state, int(ct["vmid"]), expect_contexts=expected)
-    except BaseException:
-        sim.teardown()
-        raise
-    return sim
+    for ct in scenario.get("containers", []):
+        if ct.get("status", "running") == "running":
+            expected += len(ct.get("workloads", []))
+            start_init(state, int(ct["vmid"]), expect_contexts=expected)
 
 
 def named(name_or_path: str) -> dict[str, Any]:
@@ -271,21 +336,6 @@ def load(path: str) -> dict[str, Any]:
 
 
 STATE_DIRS = {"lock_dir": "lock", "override_dir": "allow-once"}  # where under the simulated node's dir; else the key's stem
-
-
-def require_node(directory: str) -> None:
-    """``--simulate DIR``: a UsageError unless ``directory`` holds a simulated node (its ``scenario.json``), hinting
-    ``sim create`` of that directory when it could be one (absent or empty), else of a new one (``/etc`` is no node)."""
-    if os.path.isfile(os.path.join(directory, "scenario.json")):
-        return
-    try:
-        fresh = not os.path.lexists(directory) or (os.path.isdir(directory) and not os.listdir(directory))
-    except OSError:
-        fresh = False
-    where = directory if fresh else "/tmp/pvegpu-node"
-    raise UsageError(f"--simulate {directory}: not a simulated node (no scenario.json there)",
-                     f"`pvegpu sim create {where}` builds one{'' if fresh else ' in a new directory'} (README: Simulated node); "
-                     "`pvegpu demo` builds and removes one")
 
 
 def own_state(s: Any) -> Any:
