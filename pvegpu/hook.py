@@ -144,7 +144,7 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
         print(json.dumps(document("check", {**v["json"], "error": None}), indent=2), file=out)
     else:
         print("\n".join([v["text"]] + [note] * bool(note)) if wide else decision_text(v, vmid, note), file=out)
-    return E.EXIT_OK if v["allow"] else E.EXIT_REFUSED
+    return E.EXIT_OK if v["allow"] or v["json"].get("running") else E.EXIT_REFUSED  # a running CT: an account, not a refusal
 
 
 def decision_text(v: dict[str, Any], vmid: int, note: str | None = None) -> str:
@@ -155,7 +155,7 @@ def decision_text(v: dict[str, Any], vmid: int, note: str | None = None) -> str:
     kind = "VM" if v.get("kind") == "qemu" else "CT"
     reasons, fixes = [str(r) for r in doc.get("reasons", [])], [str(f) for f in doc.get("fix", [])]
     text = str(v["text"])
-    if v["allow"]:
+    if v["allow"] or doc.get("running"):
         head = (text.split("; ")[0] if reasons else text).rstrip(".")
         reasons = reasons[1:] if reasons and reasons[0] in head else reasons
     else:
