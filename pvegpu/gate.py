@@ -215,10 +215,7 @@ def _running(vmid: int, facts: dict[int, GpuFacts], sit: Situation, policy: Gate
 
 
 def paragraph(vmid: int, d: GateDecision) -> str:
-    """One paragraph a human can act on (it lands in the PVE task log)."""
-    if d.running_init is not None:  # no start to decide: an account, not a verdict
-        fix = ("; fix: " + "; ".join(d.fix)) if d.fix else ""
-        return "pvegpu: " + "; ".join(d.reasons) + fix + "."
+    """One paragraph a human can act on (it lands in the PVE task log; a running container's is a refusal too)."""
     if d.allow:
         extra = ("; " + "; ".join(d.reasons)) if d.reasons else ""
         return f"pvegpu: CT {vmid} may start: its GPUs are clean{extra}."

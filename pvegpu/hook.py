@@ -155,7 +155,9 @@ def decision_text(v: dict[str, Any], vmid: int, note: str | None = None) -> str:
     kind = "VM" if v.get("kind") == "qemu" else "CT"
     reasons, fixes = [str(r) for r in doc.get("reasons", [])], [str(f) for f in doc.get("fix", [])]
     text = str(v["text"])
-    if v["allow"] or doc.get("running"):
+    if doc.get("running") and reasons:  # no start to decide: the account of what it holds, headed by that
+        head, reasons = f"pvegpu: {reasons[0]}", reasons[1:]
+    elif v["allow"]:
         head = (text.split("; ")[0] if reasons else text).rstrip(".")
         reasons = reasons[1:] if reasons and reasons[0] in head else reasons
     else:
