@@ -28,7 +28,8 @@ PHASES = ("pre-start", "post-start", "pre-stop", "post-stop")
 CHECK_USAGE = """Usage: pvegpu [--config FILE] check VMID [--json] [--wide]
 
   May container VMID start now? The start gate's decision, exactly as the hookscript makes it.
-  Exit 0: yes; 10: refused (the reason and the fix are printed); 2, 3, 5: see README 'Exit codes'.
+  Exit 0: yes, or it runs (no start to decide: what it holds is printed);
+  10: refused (the reason and the fix are printed); 2, 3, 5: see README.
 
 Options:
   --json        print the decision as JSON (errors too)
@@ -143,7 +144,9 @@ def check_command(args: list[str], opts: wiring.GlobalOptions, out: TextIO, err:
 
         print(json.dumps(document("check", {**v["json"], "error": None}), indent=2), file=out)
     else:
-        print("\n".join([v["text"]] + [note] * bool(note)) if wide else decision_text(v, vmid, note), file=out)
+        doc = v["json"]  # a running CT: its account on one line, not the pre-start's refusal
+        line = "pvegpu: " + "; ".join(doc["reasons"] + [f"fix: {f}" for f in doc["fix"]]) + "." if doc.get("running") else v["text"]
+        print("\n".join([line] + [note] * bool(note)) if wide else decision_text(v, vmid, note), file=out)
     return E.EXIT_OK if v["allow"] or v["json"].get("running") else E.EXIT_REFUSED  # a running CT: an account, not a refusal
 
 

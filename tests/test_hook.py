@@ -251,6 +251,9 @@ def test_check_of_a_running_container_says_it_is_running(sim_node):
                        cwd=pvelike.REPO, timeout=60)
     assert r.returncode == 0 and "CT 129 is running (its init is pid" in r.stdout, r.stdout + r.stderr
     assert "still sit in" not in r.stdout + r.stderr
+    wide = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "check", "129", "-v"], capture_output=True,
+                          text=True, cwd=pvelike.REPO, timeout=60)
+    assert wide.returncode == 0 and wide.stdout.startswith("pvegpu: CT 129 is running") and len(wide.stdout.splitlines()) == 1
 
 
 def test_running_containers_own_memory_is_never_leftover(sim_node, guard):
