@@ -5,8 +5,9 @@
 cuInit, the device's primary context, cuMemAlloc in 1 GiB pieces (what ``torch.empty(..., device='cuda')``
 does underneath), then touch the ready file and sleep until killed. Manual equivalent: any CUDA program
 that allocates and waits; ``nvidia-smi --query-compute-apps=pid,used_memory`` lists it.
---fork-after-init: fork after the allocation; the parent exits, the child keeps the inherited context
-(NVML does not list it). --workers N: N spawned worker processes share the memory (multiprocessing
+--fork-after-init: fork after the allocation; the parent (leading its own session, as a service does) exits, the
+child keeps the inherited context (NVML does not list it) and the parent's pid as its session id, the link that
+proves whose the dead parent's memory is. --workers N: N spawned worker processes share the memory (multiprocessing
 'spawn', as torch.multiprocessing does); the parent holds no context.
 """
 
@@ -82,6 +83,10 @@ def main() -> None:
     _keep = hold(a.gib)  # noqa: F841
     if a.fork_after_init:
         parent = os.getpid()
+        try:
+            os.setsid()
+        except PermissionError:  # already a group leader: the child keeps that group's id, the same link
+            pass
         if os.fork():
             os._exit(0)
         end = time.monotonic() + 10

@@ -17,7 +17,7 @@ from .audit_guests import GuestScan, scan_guests
 from .audit_model import Flag, FlagKind, GpuRow, HolderRow, NodeAudit, document
 from .errors import PvegpuError
 from .holders import GpuFacts, inspect_gpus
-from .leftover import LeftoverRule, leftover
+from .leftover import LeftoverRule, gpu_reset_advice, gpu_users, leftover, users_text
 from .model import GpuHealth, GpuInfo, GpuSample, Holder, Place, Via
 from .ports import Clock, GpuProbe, Host, NodeFiles, PveApi, WallClock
 from .qemuconf import same_device
@@ -98,7 +98,7 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
             row.holders = [replace(h, user=users(h.uid)) if h.uid is not None else h for h in row.holders]
         if health_of is not None and row.error is None:
             row.health = ahead.read[gpu.minor] if gpu.minor in ahead.read else _health(health_of, gpu.minor)
-            _health_flags(row, rep.flags)
+            _health_flags(row, rep.flags, facts[gpu.minor])
         rep.gpus.append(row)
     for index, why in sorted(lost.items()):  # NVML could not name it: an error row, never a gap
         rep.gpus.append(GpuRow(index, -1, "?", "?", "", error=why))
@@ -166,10 +166,10 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: Le
                              and (gpu.minor in g.minors or g.all_gpus)}
                             | {g.id for g in scan.guests if g.type == "qemu" and any(same_device(b, gpu.bus_id) for b in g.bus_ids)})
 
-    def flag(kind: FlagKind, detail: str) -> None:
+    def flag(kind: FlagKind, detail: str, advice: str | None = None) -> None:
         if kind not in row.flags:
             row.flags.append(kind)
-        flags.append(Flag(kind, subject, detail))
+        flags.append(Flag(kind, subject, detail, advice))
 
     vms, cts = [g for g in row.granted_to if g.startswith("qemu/")], [g for g in row.granted_to if g.startswith("lxc/")]
     if vms and cts:  # the VM's start unbinds it from nvidia under the containers (pvegpu/vmgate.py refuses that start)
@@ -180,11 +180,12 @@ def _gpu_row(gpu: GpuInfo, f: GpuFacts, self_pid: int, scan: GuestScan, rule: Le
     for pid in row.dead_pids:
         heir = f.heirs.get(pid)
         whose = f"its context is kept by pid {heir}, credited with its memory" if heir is not None else \
-            "no plausible heir (an orphaned fork child in a container) keeps it: unexplained"
+            "no process is proven to keep it (a fork child in its process group or session): unexplained"
         flag(FlagKind.DEAD_PID, f"NVML lists pid {pid} on /dev/nvidia{gpu.minor}; it no longer exists; {whose}")
     if lo.over and row.unattributed_bytes is not None:
         flag(FlagKind.UNATTRIBUTED, f"{mib_figure(row.unattributed_bytes)} MiB used that no live process accounts for "
-                                    f"(after {mib_figure(lo.allowance_bytes)} MiB allowed for {lo.contexts_outside} context(s))")
+                                    f"(after {mib_figure(lo.allowance_bytes)} MiB allowed for {lo.contexts_outside} context(s))",
+             gpu_reset_advice(f))
     elif row.unattributed_bytes is None:
         flag(FlagKind.USAGE_UNKNOWN, "a process's memory is not reported: leftovers cannot be measured")
     guests = sorted({h.guest_id for h in row.holders if h.place == "lxc" and h.guest_id})
@@ -205,10 +206,14 @@ def context_capable(h: HolderRow) -> bool:
     return h.may_own_context
 
 
-def _health_flags(row: GpuRow, flags: list[Flag]) -> None:
+def _health_flags(row: GpuRow, flags: list[Flag], f: GpuFacts) -> None:
     h = row.health
     what = [name for name, v in (("row remapping pending", h.remap_pending), ("row remapping failed", h.remap_failed),
                                  ("retired pages pending", h.retired_pages_pending)) if v]
     if what:
+        users = gpu_users(f)
+        when = (f"only once it is no longer in use by {users_text(users)} (a GPU reset would end their work)" if users
+                else f"no process uses it now: `nvidia-smi -r -i {row.index}`")
         row.flags.append(FlagKind.HEALTH)
-        flags.append(Flag(FlagKind.HEALTH, f"GPU {row.index}", f"{row.uuid}: {', '.join(what)}"))
+        flags.append(Flag(FlagKind.HEALTH, f"GPU {row.index}", f"{row.uuid}: {', '.join(what)}",
+                          f"a reset is pending for row remapping / page retirement: {when}"))

@@ -55,7 +55,7 @@ class FlagKind(StrEnum):
 ADVICE: dict[FlagKind, str] = {
     FlagKind.SHARED: "several containers use this GPU; pvegpu reset of one never touches the others, but nothing limits their memory",
     FlagKind.DEAD_PID: "NVML lists a pid that is gone: a forked child keeps its context; `pvegpu reset <vmid> --dry-run` shows it",
-    FlagKind.UNATTRIBUTED: "memory no live process accounts for: `fuser -v /dev/nvidia<minor>`; if nothing holds it, `nvidia-smi -r` when idle",
+    FlagKind.UNATTRIBUTED: "memory no live process accounts for: `fuser -v /dev/nvidia<minor>`; a GPU reset only once no process uses the GPU",
     FlagKind.HOST_HOLDER: "a host process (no guest) may own a CUDA context on this GPU (NVML lists it, or it maps the device while NVML lists a dead pid no heir explains): check it should; pvegpu never signals it",
     FlagKind.NVML_CLIENT: "a host process NVML does not list, with the device open or mapped (nvidia-persistenced, DCGM, an exporter): no context of its own, no memory; it blocks `nvidia-smi -r`",
     FlagKind.UNKNOWN_PLACE: "where this process runs could not be read (`cat /proc/<pid>/cgroup`); its memory is counted as nobody's",
@@ -64,7 +64,7 @@ ADVICE: dict[FlagKind, str] = {
     FlagKind.ALL_GPUS: "`c 195:*` grants every GPU with no /dev/nvidiaN named: name the GPUs with devN entries",
     FlagKind.UNREADABLE: "NVML cannot read it: `nvidia-smi -q -i <index>`, `dmesg | grep -i xid`",
     FlagKind.USAGE_UNKNOWN: "per-process memory is not reported (MIG): leftovers cannot be measured on this GPU",
-    FlagKind.HEALTH: "a reset is pending for row remapping / page retirement: `nvidia-smi -r -i <index>` once the GPU is idle",
+    FlagKind.HEALTH: "a reset is pending for row remapping / page retirement: reset the GPU once no process uses it",
     FlagKind.CONFIG_UNREADABLE: "the guest's config could not be read: `pct config <vmid>`",
     FlagKind.NODE_UNREACHABLE: "no live audit from this node: `ssh root@<node> pvegpu audit --json`",
     FlagKind.VM_AND_CT: ("a VM takes this GPU to vfio-pci at its start while containers use it through nvidia: the VM's start "
@@ -74,14 +74,16 @@ ADVICE: dict[FlagKind, str] = {
 
 @dataclass(frozen=True)
 class Flag:
-    """One finding: what, about which GPU or guest, and the advice."""
+    """One finding: what, about which GPU or guest, and the advice (its kind's, unless this finding has its own:
+    a GPU reset is advised only for a GPU no process uses, else its users are named)."""
 
     kind: FlagKind
     subject: str  # "GPU 0", "lxc/129", "node pve2"
     detail: str
+    advice: str | None = None  # this finding's own advice (None: ``kind.advice``)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "subject": self.subject, "detail": self.detail, "advice": self.kind.advice,
+        return {"kind": self.kind.value, "subject": self.subject, "detail": self.detail, "advice": self.advice or self.kind.advice,
                 "attention": self.kind.attention}
 
 

@@ -189,8 +189,8 @@ def check_cmd(
     json_out: bool = typer.Option(False, "--json", help="print the decision as JSON (errors too)"),
     wide: bool = typer.Option(False, "--wide", "-v", "--verbose", help="the decision as one line, as the task log shows it"),
 ) -> None:
-    """May the guest start now? The start gate's decision, exactly as the hookscript makes it: exit 0 yes,
-    10 refused (the reason and the fix are printed)."""
+    """May the guest start now? The start gate's decision, exactly as the hookscript makes it: exit 0 yes (or it
+    runs: no start to decide, what it holds is printed), 10 refused (the reason and the fix are printed)."""
     raise typer.Exit(hook.check(vmid, _opts(ctx), json_out=json_out, wide=wide, out=sys.stdout, err=sys.stderr))
 
 

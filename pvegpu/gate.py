@@ -7,6 +7,10 @@ when NVML lists a pid that no longer exists and no plausible heir explains it, w
 this container, when this container or a running neighbour on the GPU is exclusive, when a host process owns
 a context there and ``host_users = "refuse"`` (by default it is a sharer), or when a granted GPU cannot be
 read (fail closed unless ``on_unknown = "allow"``). A pvegpu reset in progress on the container also refuses.
+
+A *running* container has no start to decide: its own memory is never leftover, so ``check`` says it runs and what
+it holds (exit 0; ``CheckResult.running``). PVE never calls pre-start for a running container; a hookscript called
+so anyway (by hand) refuses, with that same account and nothing else to fix: a start of a running guest is no start.
 Manual equivalent: ``nvidia-smi --query-gpu=index,memory.used`` + ``--query-compute-apps=pid,used_memory``.
 """
 
@@ -19,7 +23,7 @@ from typing import Any
 
 from .errors import GpuQueryError, PvegpuError
 from .holders import GpuFacts, inspect_gpus
-from .leftover import LeftoverRule, leftover
+from .leftover import LeftoverRule, gpu_reset_advice, leftover, place_name
 from .locate import find_guest, granted_gpus
 from .lxcconf import parse_config
 from .model import CONTROL, MIB, GpuInfo, GpuSample, Place, Via
@@ -35,6 +39,7 @@ class GateState(StrEnum):
     SHARED = "shared"  # in use by another running container: allowed (unless exclusive)
     REFUSED = "refused"
     UNKNOWN = "unknown"  # could not be read (refused unless on_unknown = allow)
+    RUNNING = "running"  # the container runs on it: not judged for a start (its own memory is never leftover)
 
 
 _G = GateSettings()  # the one source of defaults
@@ -64,6 +69,7 @@ class GateDecision:
     reasons: list[str] = field(default_factory=list)  # why refused (or remarks when allowed)
     fix: list[str] = field(default_factory=list)  # commands to run
     per_gpu: dict[int, GateState] = field(default_factory=dict)
+    running_init: int | None = None  # the container is running (its init's pid): no start to decide
 
     def refuse(self, reason: str, fix: str | None = None) -> None:
         self.allow = False
@@ -95,12 +101,11 @@ def gpu_label(g: GpuInfo) -> str:
 def decide(vmid: int, facts: dict[int, GpuFacts], situation: Situation, policy: GatePolicy) -> GateDecision:
     """The pure decision: facts in, verdict out (tested by table in tests/test_gate_decide.py)."""
     d = GateDecision(True)
+    if situation.running_init is not None:
+        return _running(vmid, facts, situation, policy)
     if situation.reset_running:
         d.refuse(f"a pvegpu reset of CT {vmid} is in progress", f"wait for it to finish (`pvegpu check {vmid}` says when)")
-    if situation.running_init is not None:
-        d.refuse(f"CT {vmid} is running (its init is pid {situation.running_init}); a start applies to a stopped container",
-                 f"`pct status {vmid}`; to free its GPUs while it runs: pvegpu reset {vmid}")
-    elif situation.ct_pids:
+    if situation.ct_pids:
         pids = ", ".join(map(str, situation.ct_pids[:8]))
         d.refuse(f"{len(situation.ct_pids)} process(es) still sit in CT {vmid}'s cgroup (pids {pids})", f"pvegpu reset {vmid} --no-restart")
     for minor, f in sorted(facts.items()):
@@ -153,7 +158,7 @@ def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: G
         refused = True
         d.refuse(f"{g} holds {_mib(res)} that no running container accounts for (leftover or driver leak; "
                  f"{_mib(lo.allowance_bytes)} allowed for {lo.contexts_outside} context(s) outside)",
-                 f"pvegpu reset {vmid} --no-restart   # or, with no holder left: stop all users, `nvidia-smi -r -i {f.gpu.index}`")
+                 f"pvegpu reset {vmid} --no-restart   # then, if it stays: {gpu_reset_advice(f)}")
     if refused:
         return GateState.REFUSED
     if not neighbours and not sharers:
@@ -178,8 +183,39 @@ def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: G
     return GateState.SHARED
 
 
+def _running(vmid: int, facts: dict[int, GpuFacts], sit: Situation, policy: GatePolicy) -> GateDecision:
+    """A running container: no start to decide (allow False, ``running_init`` set). Each GPU says what the container
+    holds there (its own memory: never leftover), who shares it, and what is left beyond every running process's."""
+    d = GateDecision(False, [f"CT {vmid} is running (its init is pid {sit.running_init}): there is no start to decide"],
+                     running_init=sit.running_init)
+    if sit.reset_running:
+        d.reasons.append(f"a pvegpu reset of CT {vmid} is in progress")
+    for minor, f in sorted(facts.items()):
+        d.per_gpu[minor] = GateState.UNKNOWN if not f.sample.known else GateState.RUNNING
+        g = gpu_label(f.gpu)
+        if not f.sample.known:
+            d.reasons.append(f"{g} cannot be read: {f.sample.error}")
+            continue
+        own = [h for h in f.ct_holders if h.could_own_context]
+        pids = ", ".join(f"pid {h.pid} {h.info.comm}" for h in own[:8]) + (f" and {len(own) - 8} more" if len(own) > 8 else "")
+        d.reasons.append(f"{g}: CT {vmid} holds {_mib(f.ct_listed_bytes)} ({pids}), its own memory" if own
+                         else f"{g}: CT {vmid} holds no memory there")
+        others = sorted({place_name(h.info.placement) for h in f.other_holders if h.could_own_context})
+        if others:
+            d.reasons.append(f"{g} is shared with {', '.join(others)} ({_mib(f.foreign_bytes)})")
+        if f.unexplained_ghosts:
+            d.reasons.append(f"{g}: NVML lists pid(s) {', '.join(map(str, f.unexplained_ghosts))} that no longer exist and no "
+                             "live process is proven to keep their memory")
+        lo = leftover(f, policy.rule, target_running=True)
+        if lo.over:
+            d.reasons.append(f"{g} also holds {_mib(lo.net_bytes)} that no running process accounts for")
+            if (advice := gpu_reset_advice(f)) not in d.fix:
+                d.fix.append(advice)
+    return d
+
+
 def paragraph(vmid: int, d: GateDecision) -> str:
-    """One paragraph a human can act on (it lands in the PVE task log)."""
+    """One paragraph a human can act on (it lands in the PVE task log; a running container's is a refusal too)."""
     if d.allow:
         extra = ("; " + "; ".join(d.reasons)) if d.reasons else ""
         return f"pvegpu: CT {vmid} may start: its GPUs are clean{extra}."
@@ -212,7 +248,8 @@ class CheckResult:
                  "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB), "used_bytes": f.used_bytes,
                  "shared_with": sorted({h.info.placement.vmid for h in f.other_holders if h.info.placement.vmid}),
                  "ghost_pids": f.ghosts} for m, f in sorted(self.facts.items())]
-        return {"vmid": self.vmid, "allow": d.allow, "reasons": d.reasons, "fix": d.fix, "gpus": gpus}
+        return {"vmid": self.vmid, "allow": d.allow, "running": d.running_init is not None, "reasons": d.reasons, "fix": d.fix,
+                "gpus": gpus}
 
 
 def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:

@@ -16,17 +16,32 @@ from .ports import GpuProbe, Host
 
 
 class FirstReading:
-    """What one reset remembers from its first reading: each NVML-listed pid's start time and placement
-    (None: already dead then). A ghost that was the target's stays the target's leftover, whatever else maps
-    the device later (a tenant that parks its context fd in flight on a unix socket gains nothing). A ghost whose
-    pid the first reading saw alive outside the target (a neighbour parking its fd during the reset) stays foreign:
-    its memory counts as a live neighbour's, never against the target (``foreign_ghosts``)."""
+    """What one reset remembers of NVML's listed pids from reading to reading: each pid's start time and placement
+    when a reading first listed it (None: already dead then), kept while every reading lists it; a complete
+    reading that no longer lists a pid forgets it (its context is gone: a later listing of that pid is a new one).
+    A ghost that was the target's stays the target's leftover, whatever else maps the device later (a tenant that
+    parks its context fd in flight on a unix socket gains nothing). A ghost whose pid was first seen alive outside the
+    target (a neighbour parking its fd during the reset) stays foreign: its memory counts as a live neighbour's,
+    never against the target (``foreign_ghosts``). A listed pid whose process is not the one first seen (another
+    start time, or none then) is that one's successor, never its owner (``_successor``)."""
 
     def __init__(self) -> None:
         self.listed: dict[int, tuple[int, Placement] | None] = {}
-        self.alive_outside: set[tuple[int, int]] = set()  # (minor, pid): listed, live and placed outside the target
+        self.alive_outside: set[tuple[int, int]] = set()  # (minor, pid): first seen listed, live and placed outside the target
         self.done = False
         self.baseline: dict[int, int] = {}  # minor -> leftover bytes at the first reading that were not the target's
+
+    def remember(self, samples: dict[int, GpuSample], listed: set[int], info: Callable[[int], ProcInfo | None]) -> set[int]:
+        """Bring the record up to this reading; returns the pids it lists for the first time."""
+        if all(s.processes is not None for s in samples.values()):  # only a complete reading tells a pid is no longer listed
+            for pid in [p for p in self.listed if p not in listed]:
+                del self.listed[pid]
+            self.alive_outside = {(m, p) for m, p in self.alive_outside if p in listed}
+        new = {pid for pid in listed if pid not in self.listed}
+        for pid in new:
+            i = info(pid)
+            self.listed[pid] = (i.ident.start_ticks, i.placement) if i is not None and _live(i) else None
+        return new
 
 
 @dataclass
@@ -37,15 +52,15 @@ class GpuFacts:
     sample: GpuSample
     ct_holders: list[Holder] = field(default_factory=list)  # live, in the target container
     other_holders: list[Holder] = field(default_factory=list)  # live, elsewhere (never touched)
-    ghosts: list[int] = field(default_factory=list)  # NVML-listed pids with no live process (or a recycled pid)
-    ghost_owners: list[int] = field(default_factory=list)  # heirs: live unlisted holders credited with a ghost's memory
+    ghosts: list[int] = field(default_factory=list)  # NVML-listed pids with no live process, or a successor there (recycled)
+    ghost_owners: list[int] = field(default_factory=list)  # heirs: live unlisted holders proven to keep a ghost's context
     heirs: dict[int, int] = field(default_factory=dict)  # ghost pid -> the one heir credited with its memory
     target_ghosts: list[int] = field(default_factory=list)  # ghosts that were the target's at the first reading
     foreign_ghosts: list[int] = field(default_factory=list)  # ghosts the first reading saw alive outside the target
-    linked: list[int] = field(default_factory=list)  # ghosts paired with an heir whose pgid or sid is the ghost's pid
+    linked: list[int] = field(default_factory=list)  # ghosts paired with an heir whose pgid or sid is the ghost's pid (proven)
     unproven: list[int] = field(default_factory=list)  # ghosts credited to a target heir with no link, other ghosts competing
     unproven_bytes: int | None = 0  # their memory (inside ct_listed_bytes, but not provably the target's)
-    recycled: list[int] = field(default_factory=list)  # listed pids now used by a process that does not hold the GPU
+    recycled: list[int] = field(default_factory=list)  # listed pids whose live process is not NVML's (``_successor``, or holds no GPU)
     unreadable: list[int] = field(default_factory=list)  # container pids whose fds could not be read
     foreign_bytes: int | None = 0  # NVML memory of live processes outside the container (and their heirs)
     ct_listed_bytes: int | None = 0  # NVML memory of live processes inside the container (and its ghosts, heirs)
@@ -95,13 +110,15 @@ def inspect_gpus(
     on the node (diagnosis and audit). When NVML lists a dead pid (its context may live on in a fork child,
     which NVML never lists), the processes that could be its heir are scanned too: ``heir_pids()`` (the
     gate: processes of the containers granted these GPUs), else the whole node. A dead listed pid's memory
-    goes to one plausible heir at most (``_heir``); a listed pid whose live process holds neither an fd nor a
-    mapping of the GPU is a recycled pid, so a ghost. ``first`` (one reset): the first reading's listed pids
-    are remembered, and a ghost that was the target's is its leftover (``target_ghosts``).
+    goes to one heir at most, and outside the target only to one proven to keep it (``_credit_ghosts``); a listed
+    pid whose live process holds neither an fd nor a mapping of the GPU, or started after the pid was first seen
+    listed (``_successor``), is a recycled pid, so a ghost. ``first`` (one reset): the listed pids are remembered
+    from reading to reading, and a ghost that was the target's is its leftover (``target_ghosts``).
     """
     gpus = list(gpus)
     minors = [g.minor for g in gpus]
     samples = probe.sample(minors)
+    read_at = host.boot_ticks()  # after the reading: a process that started later is not one NVML listed in it
     listed = {p.pid for s in samples.values() for p in (s.processes or ())}
     scan: set[int] | None = None
     if not whole_host:
@@ -115,11 +132,8 @@ def inspect_gpus(
             infos[pid] = host.describe(pid)
         return infos[pid]
 
-    if first is not None and not first.done:
-        for pid in listed:
-            i = info(pid)
-            first.listed[pid] = (i.ident.start_ticks, i.placement) if _live(i) and i is not None else None
-    widen = scan is not None and any((not _live(info(pid)) or _recycled_by_memory(first, pid, info(pid)))
+    new = first.remember(samples, listed, info) if first is not None else set(listed)
+    widen = scan is not None and any((not _live(info(pid)) or _successor(first, pid, info(pid), read_at))
                                      and not _was_target(first, pid, vmid) for pid in listed)
     if widen and scan is not None:  # a dead pid is listed: its memory may be held by an unlisted fork child
         scan = None if heir_pids is None else scan | set(heir_pids())
@@ -168,10 +182,10 @@ def inspect_gpus(
             i = info(proc.pid)
             hold = holdings.get(proc.pid)
             holds = hold is not None and gpu.minor in hold.minors
-            # a new process with the pid (another start time than the first reading's) that holds this GPU is a live
-            # listed holder: NVML's entry is at least as plausibly its context, so it is never the old owner's leftover
-            recycled = _live(i) and not holds and (_recycled_by_memory(first, proc.pid, i) or hold is None
-                                                  or Via.UNREADABLE not in hold.via)
+            # a process that is not the one NVML listed (it started after the pid was first seen listed) is a successor,
+            # whatever it holds: the entry is the earlier process's; one that holds no GPU at all is no owner either
+            recycled = _live(i) and (_successor(first, proc.pid, i, read_at)
+                                     or (not holds and (hold is None or Via.UNREADABLE not in hold.via)))
             if not _live(i) or recycled:  # describe() just read it: no second look
                 facts.ghosts.append(proc.pid)
                 if recycled:  # a new process got the pid: if it holds the GPU it stays a holder (never hidden), not listed
@@ -193,7 +207,7 @@ def inspect_gpus(
             elif i.placement.place is not Place.UNKNOWN:  # memory of an unplaced process explains nothing
                 facts.foreign_bytes = _add(facts.foreign_bytes, proc.used_bytes)
                 facts.contexts_outside += 1
-                if first is not None and not first.done:
+                if first is not None and proc.pid in new:
                     first.alive_outside.add((gpu.minor, proc.pid))
         for pid, (via, i) in sorted(by_pid.items()):
             holder = Holder(i, frozenset({gpu.minor}), frozenset(via))
@@ -206,12 +220,25 @@ def inspect_gpus(
     return out
 
 
-def _recycled_by_memory(first: FirstReading | None, pid: int, i: ProcInfo | None) -> bool:
-    """The listed pid is now another process than the one the first reading saw (or it was dead then)."""
-    if first is None or not first.done or pid not in first.listed or not _live(i):
+def _successor(first: FirstReading | None, pid: int, i: ProcInfo | None, read_at: int | None) -> bool:
+    """The live process at a listed pid is not the one NVML listed: it started after that pid was first seen listed.
+
+    NVML names an entry's owner by pid only, so the one fact that tells a later process with that pid (the kernel
+    hands a freed pid out again) from the owner is its start time (stat field 22) against the first time pvegpu saw
+    the pid listed: a process that started after it cannot have been that entry's owner. pvegpu's evidence of that
+    first time: the reset's earlier readings (``first``: the start time, or None for dead, of the process that had
+    the pid when a reading first listed it), else this reading itself (``read_at``, the boot-time clock in start-time
+    ticks, read right after NVML answered). NVML's process list carries no start time of its own (pid, memory, MIG
+    instance only; only accounting mode records one, a setting of the GPU pvegpu never turns on), so a pid recycled
+    before pvegpu's first reading of it cannot be told from its owner: that is the horizon of the evidence."""
+    if not _live(i):
+        return False
+    assert i is not None
+    if read_at is not None and i.ident.start_ticks > read_at:
+        return True
+    if first is None or pid not in first.listed:
         return False
     seen = first.listed[pid]
-    assert i is not None
     return seen is None or seen[0] != i.ident.start_ticks
 
 
@@ -228,20 +255,34 @@ def _placed_in(p: Placement, vmid: int | None) -> bool:
 
 def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: int | None, first: FirstReading | None,
                    info: Callable[[int], ProcInfo | None]) -> None:
-    """Give each ghost's memory to one plausible heir (``_heir``), one heir per ghost on this GPU; a ghost first seen in
-    a container can only be that container's heir's, and the target's and foreign ghosts are settled already.
+    """Give each ghost's memory to the one process proven to keep its context, if any; else it stays unexplained
+    (``unexplained_ghosts``: the gate refuses, audit flags it, reset names it). The target's and foreign ghosts are
+    settled already (``FirstReading``), and a ghost first seen in a container can only be that container's.
 
-    Pairing: first by a link a tenant cannot forge across containers: the heir's process group or session id (host
-    pid namespace) is the ghost's pid (a fork child keeps its parent's pgid/sid when the parent led its group or
-    session, and the kernel keeps such a pid from reuse); then the rest in order, the target's heirs first (its reset
-    must stop them). A ghost credited to a target heir without a link while other ghosts compete for the same heir
-    is ``unproven``: the pairing is a guess, so its memory is not enough to stop the target (``leftover.baseline``);
-    the target is stopped only for memory provably its own (live listed processes, linked ghosts, target ghosts)."""
+    What proves it, outside the target: a **link** a tenant cannot forge across containers, the heir's process
+    group or session id (host pid namespace) being the ghost's pid. A fork child keeps its parent's pgid and sid when
+    the parent led its group or session (a shell job, a systemd service), and the kernel keeps a pid from reuse while
+    any process has it as its pgid or sid: so such a group or session is the one the ghost's process made, in the
+    ghost's own container, and the memory is that container's. Nothing else proves it. Not sitting under the
+    container's init and mapping the device (any tenant process can do that, and would take a stopped container's
+    leak onto its own account, letting a start onto it); not the parent link (a child's ppid names its parent only
+    while that parent lives, and a live listed pid that holds nothing cannot be told from a later process that took a
+    dead owner's pid); not a link through a pid now used by a live process (a recycled pid, ``_successor``: the kernel
+    gave it out only once no group or session had it, so any group or session with that id is the newcomer's, and the
+    newcomer itself is the dead owner's successor, never its heir). Unlinked, a neighbour's orphan (a job that was no
+    group or session leader) leaves its parent's memory unexplained: the safe side, a refused start, not a credit.
+
+    Inside the target (a reset's own container, a running container's check), a ghost may go to one of its heirs
+    (``_heir``) without a link: either way it is the target's to free, and its reset stops them. Such a pairing while
+    other ghosts compete for the same heir is a guess (``unproven``): its memory is not enough to stop the target
+    (``leftover.baseline``); the target is stopped only for memory provably its own (live listed processes, linked
+    ghosts, target ghosts). One heir per ghost on this GPU, linked pairs first."""
     holders = facts.ct_holders + facts.other_holders
     listed_live = {h.pid for h in holders if Via.NVML in h.via}
     mapping = {h.pid for h in holders if Via.MAPS in h.via}
     busy = {h.info.placement for h in holders if Via.NVML in h.via}  # a live listed process there owns the shared context
-    heirs = [h for h in holders if h.info.placement not in busy and _heir(h, listed_live, mapping, info)]
+    keepers = [h for h in holders if _may_keep(h)]
+    own_heirs = [h for h in keepers if _in_ct(h.info, vmid) and h.info.placement not in busy and _heir(h, listed_live, mapping, info)]
     open_ghosts = [g for g in facts.ghosts if g not in facts.target_ghosts and g not in facts.foreign_ghosts]
     used: set[int] = set()
 
@@ -264,25 +305,35 @@ def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: in
             facts.contexts_outside += 1
 
     for ghost in open_ghosts:
-        linked = [h for h in heirs if fits(ghost, h) and ghost in (h.info.pgid, h.info.sid)]
+        if ghost in facts.recycled:  # its pid is a live newcomer's: a group or session of that id is the newcomer's
+            continue
+        linked = [h for h in keepers if fits(ghost, h) and ghost in (h.info.pgid, h.info.sid)]
         if linked:
             facts.linked.append(ghost)
             credit(ghost, linked[0], False)
     rest = [g for g in open_ghosts if g not in facts.heirs]
     for ghost in rest:
-        pool = [h for h in heirs if fits(ghost, h)]
+        pool = [h for h in own_heirs if fits(ghost, h)]
         if pool:
             credit(ghost, pool[0], any(o != ghost and o not in facts.heirs and fits(o, pool[0]) for o in rest))
 
 
-def _heir(h: Holder, listed_live: set[int], mapping: set[int], info: Callable[[int], ProcInfo | None]) -> bool:
-    """A plausible heir of a dead listed pid: a live, unlisted process in a container that maps the device and
-    has lost its parent (re-parented to the container's init or a subreaper there). Never a host process,
-    never the child of a live listed process (a DataLoader worker whose parent owns the context), and never in a
-    container that has a live NVML-listed process on that GPU (checked by ``_credit_ghosts``: that process owns the
-    context its family shares, as a double-forked grandchild re-parented to the init does)."""
+def _may_keep(h: Holder) -> bool:
+    """Could keep a dead listed pid's context: a live, unlisted process in a container that maps the device, not its
+    init (never a host process: only a container's process is ever credited with a dead pid's memory)."""
     i = h.info
-    if Via.NVML in h.via or Via.MAPS not in h.via or i.placement.place is not Place.CONTAINER or i.is_ct_init or i.ppid is None:
+    return (Via.NVML not in h.via and Via.MAPS in h.via and i.placement.place is Place.CONTAINER and not i.is_ct_init
+            and _live(i))
+
+
+def _heir(h: Holder, listed_live: set[int], mapping: set[int], info: Callable[[int], ProcInfo | None]) -> bool:
+    """A plausible heir of a dead listed pid *inside the target* (``_credit_ghosts`` says why only there without a
+    link): a process that may keep a context (``_may_keep``) and has lost its parent (re-parented to the container's
+    init or a subreaper there). Never the child of a live listed process (a DataLoader worker whose parent owns the
+    context), and never in a container that has a live NVML-listed process on that GPU (checked by ``_credit_ghosts``:
+    that process owns the context its family shares, as a double-forked grandchild re-parented to the init does)."""
+    i = h.info
+    if not _may_keep(h) or i.ppid is None:
         return False
     if i.ppid in listed_live or i.ppid in mapping:
         return False

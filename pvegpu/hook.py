@@ -107,8 +107,10 @@ def check(vmid_text: str, opts: wiring.GlobalOptions, *, json_out: bool, wide: b
     if json_out:
         print(dumps(document("check", {**v["json"], "error": None})), file=out)
     else:
-        print("\n".join([v["text"]] + [note] * bool(note)) if wide else decision_text(v, vmid, note), file=out)
-    return E.EXIT_OK if v["allow"] else E.EXIT_REFUSED
+        doc = v["json"]  # a running CT: its account on one line, not the pre-start's refusal
+        line = "pvegpu: " + "; ".join(doc["reasons"] + [f"fix: {f}" for f in doc["fix"]]) + "." if doc.get("running") else v["text"]
+        print("\n".join([line] + [note] * bool(note)) if wide else decision_text(v, vmid, note), file=out)
+    return E.EXIT_OK if v["allow"] or v["json"].get("running") else E.EXIT_REFUSED  # a running CT: an account, not a refusal
 
 
 def decision_text(v: dict[str, Any], vmid: int, note: str | None = None) -> str:
@@ -117,7 +119,9 @@ def decision_text(v: dict[str, Any], vmid: int, note: str | None = None) -> str:
     kind = "VM" if v.get("kind") == "qemu" else "CT"
     reasons, fixes = [str(r) for r in doc.get("reasons", [])], [str(f) for f in doc.get("fix", [])]
     text = str(v["text"])
-    if v["allow"]:
+    if doc.get("running") and reasons:  # no start to decide: the account of what it holds, headed by that
+        head, reasons = f"pvegpu: {reasons[0]}", reasons[1:]
+    elif v["allow"]:
         head = (text.split("; ")[0] if reasons else text).rstrip(".")
         reasons = reasons[1:] if reasons and reasons[0] in head else reasons
     else:

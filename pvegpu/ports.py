@@ -141,6 +141,12 @@ class Host(Protocol):
         """True while that very process exists and is not a zombie."""
         ...
 
+    def boot_ticks(self) -> int | None:
+        """The boot-time clock now, in the unit of a process's start time (``/proc/<pid>/stat`` field 22: clock ticks
+        since boot; ``cat /proc/uptime``): a process whose start time is later started after this call. None when
+        it cannot be told."""
+        ...
+
     def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
         """``kill -SIG <pid>`` through a pidfd, only if the pid is still that process in CT vmid."""
         ...

@@ -5,7 +5,8 @@ sleeping, no root, no GPU, no Proxmox).
 - ``FakeClock``: the ``Clock`` port (a ``WallClock`` too); ``sleep`` advances ``t`` and calls ``listeners``.
 - ``FakeHost`` (with ``FakeProc``): the ``Host`` port. Processes die ``exit_delay`` after a signal, or ignore
   SIGTERM (``on_term="ignore"``), sit in D state, are the container's init, are respawned by their parent
-  (``respawn``); a dead process is gone from ``describe`` as from ``/proc``.
+  (``respawn``), lead or join a process group or session (``pgid``, ``sid``); a dead process is gone from
+  ``describe`` as from ``/proc``; ``boot_ticks`` is the fake clock in start-time units.
 - ``FakeProbe``: the ``GpuProbe`` port on the one driver model every NVML stand-in uses (``pvegpu.sim.driver``):
   the per-context gap in ``used``, memory back some time after the last holder died (the dead owner still
   listed until then), lost GPUs (``fail``), leaks (``leak``), slow reads (``read_secs``).
@@ -86,6 +87,8 @@ class FakeProc:
     start: int = 0
     dies_at: float | None = None
     ppid: int | None = None  # default: the container's init (the host's pid 1 for host processes)
+    pgid: int | None = None  # process group id (stat field 5): a fork child keeps its group leader's pid
+    sid: int | None = None  # session id (stat field 6)
 
 
 class FakeHost:
@@ -93,6 +96,7 @@ class FakeHost:
         self.clock = clock
         self.procs: dict[int, FakeProc] = {}
         self.pids = itertools.count(5000)
+        self.last_pid = 4999  # the latest pid handed out (``boot_ticks``)
         self.self_pid = 1
         self.signals: list[tuple[int, str]] = []
         self.pending: list[tuple[float, FakeProc]] = []  # (when, dead original): copies a parent will start
@@ -100,6 +104,7 @@ class FakeHost:
 
     def add(self, vmid: int | None, **kw: Any) -> FakeProc:
         p = FakeProc(next(self.pids), vmid, **kw)
+        self.last_pid = p.pid
         p.start = int(self.clock.t * 100) + p.pid
         if p.ppid is None:
             p.ppid = next((q.pid for q in self.procs.values() if q.init and q.vmid == vmid), 1) if vmid and not p.init else 1
@@ -137,7 +142,7 @@ class FakeHost:
             return None
         place = Placement(Place.CONTAINER, p.vmid) if p.vmid else Placement(Place.HOST)
         return ProcInfo(ProcIdentity(pid, p.start), p.comm, p.state, place, f"/lxc/{p.vmid}/ns" if p.vmid else "/",
-                        1 if p.init else pid - 4000, p.init, ppid=p.ppid, term_futile=p.term_futile)
+                        1 if p.init else pid - 4000, p.init, ppid=p.ppid, term_futile=p.term_futile, pgid=p.pgid, sid=p.sid)
 
     def ct_pids(self, vmid: int) -> list[int]:
         return sorted(p.pid for p in self.procs.values() if p.vmid == vmid)
@@ -149,6 +154,11 @@ class FakeHost:
     def alive(self, ident: ProcIdentity) -> bool:
         p = self.procs.get(ident.pid)
         return p is not None and p.start == ident.start_ticks
+
+    def boot_ticks(self) -> int:
+        """The fake clock in start-time units: every process added so far started at or before it, any added later
+        after it (a start time is the fake time in 1/100 s plus the pid)."""
+        return int(self.clock.t * 100) + self.last_pid
 
     def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
         p = self.procs.get(ident.pid)

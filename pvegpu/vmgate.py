@@ -23,7 +23,7 @@ from typing import Any
 from .errors import GpuQueryError, NotFoundError
 from .gate import GatePolicy, GatePorts
 from .holders import GpuFacts, inspect_gpus
-from .leftover import leftover
+from .leftover import gpu_reset_advice, leftover, place_name
 from .model import GpuInfo, GpuSample, Guest, Holder, Place
 from .ports import NodeFiles
 from .qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping, same_device
@@ -94,17 +94,6 @@ class VmCheck:
                 "devices": self.devices}
 
 
-def _where(h: Holder) -> str:
-    p = h.info.placement
-    if p.place is Place.CONTAINER:
-        return f"CT {p.vmid}"
-    if p.place is Place.MONITOR:
-        return f"the lxc monitor of CT {p.vmid}"
-    if p.place is Place.VM:
-        return f"VM {p.vmid}"
-    return "the host" if p.place is Place.HOST else "an unknown place"
-
-
 def _free_hint(h: Holder, gpu: GpuInfo) -> str:
     p = h.info.placement
     if p.place is Place.CONTAINER and p.vmid is not None:
@@ -142,7 +131,7 @@ def check_device(chk: VmCheck, dev: VmDevice, gpu: GpuInfo | None, facts: GpuFac
     g = f"{label}, GPU {gpu.index} (/dev/nvidia{gpu.minor})"
     holders = [h for h in facts.ct_holders + facts.other_holders if h.info.state not in ("Z", "X")]
     if holders:
-        names = ", ".join(f"pid {h.pid} ({h.info.comm}, {_where(h)})" for h in holders[:8])
+        names = ", ".join(f"pid {h.pid} ({h.info.comm}, {place_name(h.info.placement)})" for h in holders[:8])
         more = f" and {len(holders) - 8} more" if len(holders) > 8 else ""
         chk.refuse(f"{g} is in use through the host's nvidia driver: {names}{more}; unbinding it for VM {chk.vmid} would block or fail half-way",
                    None)
@@ -158,8 +147,7 @@ def check_device(chk: VmCheck, dev: VmDevice, gpu: GpuInfo | None, facts: GpuFac
     lo = leftover(facts, policy.rule)  # the one leftover rule (no holder is left here: it is all residue)
     if lo.over or not lo.known:
         held = mib(lo.net_bytes, "an unknown amount")
-        chk.refuse(f"{g} holds {held} with no process holding it (leftover or driver leak)",
-                   f"with every user stopped: `nvidia-smi -r -i {gpu.index}`")
+        chk.refuse(f"{g} holds {held} with no process holding it (leftover or driver leak)", gpu_reset_advice(facts))
         return "refused"
     return "clean"
 

@@ -244,14 +244,15 @@ def test_running_containers_read_once_from_their_cgroups(tmp_path):
 
 
 def test_fork_child_of_a_dead_listed_parent_is_credited_to_its_container():
-    """CT 130's fork child holds the 4 GiB context of its dead, still-listed parent: audit credits those bytes to
-    CT 130 (JSON holder and Prometheus per-guest bytes), as reset credits them."""
+    """CT 130's fork child holds the 4 GiB context of its dead, still-listed parent, whose process group it is in:
+    audit credits those bytes to CT 130 (JSON holder and Prometheus per-guest bytes), as reset credits them."""
     from pvegpu.prom import AuditCollector
 
     host, probe, pve = node()
     pve.add_ct(130)
     host.add(130, init=True)
-    parent, child = host.add(130, minors={0}), host.add(130, minors={0})
+    parent = host.add(130, minors={0})
+    child = host.add(130, minors={0}, pgid=parent.pid)
     probe.context(0, 4096, parent, child)
     del host.procs[parent.pid]
     rep = run_audit(pve=pve, probe=probe, host=host, files=FakeFiles(NODES))

@@ -47,8 +47,8 @@ def test_audit_and_check_of_the_demo_scenario_fit_80_columns(sim_node):
         assert r.returncode in (0, 10) and _width(r.stdout) <= 80, r.stdout
     wide = _pvegpu("--simulate", node.root, "audit", "--wide")
     assert _width(wide.stdout) > 80 and "pvegpu.sim.init" in wide.stdout
-    one = _pvegpu("--simulate", node.root, "check", "129", "-v")
-    assert one.returncode == 10 and len(one.stdout.strip().splitlines()) == 1
+    one = _pvegpu("--simulate", node.root, "check", "129", "-v")  # CT 129 runs: no start to decide (exit 0)
+    assert one.returncode == 0 and len(one.stdout.strip().splitlines()) == 1
 
 
 def _holder(**over):

@@ -118,14 +118,18 @@ def test_reset_documents_validate_clean_and_dry_run(demo):
 
 
 def test_check_documents_validate_refused_allowed_and_failed(sim_node):
-    """`check --json`: refused (a running CT), allowed (an idle stopped one), and an error (unknown guest): each a
-    pvegpu-check document with allow; the error one says allow false beside error, hint and exit code."""
+    """`check --json`: a running CT (no start to decide: exit 0, allow false, running true), refused (a stopped one on
+    a GPU with leftover), allowed (an idle stopped one), and an error (unknown guest): each a pvegpu-check document
+    with allow; the error one says allow false beside error, hint and exit code."""
     vmid = random.randint(100_000, 899_999)
-    node = sim_node({"node": "s", "gpus": [GPU], "containers": [
+    node = sim_node({"node": "s", "gpus": [GPU, {"minor": 1, "index": 1, "leak_mib": 2048}], "containers": [
         {"vmid": vmid, "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}]},
-        {"vmid": vmid + 1, "status": "stopped", "gpus": [0]}]})
+        {"vmid": vmid + 1, "status": "stopped", "gpus": [0]}, {"vmid": vmid + 3, "status": "stopped", "gpus": [1]}]})
     r, doc = _pvegpu("--simulate", node.root, "check", str(vmid), "--json")
-    assert r.returncode == 10 and schemas.validate(doc, "check")["allow"] is False and doc["error"] is None
+    assert r.returncode == 0 and schemas.validate(doc, "check")["allow"] is False and doc["running"] is True and doc["error"] is None
+    _aliases_agree(doc)
+    r, doc = _pvegpu("--simulate", node.root, "check", str(vmid + 3), "--json")
+    assert r.returncode == 10 and schemas.validate(doc, "check")["allow"] is False and doc["running"] is False and doc["error"] is None
     _aliases_agree(doc)
     r, doc = _pvegpu("--simulate", node.root, "check", str(vmid + 1), "--json")
     assert r.returncode == 0 and schemas.validate(doc, "check")["allow"] is True and doc["type"] == "lxc"

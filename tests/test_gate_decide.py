@@ -87,7 +87,9 @@ def test_gate_scan_for_a_dead_pids_heir_is_bounded_by_the_granted_containers():
     pve.add_ct(131, minors=(1,))
     for vmid in (130, 131):
         host.add(vmid, init=True)
-    parent, child = host.add(130, minors={0}), host.add(130, minors={0})
+    parent = host.add(130, minors={0})
+    parent.pgid = parent.pid  # a shell job: its group's leader
+    child = host.add(130, minors={0}, pgid=parent.pid)  # forked after "cuInit": the parent's group
     probe.context(0, 2048, parent, child)
     del host.procs[parent.pid]
     strangers = {host.add(None).pid for _ in range(50)} | {host.add(131).pid}
@@ -104,10 +106,10 @@ def test_gate_scan_for_a_dead_pids_heir_is_bounded_by_the_granted_containers():
     assert res.decision.allow and res.facts[0].heirs == {parent.pid: child.pid}
 
 
-def test_recycled_listed_pid_still_finds_the_real_heir():
-    """NVML lists a dead parent whose pid a host process (holding nothing) now has, while the parent's orphan in a
-    granted container keeps the context: the pid is a ghost, the scan widens to the granted containers and the
-    orphan is its heir, so the start is allowed as shared (not refused, not blamed on the host process)."""
+def test_recycled_listed_pids_orphan_is_no_proven_heir():
+    """NVML lists a dead parent whose pid a host process (holding nothing) now has, while an orphan in a granted
+    container maps the device: the pid is a ghost and the scan widens to the granted containers, but no group or
+    session can link the orphan to a pid a live process has, so the memory is unexplained: refused, never shared."""
     from pvegpu.gate import GatePorts, evaluate
     from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
@@ -116,7 +118,8 @@ def test_recycled_listed_pid_still_finds_the_real_heir():
     pve.add_ct(129)
     pve.add_ct(130)
     host.add(130, init=True)
-    parent, child = host.add(130, minors={0}), host.add(130, minors={0})
+    parent = host.add(130, minors={0})
+    child = host.add(130, minors={0}, pgid=parent.pid)
     probe.context(0, 2048, parent, child)
     del host.procs[parent.pid]
     stranger = host.add(None)
@@ -125,5 +128,6 @@ def test_recycled_listed_pid_still_finds_the_real_heir():
     host.procs[parent.pid] = stranger
     res = evaluate(129, GatePorts(pve, probe, host), GatePolicy())
     f = res.facts[0]
-    assert f.recycled == [parent.pid] and f.heirs == {parent.pid: child.pid}
-    assert res.decision.allow and res.decision.per_gpu[0] is GateState.SHARED and "host process" not in "; ".join(res.decision.reasons)
+    assert f.recycled == [parent.pid] and f.heirs == {} and f.unexplained_ghosts == [parent.pid]
+    assert not res.decision.allow and res.decision.per_gpu[0] is GateState.REFUSED
+    assert child.pid in {h.pid for h in f.other_holders}  # scanned (the widened scan), not credited

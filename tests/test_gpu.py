@@ -284,11 +284,12 @@ def test_process_whose_main_thread_exited_is_stopped(node):
 
 
 def test_neighbours_fork_child_on_shared_gpu(node, tmp_path):
-    """A fork-inherited context in a neighbour container (NVML lists only its dead parent): resetting this
-    container is clean at once, the neighbour is untouched, and this container's start is allowed as shared."""
+    """A fork-inherited context in a neighbour container (NVML lists only its dead parent, whose session the child
+    is in): resetting this container is clean at once, the neighbour is untouched, and this container's start is
+    allowed as shared."""
     root = node[0]
     base = _baseline()
-    _run_ct(node, 302, ALLOC.format(pre="", gib=2, post="import os\nif os.fork(): os._exit(0)"))
+    _run_ct(node, 302, ALLOC.format(pre="", gib=2, post="import os\nos.setsid()\nif os.fork(): os._exit(0)"))  # a service's fork child
     _run_ct(node, 301, ALLOC.format(pre="", gib=1, post=""))
     _wait_used(base + 2.8 * 1024)
     neighbour = set(pvelike.ct_procs(302))

@@ -34,7 +34,8 @@ pytestmark = [pytest.mark.root, root]
 
 # A GPU job stand-in: maps the device and keeps its fd (a CUDA context owner). Modes:
 #   own     one holder
-#   orphan  forks a holder child after "cuInit", then exits: the child is re-parented to the CT's init
+#   orphan  leads its own session (a service), forks a holder child after "cuInit", then exits: the child is
+#           re-parented to the CT's init and keeps the dead leader's pid as its session id (the proven link)
 #   worker  forks a holder child (a DataLoader worker) and stays: the child's parent owns the context
 #   plain   holds nothing (a process that could be handed a recycled pid)
 JOB = r"""
@@ -46,6 +47,8 @@ if mode != 'plain':
     fd = os.open('/dev/zero', os.O_RDWR)
     m = mmap.mmap(fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
 name('job-' + mode)
+if mode == 'orphan':
+    os.setsid()
 if mode in ('orphan', 'worker'):
     if os.fork() == 0:
         name('job-child')
@@ -106,6 +109,15 @@ class Node:
         self.procs.append(p)
         self._wait(lambda: _comm(p.pid) == "job-own", "the host mapper")
         return p.pid
+
+    def orphans_leader(self, vmid: int) -> tuple[int, int]:
+        """The identity of the dead session leader whose ``orphan`` child lingers in CT vmid (start 0: no live
+        process has it; the kernel keeps its pid as the child's session id; the stand-in init never reaps it)."""
+        st = read_stat(self.jobs(vmid)["job-child"])
+        assert st is not None
+        leader = read_stat(st.sid)
+        assert leader is None or leader.state == "Z", leader
+        return (st.sid, 0)
 
     def dead_pid(self) -> tuple[int, int]:
         """The identity of a process that has exited (a listed pid the driver keeps)."""
@@ -232,12 +244,12 @@ def test_recycled_pid_does_not_absorb_a_ghost():
 
 
 def test_neighbours_orphan_still_explains_its_own_dead_parent():
-    """A neighbour's fork child re-parented to its CT's init explains its dead parent's memory (one heir, one
-    ghost): the gate allows a shared start; audit credits the memory to that container."""
+    """A neighbour's fork child re-parented to its CT's init, in its dead parent's session, explains that parent's
+    memory (one heir, one ghost): the gate allows a shared start; audit credits the memory to that container."""
     with node() as n:
         ct = n.ct("orphan")
         child = n.jobs(ct)["job-child"]
-        n.context(2048, n.dead_pid(), _ident(child))
+        n.context(2048, n.orphans_leader(ct), _ident(child))
         res = n.gate(_stopped_target())
         assert res.decision.allow and res.decision.per_gpu[0] is GateState.SHARED, res.decision.reasons
         assert res.facts[0].heirs == {res.facts[0].ghosts[0]: child}
@@ -246,11 +258,27 @@ def test_neighbours_orphan_still_explains_its_own_dead_parent():
         assert h.memory_bytes == 2048 * MIB and h.inherited_from == res.facts[0].ghosts[0]
 
 
+def test_neighbours_mapper_under_its_init_takes_no_dead_pids_memory():
+    """A stopped CT's dead listed pid holds 8 GiB; a neighbour's process that maps the device and sits directly under
+    its CT's init, with no group or session of that pid, is no heir: the gate refuses instead of allowing the start
+    onto the 8 GiB, and audit credits it to nobody."""
+    with node() as n:
+        ct = n.ct("own")
+        mapper = n.jobs(ct)["job-own"]
+        n.context(8192, n.dead_pid(), pinned=True)
+        res = n.gate(_stopped_target())
+        f = res.facts[0]
+        assert not res.decision.allow and res.decision.per_gpu[0] is GateState.REFUSED
+        assert mapper in {h.pid for h in f.other_holders} and f.heirs == {} and len(f.unexplained_ghosts) == 1
+        [h] = [h for h in n.audit().gpus[0].holders if h.pid == mapper]
+        assert h.inherited_from is None and h.memory_bytes == 0
+
+
 def test_one_heir_explains_one_ghost():
     """Two dead listed pids and one orphan: one ghost stays unexplained, and the gate refuses."""
     with node() as n:
         ct = n.ct("orphan")
-        n.context(2048, n.dead_pid(), _ident(n.jobs(ct)["job-child"]))
+        n.context(2048, n.orphans_leader(ct), _ident(n.jobs(ct)["job-child"]))
         n.context(2048, n.dead_pid(), pinned=True)
         res = n.gate(_stopped_target())
         assert not res.decision.allow and len(res.facts[0].unexplained_ghosts) == 1
@@ -261,7 +289,7 @@ def test_in_flight_fd_in_the_target_is_not_clean():
     device: the ghost was the target's at the first reading, so reset does not say clean (exit 7)."""
     with node() as n:
         target, other = n.ct("own"), n.ct("orphan")
-        n.context(1024, n.dead_pid(), _ident(n.jobs(other)["job-child"]))  # the neighbour's own orphaned context
+        n.context(1024, n.orphans_leader(other), _ident(n.jobs(other)["job-child"]))  # the neighbour's own orphaned context
         n.context(4096, n.jobs(target)["job-own"], pinned=True)  # lives on after its owner dies
         rep = n.reset(target, timeout=1.0)
         assert rep.outcome == "not clean" and rep.exit_code == E.EXIT_MEMORY_LEFT

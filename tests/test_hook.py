@@ -243,15 +243,38 @@ def test_neighbours_fork_child_is_sharing_not_leftover(sim_node, guard):
 
 
 def test_check_of_a_running_container_says_it_is_running(sim_node):
-    """`pvegpu check` on a running CT refuses because it is running (naming its init), not with a reset loop."""
+    """`pvegpu check` on a running CT is no refusal: exit 0, it says the CT runs (naming its init), not a reset loop."""
     import subprocess
     import sys
 
     node = sim_node({"node": "pve-sim", "gpus": [GPU], "containers": [{"vmid": 129, "status": "running", "gpus": [0], "workloads": []}]})
     r = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "check", "129"], capture_output=True, text=True,
                        cwd=pvelike.REPO, timeout=60)
-    assert r.returncode == 10 and "CT 129 is running (its init is pid" in r.stdout + r.stderr
+    assert r.returncode == 0 and "CT 129 is running (its init is pid" in r.stdout, r.stdout + r.stderr
     assert "still sit in" not in r.stdout + r.stderr
+    wide = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "check", "129", "-v"], capture_output=True,
+                          text=True, cwd=pvelike.REPO, timeout=60)
+    assert wide.returncode == 0 and wide.stdout.startswith("pvegpu: CT 129 is running") and len(wide.stdout.splitlines()) == 1
+
+
+def test_running_containers_own_memory_is_never_leftover(sim_node, guard):
+    """A running CT holding memory on a GPU it shares: check says it runs and what it holds (exit 0, state running),
+    never leftover, never a GPU reset (`nvidia-smi -r`) that would end the neighbour's work; a pre-start called for it
+    anyway refuses (exit 10) with that same account, no fix."""
+    import json
+    import subprocess
+    import sys
+
+    node = sim_node({"node": "pve-sim", "gpus": [GPU], "containers": [
+        {"vmid": 129, "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 3686}]},
+        {"vmid": 131, "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024}]}]})
+    r = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "check", "129", "--json"], capture_output=True,
+                       text=True, cwd=pvelike.REPO, timeout=60)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["running"] is True and [g["state"] for g in doc["gpus"]] == ["running"], r.stdout + r.stderr
+    assert doc["fix"] == [] and not any("nvidia-smi -r" in t for t in doc["reasons"])
+    pre = hook(node, guard)
+    assert pre.returncode == 10 and "nvidia-smi -r" not in pre.stdout + pre.stderr and "fix:" not in pre.stderr
 
 
 def test_check_says_an_allow_once_token_is_waiting(sim_node, tmp_path):

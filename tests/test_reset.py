@@ -220,12 +220,14 @@ def test_control_node_holder_in_container_is_stopped_outside_ignored(node):
 
 
 def test_neighbours_fork_child_memory_is_the_neighbours(node):
-    """Memory held by another CT's unlisted fork child (its dead parent still listed) is credited to that
-    neighbour: the target is clean as soon as its own holder is gone, nothing is restarted, the child is untouched."""
+    """Memory held by another CT's unlisted fork child (its dead parent still listed, the leader of its process group)
+    is credited to that neighbour: the target is clean as soon as its own holder is gone, nothing is restarted, the
+    child is untouched."""
     _, host, probe, pve = node
     mine = host.add(129, minors={0})
     probe.context(0, 1024, mine)
-    parent, child = host.add(130, minors={0}), host.add(130, minors={0})
+    parent = host.add(130, minors={0})
+    child = host.add(130, minors={0}, pgid=parent.pid)
     probe.context(0, 2048, parent, child)
     del host.procs[parent.pid]  # the parent died; its context lives on in the child, NVML still lists the parent
     r = run(node, timeout=1.0)

@@ -29,9 +29,9 @@ def test_prerm_is_bounded_when_the_hung_reader_survives_timeouts_kill(tmp_path):
 
 
 def test_a_target_pid_reused_by_a_neighbours_gpu_job_is_never_the_targets_leftover():
-    """Pre-existing (unchanged by HEAD): the target's listed pid dies, its context is released, and a neighbour's new
-    GPU job gets the pid (host pid reuse): NVML lists the neighbour's live context under it; that memory must count as
-    the neighbour's, never as a ghost of the target that keeps it unclean and makes the reset restart it."""
+    """The target's listed pid dies, its context is released (a reading sees the pid leave NVML's list), and a
+    neighbour's new GPU job gets the pid: its listing is a new one, so its memory counts as the neighbour's, never as
+    a ghost of the target that keeps it unclean and makes the reset restart it."""
     from pvegpu.holders import inspect_gpus
     from pvegpu.leftover import LeftoverRule, baseline
     from pvegpu.reset.diagnosis import restart_would_not_help
@@ -43,7 +43,8 @@ def test_a_target_pid_reused_by_a_neighbours_gpu_job_is_never_the_targets_leftov
     del host.procs[job.pid]  # stopped by the reset
     probe.model.sample([0])  # seen dead: the release latency runs
     clock.sleep(1.0)  # the driver released its context
-    assert not probe.model.sample([0])[0].processes
+    gone = inspect_gpus(129, gpu, host=host, probe=probe, first=first)[0]  # the verify loop's reading: no longer listed
+    assert not gone.sample.processes
     neighbour = host.add(300, minors={0}, maps=True)  # a neighbour's new job ...
     del host.procs[neighbour.pid]
     neighbour.pid = job.pid  # ... got the freed pid

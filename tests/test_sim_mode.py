@@ -75,8 +75,8 @@ def test_sim_create_then_every_command_with_simulate_then_remove(made):
     r = _pvegpu("--simulate", root, "audit", "--json")
     doc = schemas.validate(json.loads(r.stdout), "audit")
     assert doc["nodes"][0]["node"] == "pve-sim" and r.returncode == (8 if doc["attention"] else 0)
-    r = _pvegpu("--simulate", root, "check", "131", "--json")
-    assert r.returncode == 10 and schemas.validate(json.loads(r.stdout), "check")["allow"] is False
+    r = _pvegpu("--simulate", root, "check", "131", "--json")  # CT 131 runs: no start to decide
+    assert r.returncode == 0 and schemas.validate(json.loads(r.stdout), "check")["running"] is True
     r = _pvegpu("--simulate", root, "reset", "131", "--json", "--grace", "1")
     assert r.returncode == 0, r.stderr
     assert schemas.validate(json.loads(r.stdout), "reset")["outcome"] == "clean"

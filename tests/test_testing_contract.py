@@ -82,6 +82,17 @@ def test_host_forgets_a_dead_process(side):
     assert side.host.signal(ident, signal.SIGKILL, 129) is SignalResult.GONE
 
 
+def test_host_boot_ticks_orders_process_starts(side):
+    """boot_ticks(): a process that started before the call has a start time no later than it; one started after
+    the call (20 ms later: two clock ticks) a later one."""
+    before = side.spawn()
+    time.sleep(0.02)
+    now = side.host.boot_ticks()
+    time.sleep(0.02)
+    after = side.spawn()
+    assert side.host.describe(before).ident.start_ticks <= now < side.host.describe(after).ident.start_ticks
+
+
 def test_host_never_signals_a_recycled_pid(side):
     """A live pid with another start time is another process: not alive, and signal() is GONE, it stays alive."""
     pid = side.spawn()

@@ -663,6 +663,14 @@ class ProcHost:
         st = read_stat(ident.pid, self.proc)
         return st is not None and st.start_ticks == ident.start_ticks and self._live_state(ident.pid, st) not in DEAD
 
+    def boot_ticks(self) -> int | None:
+        """CLOCK_BOOTTIME in clock ticks: the clock and unit of stat's start time (the kernel writes a process's
+        boot-based start time in USER_HZ ticks). None for a ``/proc`` other than this machine's (a tree a test
+        wrote has no clock of its own)."""
+        if self.proc != "/proc":
+            return None
+        return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
     def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
         """Send ``sig`` to ``ident`` through a pidfd: the adapter half of who may be signalled (the core half,
         who is chosen, is ``pvegpu.reset.targets``). With the process pinned, it re-checks its identity (a

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..holders import GpuFacts
-from ..leftover import Leftover, LeftoverRule, leftover
+from ..leftover import Leftover, LeftoverRule, gpu_reset_advice, leftover
 from ..model import Place, Via
 from ..units import mib
 from .vocab import Diagnosis, Kind, Respawn
@@ -57,8 +57,7 @@ def foreign_leftover(vmid: int, facts: dict[int, GpuFacts], rule: LeftoverRule) 
         if lo.over and not own_leftover(f, rule).over and not f.unexplained_ghosts:
             out.append(Diagnosis(Kind.FOREIGN_LEFTOVER, f"{g} has {mib(lo.net_bytes)} allocated that no live process accounts for; it was there before this "
                         f"reset and was not CT {vmid}'s",
-                        f"not this container's problem: `pvegpu audit`; if nothing holds it, stop every user of the GPU, then "
-                        f"`nvidia-smi -r -i {f.gpu.index}`"))
+                        f"not this container's problem: `pvegpu audit`; {gpu_reset_advice(f)}"))
     return out
 
 
@@ -97,7 +96,7 @@ def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | in
         if own.over and not f.ct_holders and not f.target_ghosts and not unlisted:
             out.append(Diagnosis(Kind.DRIVER_LEAK, f"{g} still has {mib(own.net_bytes)} allocated that no live process accounts for (CT {vmid} held it): "
                         "a driver-level leak",
-                        f"stop every container using it, then `nvidia-smi -pm 0; nvidia-smi -r -i {f.gpu.index}`, or reboot the host"))
+                        gpu_reset_advice(f, persistence=True)))
         elif f.residual_bytes is None and f.sample.known:
             out.append(Diagnosis(Kind.UNMEASURABLE, f"{g}: memory of other processes is not reported (MIG?), so leftovers cannot be measured", "check with `nvidia-smi`"))
     return out + foreign_leftover(vmid, facts, rule)

@@ -5,8 +5,8 @@ exactly as with /dev/nvidiaN) and registers a "CUDA context" with the simulated 
 
 Kinds: ``simple`` (one process), ``fork`` (forks a child after GPU init; the child inherits the fds and
 is never listed by NVML), ``orphan`` (like fork, then the parent exits: only the unlisted child holds the
-memory), ``ignore-term`` (ignores SIGTERM), ``respawn`` (``simple``, restarted by the container's init
-whenever it dies, like a systemd unit with Restart=always).
+memory, in the process group the parent led), ``ignore-term`` (ignores SIGTERM), ``respawn`` (``simple``,
+restarted by the container's init whenever it dies, like a systemd unit with Restart=always).
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def run(state: SimState, gpu: int, mib: int, kind: str, *, leak: bool = False) -
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     me = os.getpid()
     state.add_context(me, start_ticks(), gpu, mib * MIB, leaks=leak)
+    if kind == "orphan":  # a shell job leads its process group: the child keeps the group's id, the link to this pid
+        os.setpgid(0, 0)
     if kind in ("fork", "orphan"):
         child = os.fork()
         if child == 0:
