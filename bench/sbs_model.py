@@ -21,7 +21,7 @@ import shlex
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 
-from pvegpu.contract import dumps
+from pvegpu.core.contract import dumps
 
 THRESHOLD_MIB = 64  # residual memory still counted as clean (pvegpu's reset.threshold_mib default)
 METHODS = ("manual", "restart", "pvegpu", "floor")

@@ -48,7 +48,7 @@ def commands() -> Cmd:
     """The command tree of ``pvegpu`` (hidden options and typer's completion installers left out)."""
     import typer.main
 
-    from pvegpu.cli import app
+    from pvegpu.cli.app import app
 
     root = typer.main.get_command(app)
 

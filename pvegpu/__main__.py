@@ -1,46 +1,11 @@
-"""``pvegpu`` and ``python -m pvegpu``.
-
-Two ways in. ``pvegpu hook VMID PHASE`` is PVE's calling convention for a hookscript (the guard,
-``contrib/hookscripts/pvegpu-guard``, runs it inside every container start): its two words are read from ``argv``
-here and handed to ``pvegpu.hook``, which needs neither typer, proxmoxer nor structlog; its settings come from
-``PVEGPU_CONFIG`` (default ``/etc/pvegpu/pvegpu.toml``) and, on a simulated node, ``PVEGPU_SIMULATE``. Every
-other line is a human command, parsed by the typer app (``pvegpu.cli``), global options included.
-"""
+"""``pvegpu`` and ``python -m pvegpu``: ``pvegpu.cli.run``, then an exit that waits for nothing."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from . import errors as E
-from . import hook
-
-
-def is_hook_call(argv: list[str]) -> bool:
-    """``hook VMID PHASE`` as PVE calls it, or a malformed call the hook explains (``hook 12x pre-start``): ``hook``
-    then a word starting with a digit, no help asked. ``hook install`` (or ``hook instal``) is a human command."""
-    return len(argv) > 1 and argv[0] == "hook" and argv[1][:1].isdigit() and not {"-h", "--help"} & set(argv)
-
-
-def run(argv: list[str]) -> int:
-    """The exit code of ``pvegpu ARGV``; whatever goes wrong is one rendered error, never a traceback (unless
-    ``PVEGPU_DEBUG=1``)."""
-    try:
-        if is_hook_call(argv):
-            return hook.main(argv[1:])
-        from . import cli  # typer: never on the hookscript's path
-
-        return cli.main(argv)
-    except KeyboardInterrupt:
-        return E.SignalledError("interrupted", None, 130).show(sys.stderr)
-    except BrokenPipeError:  # the reader went away (`pvegpu audit | head -1`): exit quietly, as SIGPIPE would
-        return 141
-    except E.PvegpuError as exc:
-        return exc.show(sys.stderr)
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
-        if os.environ.get("PVEGPU_DEBUG") == "1":
-            raise
-        return E.internal(exc).show(sys.stderr)
+from pvegpu.cli import run
 
 
 def main() -> None:

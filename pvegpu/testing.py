@@ -1,5 +1,5 @@
 """Public test doubles for pvegpu's ports, as ``structlog.testing`` is for structlog: build a node in memory and
-drive ``pvegpu.reset.reset``, ``pvegpu.gate.evaluate`` or ``pvegpu.audit.run_audit`` on a fake clock (no real
+drive ``pvegpu.reset.reset``, ``pvegpu.gate.decide.evaluate`` or ``pvegpu.audit.run.run_audit`` on a fake clock (no real
 sleeping, no root, no GPU, no Proxmox).
 
 - ``FakeClock``: the ``Clock`` port (a ``WallClock`` too); ``sleep`` advances ``t`` and calls ``listeners``.
@@ -30,8 +30,8 @@ from typing import Any
 
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.tasks import wait_task
-from pvegpu.errors import PveApiError
-from pvegpu.model import (
+from pvegpu.core.errors import PveApiError
+from pvegpu.core.model import (
     MIB,
     CtStatus,
     GpuInfo,

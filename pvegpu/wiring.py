@@ -21,33 +21,33 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from . import errors as E
-from .adapters import journal, locks, nodefiles, storagecfg
-from .adapters.bounded import BoundedProbe
-from .adapters.clock import SystemClock as system_clock
-from .adapters.etcpve import EtcPve, NodePve, no_pve
-from .adapters.nvml import NvmlProbe
-from .adapters.procfs import ProcHost, ScanBudget
-from .adapters.settingsfile import load
-from .adapters.textfile import write_textfile as write_textfile  # ``audit --prometheus``: the textfile, written safely
-from .adapters.users import user_name
-from .gate import GatePolicy, GatePorts
-from .install import run_command
-from .leftover import LeftoverRule
-from .model import MIB
-from .ports import EventLog, GpuProbe, Host, NodeFiles, NullLog, PveApi, PveReader, WallClock
-from .reset.report import Ports, ResetPolicy
-from .settings import Settings
-from .sim import nodefiles as simfiles
-from .sim import scenario
-from .sim.pvecli import SimPveCli
-from .sim.trust import node_settings
-from .vmguest import VmApi
-from .vmreset import VmPolicy
+from pvegpu.adapters import journal, locks, nodefiles, storagecfg
+from pvegpu.adapters.bounded import BoundedProbe
+from pvegpu.adapters.clock import SystemClock as system_clock
+from pvegpu.adapters.etcpve import EtcPve, NodePve, no_pve
+from pvegpu.adapters.nvml import NvmlProbe
+from pvegpu.adapters.procfs import ProcHost, ScanBudget
+from pvegpu.adapters.pvecli import run_command
+from pvegpu.adapters.settingsfile import load
+from pvegpu.adapters.textfile import write_textfile as write_textfile  # ``audit --prometheus``: the textfile, written safely
+from pvegpu.adapters.users import user_name
+from pvegpu.core import errors as E
+from pvegpu.core.leftover import LeftoverRule
+from pvegpu.core.model import MIB
+from pvegpu.core.ports import EventLog, GpuProbe, Host, NodeFiles, NullLog, PveApi, PveReader, WallClock
+from pvegpu.core.settings import Settings
+from pvegpu.gate.decide import GatePolicy, GatePorts
+from pvegpu.reset.report import Ports, ResetPolicy
+from pvegpu.sim import nodefiles as simfiles
+from pvegpu.sim import scenario
+from pvegpu.sim.pvecli import SimPveCli
+from pvegpu.sim.trust import node_settings
+from pvegpu.vm.guest import VmApi
+from pvegpu.vm.reset import VmPolicy
 
 if TYPE_CHECKING:
-    from .adapters.pve import ProxmoxerPve
-    from .adapters.ssh import SshAudits
+    from pvegpu.adapters.pve import ProxmoxerPve
+    from pvegpu.adapters.ssh import SshAudits
 
 # Imported where they are built: the API client (adapters/pve.py, agent.py: proxmoxer, requests) and the cluster's
 # ssh fan-out (adapters/ssh.py: concurrent.futures brings logging); the hookscript and a plain reset need neither.
@@ -170,7 +170,7 @@ def api_client(s: Settings, node: str = "") -> ProxmoxerPve | None:
     backend = resolve_backend(s)
     if backend is None:
         return None
-    from .adapters.pve import ProxmoxerPve, connect  # the API client: see the comment above GlobalOptions
+    from pvegpu.adapters.pve import ProxmoxerPve, connect  # the API client: see the comment above GlobalOptions
     return ProxmoxerPve(connect(s.api, backend, task_timeout=s.reset.task_timeout), node=node)
 
 
@@ -300,13 +300,13 @@ def vm_api(s: Settings) -> VmApi:
     if api is None:
         raise E.UsageError("a VM reset works through the Proxmox API and its guest agent, and none can be used here",
                            "run it as root on a PVE node (pvesh), or set api.host and an API token (README 'VMs')")
-    from .adapters.agent import ProxmoxerVm  # the API client: see the comment above GlobalOptions
+    from pvegpu.adapters.agent import ProxmoxerVm  # the API client: see the comment above GlobalOptions
     return ProxmoxerVm(api)
 
 
 def cluster_audits(timeout: float, options: list[str]) -> SshAudits:
     """The other nodes' audits, over the root SSH trust PVE sets up between cluster nodes."""
-    from .adapters.ssh import SshAudits  # see the comment above GlobalOptions
+    from pvegpu.adapters.ssh import SshAudits  # see the comment above GlobalOptions
     return SshAudits(timeout=timeout, options=options)
 
 

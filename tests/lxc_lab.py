@@ -18,7 +18,7 @@ from typing import Any
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable
 from pvegpu.adapters.tasks import wait_task
-from pvegpu.model import CtStatus, Guest, TaskResult
+from pvegpu.core.model import CtStatus, Guest, TaskResult
 from tests.pvelike import claim_vmids, private_device, release_vmid  # noqa: F401 (the lab's id claims)
 
 

@@ -41,7 +41,7 @@ def launcher(dirpath: str) -> str:
 
 def guard(dirpath: str, pvegpu_bin: str) -> str:
     """contrib/hookscripts/pvegpu-guard with its PVEGPU path set, as `hook install` does."""
-    from pvegpu.install import guard_text
+    from pvegpu.cli.install import guard_text
 
     with open(os.path.join(REPO, "contrib", "hookscripts", "pvegpu-guard")) as f:
         text = guard_text(f.read(), pvegpu_bin)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from pvegpu.audit import audit_document, audit_once, run_audit
-from pvegpu.audit_guests import device_paths
-from pvegpu.audit_model import FlagKind, GpuRow, HolderRow
-from pvegpu.errors import GpuQueryError
-from pvegpu.leftover import LeftoverRule
-from pvegpu.model import MIB, GpuHealth, Placement
+from pvegpu.audit.guests import device_paths
+from pvegpu.audit.model import FlagKind, GpuRow, HolderRow
+from pvegpu.audit.run import audit_document, audit_once, run_audit
+from pvegpu.core.errors import GpuQueryError
+from pvegpu.core.leftover import LeftoverRule
+from pvegpu.core.model import MIB, GpuHealth, Placement
 from pvegpu.sim.driver import context_gap
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
@@ -246,7 +246,7 @@ def test_running_containers_read_once_from_their_cgroups(tmp_path):
 def test_fork_child_of_a_dead_listed_parent_is_credited_to_its_container():
     """CT 130's fork child holds the 4 GiB context of its dead, still-listed parent, whose process group it is in:
     audit credits those bytes to CT 130 (JSON holder and Prometheus per-guest bytes), as reset credits them."""
-    from pvegpu.prom import AuditCollector
+    from pvegpu.audit.prom import AuditCollector
 
     host, probe, pve = node()
     pve.add_ct(130)

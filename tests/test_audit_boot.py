@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pvegpu.errors import EXIT_AUDIT_ATTENTION
+from pvegpu.core.errors import EXIT_AUDIT_ATTENTION
 from pvegpu.sim.state import SimState
 from tests.pvelike import REPO
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from pvegpu.audit_model import NodeAudit
-from pvegpu.cluster import Member, audit_cluster, parse_members
+from pvegpu.audit.cluster import Member, audit_cluster, parse_members
+from pvegpu.audit.model import NodeAudit
 from tests.pvelike import REPO
 
 MEMBERS = {"nodename": "pve1", "version": 7, "cluster": {"name": "lab", "version": 3, "nodes": 3, "quorate": 1},
@@ -36,7 +36,7 @@ def remote_doc(node: str, **over):
 def test_merge_every_member_is_a_row_never_a_gap():
     """Answering node: its own entry; offline / unreachable / wrong node / newer schema: error rows with the node's configured guests."""
     local = NodeAudit("pve1")
-    from pvegpu.audit_model import GuestRow
+    from pvegpu.audit.model import GuestRow
 
     local.guests = [GuestRow(129, "lxc", "pve1", "a", "running"), GuestRow(140, "lxc", "pve2", "b", "unknown"),
                     GuestRow(150, "lxc", "pve3", "c", "unknown"), GuestRow(160, "lxc", "pve4", "d", "unknown"),
@@ -162,9 +162,9 @@ def _hostile_doc(node: str) -> dict:
 def test_remote_text_is_escaped_and_a_malformed_or_deep_answer_is_one_error_row():
     """Escapes in another node's answer never reach the table, JSON or textfile raw; a malformed entry, a deep one and
     a non-document are each that node's error row while the others' rows (and the textfile) are still made."""
-    from pvegpu.audit import audit_document
-    from pvegpu.prom import render
-    from pvegpu.render_audit import audit_table
+    from pvegpu.audit.prom import render
+    from pvegpu.audit.render import audit_table
+    from pvegpu.audit.run import audit_document
 
     deep: object = {}
     for _ in range(100):

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from pvegpu import auditcmd
-from pvegpu.__main__ import run
+from pvegpu.cli import run
+from pvegpu.cli import audit as auditcmd
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}

@@ -14,8 +14,8 @@ import pytest
 from pvegpu.adapters.etcpve import EtcPve
 from pvegpu.adapters.nodefiles import LocalNodeFiles
 from pvegpu.adapters.procfs import ProcHost
-from pvegpu.audit import audit_document, audit_once
-from pvegpu.model import MIB
+from pvegpu.audit.run import audit_document, audit_once
+from pvegpu.core.model import MIB
 from tests import gpulab as G
 from tests import pvelike
 from tests.test_gpu import _minor0, _nvml_ok, _used_mib

@@ -9,10 +9,10 @@ import re
 
 import yaml
 
-from pvegpu.audit import audit_document, run_audit
-from pvegpu.audit_model import FlagKind
-from pvegpu.prom import render
-from pvegpu.render_audit import audit_table
+from pvegpu.audit.model import FlagKind
+from pvegpu.audit.prom import render
+from pvegpu.audit.render import audit_table
+from pvegpu.audit.run import audit_document, run_audit
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 from tests.test_audit import NODES, FakeFiles
 from tests.test_audit_outputs import busy_node, samples

@@ -12,13 +12,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pvegpu.adapters.textfile import write_textfile
-from pvegpu.audit import audit_document, audit_once, run_audit
-from pvegpu.audit_model import SCHEMA, SCHEMA_VERSION
-from pvegpu.errors import EXIT_AUDIT_ATTENTION, EXIT_FAILURE, GpuQueryError
-from pvegpu.leftover import LeftoverRule
-from pvegpu.model import MIB, GpuHealth
-from pvegpu.prom import render
-from pvegpu.render import audit_text
+from pvegpu.audit.model import SCHEMA, SCHEMA_VERSION
+from pvegpu.audit.prom import render
+from pvegpu.audit.run import audit_document, audit_once, run_audit
+from pvegpu.cli.render import audit_text
+from pvegpu.core.errors import EXIT_AUDIT_ATTENTION, EXIT_FAILURE, GpuQueryError
+from pvegpu.core.leftover import LeftoverRule
+from pvegpu.core.model import MIB, GpuHealth
 from pvegpu.sim.driver import context_gap
 from tests.pvelike import REPO
 from tests.test_audit import NODES, FakeFiles, node

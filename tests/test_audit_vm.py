@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 from pvegpu.adapters.nodefiles import LocalNodeFiles
-from pvegpu.audit import run_audit
-from pvegpu.model import Guest
-from pvegpu.qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping, same_device
+from pvegpu.audit.run import run_audit
+from pvegpu.core.model import Guest
+from pvegpu.core.qemuconf import normalize_bus_id, parse_hostpci, parse_pci_mapping, same_device
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 from tests.test_audit import NODES, FakeFiles
 

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from pvegpu.adapters.bounded import BoundedProbe
-from pvegpu.errors import GpuQueryError
-from pvegpu.model import GpuInfo, GpuSample
+from pvegpu.core.errors import GpuQueryError
+from pvegpu.core.model import GpuInfo, GpuSample
 
 
 class Probe:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from pvegpu.adapters.child import Child, call_in_child
-from pvegpu.gate import GateState
+from pvegpu.gate.decide import GateState
 from tests.pvelike import kill_and_reap
 
 

@@ -10,9 +10,9 @@ import sys
 import unicodedata
 
 from pvegpu.adapters.users import user_name
-from pvegpu.render_audit import audit_table
+from pvegpu.audit.render import audit_table
+from pvegpu.core.textfit import command, elide, fit
 from pvegpu.sim import scenario as sc
-from pvegpu.textfit import command, elide, fit
 from tests.pvelike import REPO
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)")

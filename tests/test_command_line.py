@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from pvegpu import errors as E
-from pvegpu.__main__ import is_hook_call, run
+from pvegpu.cli import is_hook_call, run
+from pvegpu.core import errors as E
 from tests import schemas
 from tests.pvelike import REPO
 
@@ -175,7 +175,7 @@ def test_hook_error_sites_use_the_error_rendering():
     """hook.py formats no error with its hint by hand: the Error/Hint lines and the task-log line come from the error's methods."""
     import inspect
 
-    from pvegpu import hook
+    from pvegpu.cli import hook
 
     src = inspect.getsource(hook)
     assert "exc.hint" not in src and "E.render(" not in src and "E.to_json(" not in src

@@ -14,8 +14,8 @@ import sys
 import jsonschema
 import pytest
 
-from pvegpu import contract
-from pvegpu.gate import GateState
+from pvegpu.core import contract
+from pvegpu.gate.decide import GateState
 from pvegpu.sim import scenario as sc
 from tests import schemas
 from tests.pvelike import REPO
@@ -165,8 +165,8 @@ def test_error_document_validates(sim_node):
 
 def test_vm_reset_document_validates():
     """A VM's reset report (from the guest's nvidia-smi, whole MiB) as pvegpu-reset: type qemu, bytes, dead_pids."""
-    from pvegpu.vmguest import GuestHolder, GuestView
-    from pvegpu.vmreset import VmReport
+    from pvegpu.vm.guest import GuestHolder, GuestView
+    from pvegpu.vm.reset import VmReport
 
     view = GuestView([GuestHolder(42, 7, frozenset({"nvml", "fd"}), "python", 1024)],
                      [{"index": 0, "bus_id": "00000000:01:00.0", "used_mib": 1030}], [43])
@@ -180,9 +180,9 @@ def test_vm_reset_document_validates():
 
 def test_cluster_audit_with_an_error_row_validates():
     """An audit of a cluster where another node answered garbage: its error row is still a valid node entry."""
-    from pvegpu.audit import audit_document
-    from pvegpu.audit_model import NodeAudit
-    from pvegpu.cluster import Member, audit_cluster
+    from pvegpu.audit.cluster import Member, audit_cluster
+    from pvegpu.audit.model import NodeAudit
+    from pvegpu.audit.run import audit_document
 
     nodes = audit_cluster(NodeAudit("pve1", duration_seconds=0.1), [Member("pve1", "10.0.0.1", True), Member("pve2", "10.0.0.2", True)],
                           lambda ms: {"pve2": {"schema": "pvegpu-audit", "version": 1, "nodes": "\x1b[2J"}})
@@ -203,8 +203,8 @@ def test_contract_never_raises_on_what_another_node_sends():
 def test_cluster_reads_schema_version_first():
     """Another node's audit is judged by schema_version (its old `version` only when absent): a node writing
     schema_version 2 is an error row saying so, one writing only schema_version 1 is read."""
-    from pvegpu.audit_model import NodeAudit
-    from pvegpu.cluster import Member, audit_cluster
+    from pvegpu.audit.cluster import Member, audit_cluster
+    from pvegpu.audit.model import NodeAudit
 
     entry = {"node": "pve2", "ok": True, "error": None, "duration_seconds": 0.1, "attention": False, "gpus": [], "guests": [],
              "passthrough": [], "flags": []}

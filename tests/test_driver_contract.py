@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pvegpu.model import MIB
+from pvegpu.core.model import MIB
 from pvegpu.sim.driver import GAP_BASE, GAP_PER_CONTEXT, RELEASE_LATENCY, DriverModel, context_gap
 from tests.fakes import FakeClock
 from tests.test_gpu import _nvml_ok
@@ -55,7 +55,7 @@ def _probes():
     """nvidia-ml-py's reader itself, then as the gate and reset open it (bounded, begun early) and as the audit does."""
     from pvegpu import wiring
     from pvegpu.adapters.nvml import NvmlProbe
-    from pvegpu.settings import Settings
+    from pvegpu.core.settings import Settings
 
     begun, audit = wiring.nvml_reader(Settings()), wiring.nvml_reader(Settings(), details=True)
     begun.begin()
@@ -114,7 +114,7 @@ def test_gpu_the_audits_reader_names_every_gpu_and_reads_its_health():
     version known; what the GPU cannot tell is None, never a made-up value)."""
     from pvegpu import wiring
     from pvegpu.adapters.nvml import NvmlProbe
-    from pvegpu.settings import Settings
+    from pvegpu.core.settings import Settings
 
     full, audit = NvmlProbe(details=True), wiring.nvml_reader(Settings(), details=True)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pvegpu.model import MIB
+from pvegpu.core.model import MIB
 from pvegpu.sim.driver import RELEASE_LATENCY, DriverModel, context_gap
 from tests.fakes import FakeClock
 

@@ -9,7 +9,7 @@ import threading
 
 from pvegpu.adapters import scanpool
 from pvegpu.adapters.bounded import BoundedProbe
-from pvegpu.model import GpuSample
+from pvegpu.core.model import GpuSample
 
 
 class _Quick:

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from pvegpu.adapters.procfs import DeviceTable, ProcHost, ScanBudget
-from pvegpu.holders import inspect_gpus
-from pvegpu.model import GpuInfo, GpuSample
+from pvegpu.core.holders import inspect_gpus
+from pvegpu.core.model import GpuInfo, GpuSample
 from tests import pvelike
 
 ZERO = os.stat("/dev/zero").st_rdev

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pvegpu.gate import GatePolicy, GateState, Situation, decide
-from pvegpu.holders import GpuFacts
-from pvegpu.model import MIB, GpuInfo, GpuSample, Holder, NvmlProcess, Place, Placement, ProcIdentity, ProcInfo
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.model import MIB, GpuInfo, GpuSample, Holder, NvmlProcess, Place, Placement, ProcIdentity, ProcInfo
+from pvegpu.gate.decide import GatePolicy, GateState, Situation, decide
 
 GPU = GpuInfo(0, 0, "GPU-0", "0000:41:00.0")
 
@@ -77,7 +77,7 @@ def test_gate_scan_for_a_dead_pids_heir_is_bounded_by_the_granted_containers():
     """With a dead pid listed, the gate never scans the whole node: only listed pids and the processes of the
     containers granted the GPU (a host process or a container without the GPU is never read), and the orphan in a
     granted container is still found as the heir."""
-    from pvegpu.gate import GatePorts, evaluate
+    from pvegpu.gate.decide import GatePorts, evaluate
     from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
     host = FakeHost(FakeClock())
@@ -110,7 +110,7 @@ def test_recycled_listed_pids_orphan_is_no_proven_heir():
     """NVML lists a dead parent whose pid a host process (holding nothing) now has, while an orphan in a granted
     container maps the device: the pid is a ghost and the scan widens to the granted containers, but no group or
     session can link the orphan to a pid a live process has, so the memory is unexplained: refused, never shared."""
-    from pvegpu.gate import GatePorts, evaluate
+    from pvegpu.gate.decide import GatePorts, evaluate
     from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
     host = FakeHost(FakeClock())

@@ -4,11 +4,11 @@ later process is its successor, never its owner (issue 30, item 8; the decision:
 
 from __future__ import annotations
 
-from pvegpu.audit import run_audit
-from pvegpu.gate import GatePolicy, GatePorts, GateState, evaluate
-from pvegpu.holders import FirstReading, inspect_gpus
-from pvegpu.leftover import LeftoverRule, baseline
-from pvegpu.model import GpuInfo
+from pvegpu.audit.run import run_audit
+from pvegpu.core.holders import FirstReading, inspect_gpus
+from pvegpu.core.leftover import LeftoverRule, baseline
+from pvegpu.core.model import GpuInfo
+from pvegpu.gate.decide import GatePolicy, GatePorts, GateState, evaluate
 from pvegpu.reset.verify import is_clean
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 

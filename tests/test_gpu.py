@@ -17,7 +17,7 @@ import pytest
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.etcpve import EtcPve
 from pvegpu.adapters.procfs import ProcHost
-from pvegpu.model import MIB
+from pvegpu.core.model import MIB
 from pvegpu.reset import Ports, ResetPolicy, reset
 from tests import pvelike
 
@@ -60,7 +60,7 @@ class NoApi:
         return getattr(self.etc, name)
 
     def ct_status(self, guest):
-        from pvegpu.model import CtStatus
+        from pvegpu.core.model import CtStatus
 
         return CtStatus("running")
 

@@ -13,15 +13,15 @@ from contextlib import contextmanager
 
 import pytest
 
-from pvegpu import errors as E
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
 from pvegpu.adapters.procstat import read_stat
-from pvegpu.audit import run_audit
-from pvegpu.audit_model import FlagKind
-from pvegpu.errors import PveApiError
-from pvegpu.gate import GatePolicy, GatePorts, GateState, evaluate
-from pvegpu.model import MIB, CtStatus, GpuInfo, Guest
+from pvegpu.audit.model import FlagKind
+from pvegpu.audit.run import run_audit
+from pvegpu.core import errors as E
+from pvegpu.core.errors import PveApiError
+from pvegpu.core.model import MIB, CtStatus, GpuInfo, Guest
+from pvegpu.gate.decide import GatePolicy, GatePorts, GateState, evaluate
 from pvegpu.reset import Ports, ResetPolicy, reset
 from pvegpu.sim.driver import DriverModel
 from pvegpu.sim.nvml import proc_alive

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pvegpu.model import Guest
+from pvegpu.core.model import Guest
 from pvegpu.sim.pve import SimPve
 from tests import pvelike
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
-from pvegpu.model import Place, ProcIdentity
+from pvegpu.core.model import Place, ProcIdentity
 from tests import pvelike
 
 FULL = os.stat("/dev/full").st_rdev
@@ -123,7 +123,7 @@ def test_pid_namespace_and_cgroup_container():
 def test_device_table_classifies_nvidia_numbers(tmp_path):
     """195:N is GPU N, 195:254/255 and the dynamic nvidia-uvm/caps majors are control nodes, others nothing."""
     from pvegpu.adapters.procfs import DeviceTable
-    from pvegpu.model import CONTROL
+    from pvegpu.core.model import CONTROL
 
     (tmp_path / "devices").write_text("Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-uvm\n511 nvidia-caps\n")
     t = DeviceTable(proc=str(tmp_path))
@@ -135,7 +135,7 @@ def test_device_table_classifies_nvidia_numbers(tmp_path):
 def test_maps_only_holder_found(tmp_path):
     """A process with GPU nodes only mapped (no fd) is found through maps + map_files by device number;
     a mapped plain file whose path reads /dev/nvidia5 is not."""
-    from pvegpu.model import CONTROL
+    from pvegpu.core.model import CONTROL
 
     zero, null = os.stat("/dev/zero").st_rdev, os.stat("/dev/null").st_rdev
     table = DeviceTable({(os.major(FULL), os.minor(FULL)): 3, (os.major(zero), os.minor(zero)): CONTROL,
@@ -161,7 +161,7 @@ def test_maps_only_holder_found(tmp_path):
 
 def test_signal_returns_the_typed_result(sleeper):
     """ProcHost.signal answers with SignalResult members (plain words in JSON and logs)."""
-    from pvegpu.model import SignalResult
+    from pvegpu.core.model import SignalResult
 
     host = ProcHost(TABLE)
     res = host.signal(host.describe(sleeper.pid).ident, signal.SIGKILL, 129)

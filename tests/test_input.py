@@ -10,9 +10,9 @@ import tempfile
 import pytest
 
 from pvegpu.adapters.settingsfile import load
-from pvegpu.errors import ConfigError, UsageError
-from pvegpu.locate import check_vmid
-from pvegpu.settings import ApiSettings
+from pvegpu.core.errors import ConfigError, UsageError
+from pvegpu.core.locate import check_vmid
+from pvegpu.core.settings import ApiSettings
 from pvegpu.sim import scenario as sc
 from tests import pvelike
 from tests.pvelike import REPO
@@ -195,7 +195,7 @@ def test_task_exitstatus_and_log_lines_are_escaped_at_the_adapter():
     screen clears and bidi overrides come out as visible escapes, in the message and the tail."""
     from pvegpu.adapters.clock import SystemClock
     from pvegpu.adapters.tasks import wait_task
-    from pvegpu.errors import TaskFailed
+    from pvegpu.core.errors import TaskFailed
 
     evil = "startup failed\x1b[2J\x1b]52;c;cm0gLXJmIC8=\x07\u202eKO\n! forged"
     with pytest.raises(TaskFailed) as got:
@@ -254,7 +254,7 @@ def test_api_error_text_is_escaped_before_it_reaches_a_message():
     from proxmoxer import ResourceException
 
     from pvegpu.adapters.pve import ProxmoxerPve
-    from pvegpu.errors import PveApiError
+    from pvegpu.core.errors import PveApiError
 
     def fail():
         raise ResourceException(500, "Internal Server Error", "boom\x1b[2J\x1b]52;c;cm0gLXJmIC8=\x07\u202e")

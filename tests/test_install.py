@@ -71,7 +71,7 @@ def test_install_guards_gpu_containers_and_refuses_foreign_hookscript(tree):
     assert r.returncode == 8  # CT 130 refused: needs attention (1 is kept for internal errors)
     guard = vz / "snippets" / "pvegpu-guard"
     assert os.access(guard, os.X_OK) and "hook \"$1\" \"$2\"" in guard.read_text()
-    from pvegpu.install import pvegpu_path
+    from pvegpu.cli.install import pvegpu_path
 
     assert f"PVEGPU={pvegpu_path()}\n" in guard.read_text() and os.path.isabs(pvegpu_path())
     assert "pvesm set local --content iso,vztmpl,backup,snippets" in log()
@@ -198,7 +198,7 @@ def test_install_without_content_line_keeps_implicit_defaults(tree):
 
 
 def _guard_with(tmp_path, pvegpu_bin):
-    from pvegpu.install import guard_text, template
+    from pvegpu.cli.install import guard_text, template
 
     g = tmp_path / "guard"
     g.write_text(guard_text(template(), pvegpu_bin, fast=False))
@@ -240,7 +240,7 @@ def test_guard_fast_path_names_pvegpus_and_nvidia_ml_pys_directories():
     import importlib.util
     import shlex
 
-    from pvegpu.install import fast_path, guard_text, template
+    from pvegpu.cli.install import fast_path, guard_text, template
 
     where = fast_path()
     assert where is not None
@@ -253,7 +253,7 @@ def test_guard_fast_path_names_pvegpus_and_nvidia_ml_pys_directories():
 def test_guard_fast_path_runs_the_gate_without_site(tmp_path):
     """The guard's fast path (python -I -S, only its written directories on the path) runs the hook, whose gate
     imports nvidia-ml-py: a phase with nothing to check exits 0, and pynvml is importable that way."""
-    from pvegpu.install import fast_path, guard_text, template
+    from pvegpu.cli.install import fast_path, guard_text, template
 
     g = tmp_path / "guard"
     g.write_text(guard_text(template(), str(tmp_path / "no-such-pvegpu")))  # only the fast path can answer
@@ -261,7 +261,7 @@ def test_guard_fast_path_runs_the_gate_without_site(tmp_path):
     env = {"PATH": "/sbin:/bin:/usr/sbin:/usr/bin", "LC_ALL": "C", "PVEGPU_PVE_ROOT": str(tmp_path / "pve")}
     r = subprocess.run([str(g), "129", "post-start"], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=60)
     assert r.returncode == 0 and "not found" not in r.stderr, r.stderr
-    code = "import sys; sys.path[:0] = sys.argv.pop(1).split(':'); import pynvml, pvegpu.adapters.nvml, pvegpu.hook; print('ok')"
+    code = "import sys; sys.path[:0] = sys.argv.pop(1).split(':'); import pynvml, pvegpu.adapters.nvml, pvegpu.cli.hook; print('ok')"
     r = subprocess.run([sys.executable, "-I", "-S", "-c", code, fast_path() or ""], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "ok", r.stderr
 

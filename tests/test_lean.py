@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from pvegpu import cli
-from pvegpu.__main__ import run
-from pvegpu.errors import ConfigError
-from pvegpu.settings import ResetSettings, Settings
+from pvegpu.cli import run
+from pvegpu.cli import app as cli
+from pvegpu.core.errors import ConfigError
+from pvegpu.core.settings import ResetSettings, Settings
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}

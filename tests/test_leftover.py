@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from pvegpu.adapters.settingsfile import load
-from pvegpu.errors import ConfigError
-from pvegpu.holders import GpuFacts
-from pvegpu.leftover import LeftoverRule, leftover
-from pvegpu.model import MIB, GpuInfo, GpuSample
+from pvegpu.core.errors import ConfigError
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.leftover import LeftoverRule, leftover
+from pvegpu.core.model import MIB, GpuInfo, GpuSample
 from pvegpu.wiring import gate_policy, leftover_rule, reset_policy
 
 GPU = GpuInfo(0, 0, "GPU-0", "0000:41:00.0")

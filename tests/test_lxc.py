@@ -7,7 +7,7 @@ import pytest
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.etcpve import EtcPve
 from pvegpu.adapters.procfs import ProcHost
-from pvegpu.model import Place
+from pvegpu.core.model import Place
 from pvegpu.reset import Ports, ResetPolicy, reset
 from tests import lxc_lab, pvelike
 from tests.fakes import FdBackedProbe

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pvegpu import cgroup, lxcconf
+from pvegpu.core import cgroup, lxcconf
 
 # -- the patterns of release 19, the reference ------------------------------------------------------------------
 

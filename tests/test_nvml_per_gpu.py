@@ -13,19 +13,19 @@ import types
 
 import pytest
 
-from pvegpu import errors as E
 from pvegpu import wiring
 from pvegpu.adapters import nvml
 from pvegpu.adapters.bounded import BoundedProbe
 from pvegpu.adapters.nvml import NvmlProbe
-from pvegpu.audit import audit_document, run_audit
-from pvegpu.audit_model import FlagKind
-from pvegpu.gate import GatePolicy, GatePorts, evaluate
-from pvegpu.model import MIB, GpuHealth
-from pvegpu.prom import render
-from pvegpu.render_audit import audit_table
+from pvegpu.audit.model import FlagKind
+from pvegpu.audit.prom import render
+from pvegpu.audit.render import audit_table
+from pvegpu.audit.run import audit_document, run_audit
+from pvegpu.core import errors as E
+from pvegpu.core.model import MIB, GpuHealth
+from pvegpu.core.settings import Settings
+from pvegpu.gate.decide import GatePolicy, GatePorts, evaluate
 from pvegpu.reset import Ports, ResetPolicy, reset
-from pvegpu.settings import Settings
 from tests.fakes import FakeClock, FakeHost, FakePve
 from tests.test_audit import NODES, FakeFiles
 from tests.test_audit_outputs import samples

@@ -16,7 +16,7 @@ import zipfile
 import pytest
 
 from pvegpu import __version__
-from pvegpu import install as ins
+from pvegpu.cli import install as ins
 from tests.pvelike import REPO, etc_pve
 
 PACKAGING = os.path.join(REPO, "packaging")
@@ -35,7 +35,7 @@ def _cli_commands() -> set[str]:
     """Every command path of the typer app, read independently of clidoc."""
     import typer.main
 
-    from pvegpu.cli import app
+    from pvegpu.cli.app import app
 
     out: set[str] = set()
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pvegpu.cgroup import parse_cgroup
-from pvegpu.lxcconf import parse_config
-from pvegpu.model import Place, Placement
+from pvegpu.core.cgroup import parse_cgroup
+from pvegpu.core.lxcconf import parse_config
+from pvegpu.core.model import Place, Placement
 
 A = """#LLM worker (GPU0)
 arch: amd64
@@ -160,7 +160,7 @@ def test_stat_reader_handles_hostile_comm():
 
 def test_escape_makes_tenant_text_printable():
     """Control and non-printable characters (and bad UTF-8) come out as \\xNN / \\uNNNN; backslash doubled."""
-    from pvegpu.safetext import escape
+    from pvegpu.core.safetext import escape
 
     assert escape("a\x1b[2J\r\n\t\\b") == "a\\x1b[2J\\x0d\\x0a\\x09\\\\b"
     assert escape("\u202eevil\u0085\U000e0041") == "\\u202eevil\\x85\\U000e0041"
@@ -179,7 +179,7 @@ def test_parsers_never_raise(text):
 def test_stat_parser_never_raises_and_escape_is_always_printable(data):
     """Arbitrary bytes never crash the stat reader, and escaping them always gives printable text."""
     from pvegpu.adapters.procstat import parse_stat
-    from pvegpu.safetext import escape
+    from pvegpu.core.safetext import escape
 
     parse_stat(data)
     parse_cgroup(data)
@@ -191,7 +191,7 @@ def test_settings_collect_every_problem(tmp_path):
     import pytest
 
     from pvegpu.adapters.settingsfile import load
-    from pvegpu.errors import ConfigError
+    from pvegpu.core.errors import ConfigError
 
     bad = tmp_path / "bad.toml"
     bad.write_text("[reset\n")
@@ -214,7 +214,7 @@ def test_nvml_missing_library_is_unknown(monkeypatch):
     import pytest
 
     from pvegpu.adapters.nvml import NvmlProbe
-    from pvegpu.errors import GpuQueryError
+    from pvegpu.core.errors import GpuQueryError
 
     def missing(*a, **kw):
         raise OSError("libnvidia-ml.so.1: cannot open shared object file")

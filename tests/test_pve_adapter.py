@@ -10,8 +10,8 @@ import responses
 from proxmoxer import ProxmoxAPI
 
 from pvegpu.adapters.pve import ProxmoxerPve, read_token
-from pvegpu.errors import ConfigError, PveApiError, TaskFailed, TaskTimeout
-from pvegpu.model import Guest
+from pvegpu.core.errors import ConfigError, PveApiError, TaskFailed, TaskTimeout
+from pvegpu.core.model import Guest
 
 BASE = "https://pve.test:8006/api2/json"
 G = Guest(129, "pve1", "lxc")
@@ -154,7 +154,7 @@ def test_https_connect_verifies_ca_and_pinned_fingerprint(pve, fakepve_cafile, t
     import ssl
 
     from pvegpu.adapters.pve import connect
-    from pvegpu.settings import ApiSettings
+    from pvegpu.core.settings import ApiSettings
 
     fake, _ = pve
     host, port = fake.url.split("//")[1].split(":")
@@ -317,7 +317,7 @@ def pvesh(tmp_path, monkeypatch):
 
     def make(rules, timeout=5.0, task_timeout=None):
         from pvegpu.adapters.pve import connect
-        from pvegpu.settings import ApiSettings
+        from pvegpu.core.settings import ApiSettings
 
         stub_pvesh.install(str(d), rules)
         return ProxmoxerPve(connect(ApiSettings(timeout=timeout), "local", task_timeout=task_timeout), node="pve1")
@@ -428,7 +428,7 @@ def test_pvesh_task_log_before_the_upid_is_tolerated(pvesh):
 def test_pvesh_missing_gets_the_node_hint(tmp_path, monkeypatch):
     """No pvesh on PATH: the error says the local backend runs on a PVE node, not the HTTPS certificate hint."""
     from pvegpu.adapters.pve import connect
-    from pvegpu.settings import ApiSettings
+    from pvegpu.core.settings import ApiSettings
 
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(PveApiError) as exc:
@@ -516,7 +516,7 @@ def test_wrong_pin_never_sends_the_token_for_any_host_form(recorder, tmp_path):
     """With a wrong api.fingerprint, every host form (bare and bracketed IPv6, host:port, names) fails to
     connect and the server with the other certificate never receives an Authorization header."""
     from pvegpu.adapters.pve import connect
-    from pvegpu.settings import ApiSettings
+    from pvegpu.core.settings import ApiSettings
 
     addr, rec = recorder
     for host, port in _host_forms(addr, rec.port):
@@ -530,7 +530,7 @@ def test_right_pin_connects_for_every_host_form(recorder, tmp_path):
     """The same host forms with the server's own fingerprint connect and send the token (the pin is not just
     refusing everything)."""
     from pvegpu.adapters.pve import connect
-    from pvegpu.settings import ApiSettings
+    from pvegpu.core.settings import ApiSettings
 
     addr, rec = recorder
     forms = _host_forms(addr, rec.port)
@@ -545,8 +545,8 @@ def test_pin_with_proxy_in_environment_is_refused(recorder, tmp_path, monkeypatc
     """With a proxy in the environment, pinning refuses to connect (a ConfigError) instead of sending the token
     over a connection the pin never checks; no request reaches the server or the 'proxy'."""
     from pvegpu.adapters.pve import connect
-    from pvegpu.errors import ConfigError
-    from pvegpu.settings import ApiSettings
+    from pvegpu.core.errors import ConfigError
+    from pvegpu.core.settings import ApiSettings
 
     addr, rec = recorder
     host = f"[{addr}]" if ":" in addr else addr
@@ -560,7 +560,7 @@ def test_pin_with_proxy_in_environment_is_refused(recorder, tmp_path, monkeypatc
 def test_pin_with_host_in_no_proxy_connects_directly(recorder, tmp_path, monkeypatch):
     """A proxy that no_proxy excludes for api.host does not block pinning; the pinned direct connection works."""
     from pvegpu.adapters.pve import connect
-    from pvegpu.settings import ApiSettings
+    from pvegpu.core.settings import ApiSettings
 
     addr, rec = recorder
     monkeypatch.setenv("https_proxy", "http://192.0.2.1:3128")
@@ -572,8 +572,8 @@ def test_pin_with_host_in_no_proxy_connects_directly(recorder, tmp_path, monkeyp
 def test_malformed_fingerprint_refused(tmp_path):
     """A fingerprint that is not 64 hex digits is a ConfigError, not a silent no-pin."""
     from pvegpu.adapters.pve import connect
-    from pvegpu.errors import ConfigError
-    from pvegpu.settings import ApiSettings
+    from pvegpu.core.errors import ConfigError
+    from pvegpu.core.settings import ApiSettings
 
     cfg = ApiSettings(host="127.0.0.1", token_name="pvegpu", token_file=_token_file(tmp_path), fingerprint="AB:CD")
     with pytest.raises(ConfigError, match="fingerprint"):
@@ -644,7 +644,7 @@ def test_token_file_multiline_refused(tmp_path):
 ])
 def test_a_request_that_may_have_been_carried_out_says_so(exc, unanswered):
     """A stop whose answer never came may still happen (PveNoAnswer); one that never reached PVE is a plain error."""
-    from pvegpu.errors import PveNoAnswer
+    from pvegpu.core.errors import PveNoAnswer
 
     responses.add(responses.POST, f"{BASE}/nodes/pve1/lxc/129/status/stop", body=exc)
     with pytest.raises(PveApiError) as err:
@@ -697,8 +697,8 @@ def test_an_answer_dripped_slowly_is_cut_at_the_total_deadline(tmp_path, monkeyp
     import time
 
     from pvegpu.adapters.pve import connect
-    from pvegpu.errors import PveNoAnswer
-    from pvegpu.settings import ApiSettings
+    from pvegpu.core.errors import PveNoAnswer
+    from pvegpu.core.settings import ApiSettings
 
     for var in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)
@@ -719,7 +719,7 @@ def test_an_answer_larger_than_the_cap_is_refused(tmp_path, monkeypatch):
     """A gigantic answer is cut at 32 MiB (exit 4, naming the host), never read whole into memory."""
     from pvegpu.adapters import pve as pve_mod
     from pvegpu.adapters.pve import connect
-    from pvegpu.settings import ApiSettings
+    from pvegpu.core.settings import ApiSettings
 
     monkeypatch.setattr(pve_mod, "MAX_ANSWER", 1024 * 1024)
     responses.add(responses.GET, "https://pve.test:8006/api2/json/cluster/resources", body=b'{"data": [' + b" " * (2 << 20) + b"]}")

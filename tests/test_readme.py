@@ -14,8 +14,8 @@ import tomllib
 
 import pytest
 
-from pvegpu import errors
-from pvegpu.settings import Settings
+from pvegpu.core import errors
+from pvegpu.core.settings import Settings
 from tests.pvelike import REPO
 
 LOG_STUB = '#!/bin/sh\necho "$(basename "$0") uid=$(id -u) $*" >> "$README_LOG"\n'

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pvegpu import errors as E
-from pvegpu.model import MIB
-from pvegpu.render import reset_json, reset_table
+from pvegpu.cli.render import reset_json, reset_table
+from pvegpu.core import errors as E
+from pvegpu.core.model import MIB
 from pvegpu.reset import Kind, Ports, ResetPolicy, reset
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
@@ -195,7 +195,7 @@ def test_ha_managed_restart_polls_status(node):
 
 @pytest.mark.parametrize("setup,msg", [
     (lambda pve: None, "no guest 999"),
-    (lambda pve: pve.guests_.__setitem__(999, __import__("pvegpu.model").model.Guest(999, "pve1", "qemu")), "is a qemu VM"),
+    (lambda pve: pve.guests_.__setitem__(999, __import__("pvegpu.core.model").model.Guest(999, "pve1", "qemu")), "is a qemu VM"),
     (lambda pve: pve.add_ct(999, node="pve2"), "lives on node pve2"),
 ])
 def test_refusals_name_the_problem(node, setup, msg):
@@ -209,7 +209,7 @@ def test_refusals_name_the_problem(node, setup, msg):
 def test_control_node_holder_in_container_is_stopped_outside_ignored(node):
     """A CT process holding only nvidiactl/nvidia-uvm is one of the CT's GPU users and is stopped; a host
     daemon on nvidiactl (persistenced) is neither signalled nor reported as a GPU holder."""
-    from pvegpu.model import CONTROL
+    from pvegpu.core.model import CONTROL
 
     _, host, probe, _ = node
     ctl_user = host.add(129, minors={CONTROL}, comm="nvidia-smi")
@@ -568,7 +568,7 @@ def test_sigterm_that_cannot_arrive_is_not_waited_for(node):
 def test_stop_request_without_an_answer_is_followed_to_the_real_state(node):
     """The stop request timed out (no UPID came back) but PVE carried it out a few seconds later: the CT's state
     is polled until known, and the report says it was left stopped instead of 'running'."""
-    from pvegpu.errors import PveNoAnswer
+    from pvegpu.core.errors import PveNoAnswer
 
     clock, host, probe, pve = node
     _target_left(node, 1024 * MIB)  # memory no process holds: the restart fallback runs

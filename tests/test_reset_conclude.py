@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pvegpu import errors as E
-from pvegpu.holders import GpuFacts
-from pvegpu.model import GpuInfo, GpuSample
+from pvegpu.core import errors as E
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.model import GpuInfo, GpuSample
 from pvegpu.reset import ResetOutcome
 from pvegpu.reset.conclude import conclude
 from pvegpu.reset.results import Verified

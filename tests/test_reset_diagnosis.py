@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from pvegpu import errors as E
-from pvegpu.holders import GpuFacts
-from pvegpu.leftover import LeftoverRule
-from pvegpu.model import MIB, GpuInfo, GpuSample, Holder, Place, Placement, ProcIdentity, ProcInfo
-from pvegpu.ports import NoInterrupts, NullLockPort
-from pvegpu.render import reset_human, reset_json
+from pvegpu.cli.render import reset_human, reset_json
+from pvegpu.core import errors as E
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.leftover import LeftoverRule
+from pvegpu.core.model import MIB, GpuInfo, GpuSample, Holder, Place, Placement, ProcIdentity, ProcInfo
+from pvegpu.core.ports import NoInterrupts, NullLockPort
 from pvegpu.reset import Diagnosis, Kind, Ports, ResetPolicy, reset
 from pvegpu.reset.diagnosis import diagnose, diagnose_respawns, diagnose_unsettled
 from pvegpu.reset.vocab import Respawn

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pvegpu import errors as E
-from pvegpu.model import CtStatus, Guest
+from pvegpu.core import errors as E
+from pvegpu.core.model import CtStatus, Guest
 from pvegpu.reset import Ports, ResetPolicy
 from pvegpu.reset.follow import follow
 from pvegpu.reset.run import ResetRun

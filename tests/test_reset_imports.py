@@ -14,7 +14,7 @@ WATCHED = ("structlog",)
 
 def _imported(*argv: str) -> tuple[int, set[str]]:
     """Run pvegpu with ``argv`` in a fresh interpreter: its exit code and which of WATCHED it imported."""
-    code = ("import sys; from pvegpu.__main__ import run; rc = run(sys.argv[1:]); "
+    code = ("import sys; from pvegpu.cli import run; rc = run(sys.argv[1:]); "
             f"print(rc, *[m for m in {WATCHED!r} if m in sys.modules], file=sys.stderr)")
     p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO, timeout=120)
     words = p.stderr.strip().splitlines()[-1].split()
@@ -44,7 +44,7 @@ def test_verbose_still_logs_through_structlog(sim_node):
 
 def test_an_adapter_warning_after_configure_is_a_warning_line_on_stderr():
     """An adapter's warning after ``configure`` is one "warning: ..." line on stderr, its text escaped."""
-    code = ("import sys; from pvegpu.logs import configure; configure(verbose=False, json_lines=False); "
+    code = ("import sys; from pvegpu.adapters.logs import configure; configure(verbose=False, json_lines=False); "
             "from pvegpu.adapters.pvesh import _warn; _warn('get /nodes', 'boom\\x1b')")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert p.stderr.splitlines() == ["warning: pvesh get /nodes wrote to stderr (its answer is used): boom\\x1b"]
@@ -52,7 +52,7 @@ def test_an_adapter_warning_after_configure_is_a_warning_line_on_stderr():
 
 def test_configure_twice_puts_one_warning_handler_in_place():
     """A second ``configure`` adds no second handler: each warning is still one line."""
-    code = ("import logging, sys; from pvegpu.logs import configure; configure(verbose=False, json_lines=False); "
+    code = ("import logging, sys; from pvegpu.adapters.logs import configure; configure(verbose=False, json_lines=False); "
             "configure(verbose=False, json_lines=False); "
             "print(len(logging.getLogger('pvegpu').handlers)); from pvegpu.adapters.pvesh import _warn; _warn('get /x', 'y')")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)

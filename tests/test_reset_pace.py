@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pvegpu import errors as E
-from pvegpu.model import MIB
+from pvegpu.core import errors as E
+from pvegpu.core.model import MIB
 from pvegpu.reset import Ports, ResetPolicy, reset
 from pvegpu.reset.poll import Pace
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve

@@ -8,9 +8,10 @@ import signal
 
 import pytest
 
-from pvegpu import errors as E
-from pvegpu import resetcmd, wiring
-from pvegpu.ports import Interrupted
+from pvegpu import wiring
+from pvegpu.cli import reset as resetcmd
+from pvegpu.core import errors as E
+from pvegpu.core.ports import Interrupted
 
 
 def test_after_the_run_ending_signal_later_ones_are_only_recorded():
@@ -65,7 +66,7 @@ def test_json_lines_on_a_closed_pipe_do_not_raise(monkeypatch):
     """`reset --json -v`: the JSON-lines event log on a stderr whose reader went away (EPIPE) drops the event, never raises."""
     import sys
 
-    from pvegpu.logs import configure
+    from pvegpu.adapters.logs import configure
 
     class Pipe:
         def write(self, text):
@@ -84,7 +85,7 @@ def test_a_sigint_while_the_guest_is_located_is_the_handlers_and_gets_a_json_err
     """SIGINT during where() (the handlers are already in place): exit 130, a pvegpu-error document, "not stopped" journalled."""
     import json
 
-    from pvegpu.__main__ import run
+    from pvegpu.cli import run
 
     class Pve:
         def where(self, vmid):

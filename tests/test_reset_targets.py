@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from pvegpu.holders import GpuFacts
-from pvegpu.model import GpuInfo, GpuSample, Holder, Place, Placement, ProcIdentity, ProcInfo
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.model import GpuInfo, GpuSample, Holder, Place, Placement, ProcIdentity, ProcInfo
 from pvegpu.reset import KillNow, Ports, ResetPolicy, Spared, reset, targets
 from pvegpu.reset.targets import kill_now_why
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve

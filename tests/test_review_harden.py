@@ -10,8 +10,8 @@ import signal
 import pytest
 
 from pvegpu import wiring
-from pvegpu.__main__ import run
-from pvegpu.model import Guest
+from pvegpu.cli import run
+from pvegpu.core.model import Guest
 
 # -- wording before the guest is located ---------------------------------------------------------------------
 
@@ -76,10 +76,10 @@ def test_vm_reset_computes_no_deadline_with_float_arithmetic():
 
 def test_agent_silent_after_the_reboot_is_given_up_at_task_timeout():
     """After the reboot the agent never answers: its pings stop at task_timeout exactly (never a 1 s pause past it)."""
-    from pvegpu import errors as E
+    from pvegpu.core import errors as E
     from pvegpu.testing import FakeClock
-    from pvegpu.vmguest import AgentUnavailable
-    from pvegpu.vmreset import VmOutcome, VmPolicy, reset_vm
+    from pvegpu.vm.guest import AgentUnavailable
+    from pvegpu.vm.reset import VmOutcome, VmPolicy, reset_vm
     from tests.test_review_vm import FakeVm
 
     clock = FakeClock()
@@ -100,9 +100,9 @@ def test_agent_silent_after_the_reboot_is_given_up_at_task_timeout():
 def test_every_command_in_the_guest_ends_by_its_deadline():
     """A command that never exits in the guest: given up at exec_timeout, or at the phase's deadline when that
     comes first, on the clock (GuestTimeout), never later."""
-    from pvegpu.deadline import deadline_in
+    from pvegpu.core.deadline import deadline_in
     from pvegpu.testing import FakeClock
-    from pvegpu.vmguest import Guestside, GuestTimeout
+    from pvegpu.vm.guest import Guestside, GuestTimeout
     from tests.test_review_vm import FakeVm
 
     clock = FakeClock()
@@ -119,9 +119,9 @@ def test_every_command_in_the_guest_ends_by_its_deadline():
 def test_a_holder_that_never_goes_ends_the_vm_reset_by_its_deadlines():
     """A guest holder that ignores every signal, --no-restart: the waits (grace, kill_wait, the verify timeout)
     end by their deadlines on the fake clock, so the reset takes no more than their sum; exit 6."""
-    from pvegpu import errors as E
+    from pvegpu.core import errors as E
     from pvegpu.testing import FakeClock
-    from pvegpu.vmreset import VmPolicy, reset_vm
+    from pvegpu.vm.reset import VmPolicy, reset_vm
     from tests.test_review_vm import FakeVm
 
     clock = FakeClock()
@@ -158,10 +158,10 @@ def _node(tmp_path, dead_path=None, confs=None):
 
 
 def _hang_under(monkeypatch, where, *names):
-    """The named probes of pvegpu.install block (a dead NFS server) for any path under ``where``."""
+    """The named probes of pvegpu.cli.install block (a dead NFS server) for any path under ``where``."""
     import time
 
-    from pvegpu import install as ins
+    from pvegpu.cli import install as ins
 
     for name in names:
         real = getattr(ins, name)
@@ -185,7 +185,7 @@ def _timed(fn, *a, **k):
 def test_refresh_with_a_storage_that_never_answers_ends_in_time_and_names_it(tmp_path, monkeypatch):
     """The postinst's refresh: the guard on a storage whose probe blocks is left as it is and named in a warning
     within the deadline; the guard on the storage that answers is still rewritten; the refresh does not fail."""
-    from pvegpu import install as ins
+    from pvegpu.cli import install as ins
 
     pve, local, nfs = _node(tmp_path)
     for d in (local, nfs):
@@ -201,7 +201,7 @@ def test_refresh_with_a_storage_that_never_answers_ends_in_time_and_names_it(tmp
 
 def test_install_onto_a_storage_that_never_answers_is_refused_in_time(tmp_path, monkeypatch):
     """`hook install --storage nfs` on a dead mount: refused within the deadline, naming the storage; no `pct set`."""
-    from pvegpu import install as ins
+    from pvegpu.cli import install as ins
 
     pve, _, nfs = _node(tmp_path)
     _hang_under(monkeypatch, nfs, "_check_dir")
@@ -215,8 +215,8 @@ def test_install_onto_a_storage_that_never_answers_is_refused_in_time(tmp_path, 
 def test_status_of_a_guard_on_a_storage_that_never_answers_is_unknown(tmp_path, monkeypatch):
     """`hook status`: a CT whose guard's storage does not answer is `unknown` (never guarded), named, in time;
     the document still validates."""
-    from pvegpu import contract
-    from pvegpu import install as ins
+    from pvegpu.cli import install as ins
+    from pvegpu.core import contract
     from tests.schemas import validate
 
     pve, _, nfs = _node(tmp_path)
@@ -234,7 +234,7 @@ def test_status_of_a_guard_on_a_storage_that_never_answers_is_unknown(tmp_path, 
 def test_uninstall_of_a_chain_on_a_storage_that_never_answers_leaves_the_hookscript(tmp_path, monkeypatch):
     """`hook uninstall` of a chained CT whose chain script's storage does not answer: refused in time, naming the
     storage, and its hookscript is not touched (its original is never dropped unread)."""
-    from pvegpu import install as ins
+    from pvegpu.cli import install as ins
 
     pve, _, nfs = _node(tmp_path, confs={129: "dev0: /dev/nvidia0\nhookscript: nfs:snippets/pvegpu-guard-chain-129\n"})
     (nfs / "pvegpu-guard-chain-129").write_text("#!/bin/sh\n# original: local:snippets/mine.pl\n")
@@ -254,7 +254,7 @@ def test_refresh_with_a_hung_fuse_storage_ends_in_time(tmp_path):
     import subprocess
     import sys
 
-    from pvegpu import install as ins
+    from pvegpu.cli import install as ins
     from tests.test_fuse_scan import DAEMON
 
     mnt = tmp_path / "mnt"
@@ -281,11 +281,11 @@ def test_refresh_with_a_hung_fuse_storage_ends_in_time(tmp_path):
 def _widest_ct_report():
     """The widest realistic container report: ten neighbours on the GPU, a dry-run plan for a tenant's long
     escaped comm and nested cgroup, respawn notes, every diagnosis kind of line, left stopped, interrupted."""
-    from pvegpu.holders import GpuFacts
-    from pvegpu.model import MIB, GpuInfo, GpuSample, Holder, Place, Placement, ProcIdentity, ProcInfo
+    from pvegpu.core.holders import GpuFacts
+    from pvegpu.core.model import MIB, GpuInfo, GpuSample, Holder, Place, Placement, ProcIdentity, ProcInfo
+    from pvegpu.core.safetext import escape
     from pvegpu.reset.report import ResetOutcome, ResetReport
     from pvegpu.reset.vocab import Diagnosis, Kind
-    from pvegpu.safetext import escape
 
     comm = escape("\x1b[2J\x1b]0;pwn\x07trainer")  # a tenant's comm, escaped
     cgroup = "/lxc/129/" + "/".join(escape(f"ns{i}\x1b") for i in range(12))
@@ -311,7 +311,7 @@ def _widest_ct_report():
 def test_the_widest_reset_report_fits_80_columns_and_wide_keeps_one_line_per_item():
     """reset's report (table, plan, notes, verdict, diagnosis, left stopped, interrupted) and its step lines fit 80
     columns with the tenant's text wrapped whole (nothing cut); -v keeps one line per item."""
-    from pvegpu.render import reset_human, step_line
+    from pvegpu.cli.render import reset_human, step_line
     from tests.test_columns import _width
 
     r, comm = _widest_ct_report()
@@ -329,7 +329,7 @@ def test_the_widest_reset_report_fits_80_columns_and_wide_keeps_one_line_per_ite
 
 def test_the_widest_vm_report_fits_80_columns():
     """A VM's report with the guest's long text (diagnosis, task log, left stopped) fits 80 columns, nothing cut."""
-    from pvegpu.vmreset import VmOutcome, VmReport, vm_human
+    from pvegpu.vm.reset import VmOutcome, VmReport, vm_human
     from tests.test_columns import _width
 
     r = VmReport(200)
@@ -369,9 +369,9 @@ def test_postinst_runs_its_refresh_and_its_etc_pve_probe_under_timeout():
 
 def test_a_vm_waiting_for_its_reset_lock_is_named_a_vm(tmp_path):
     """Another reset of VM 200 holds the lock: the busy error (exit 9) names VM 200, never CT 200."""
-    from pvegpu import errors as E
-    from pvegpu import resetcmd
     from pvegpu.adapters.locks import ct_lock
+    from pvegpu.cli import reset as resetcmd
+    from pvegpu.core import errors as E
 
     locks = str(tmp_path / "locks")
     s = type("S", (), {"reset": type("R", (), {"lock_dir": locks, "lock_wait": 0.2})()})()
@@ -384,8 +384,8 @@ def test_a_vm_reset_waiting_for_its_guest_agent_says_so_every_second():
     """After the reboot, a guest agent that does not answer is waited for with a progress line about once a second
     (what is waited for, for how long of how long), never a silent wait."""
     from pvegpu.testing import FakeClock
-    from pvegpu.vmguest import AgentUnavailable
-    from pvegpu.vmreset import VmPolicy, reset_vm
+    from pvegpu.vm.guest import AgentUnavailable
+    from pvegpu.vm.reset import VmPolicy, reset_vm
     from tests.test_review_vm import FakeVm
 
     clock = FakeClock()

@@ -31,8 +31,8 @@ def test_stat_keeps_the_namedtuple_helpers():
 
 def test_a_guest_without_a_gpu_is_answered_while_nvml_is_still_starting(tmp_path, monkeypatch):
     """A CT whose config grants no NVIDIA GPU is allowed without waiting for NVML's start (a hung driver delays only GPU guests)."""
-    from pvegpu import hook
-    from pvegpu.settings import Settings
+    from pvegpu.cli import hook
+    from pvegpu.core.settings import Settings
     from tests.test_nvml_per_gpu import fake_pynvml, use
 
     conf = tmp_path / "nodes" / "n1" / "lxc"
@@ -58,8 +58,8 @@ def test_a_guest_without_a_gpu_is_answered_while_nvml_is_still_starting(tmp_path
 
 def test_a_gpu_guest_is_refused_when_nvml_cannot_start(tmp_path, monkeypatch):
     """A CT granted a GPU is refused (its GPU unknown) when NVML's start fails."""
-    from pvegpu import hook
-    from pvegpu.settings import Settings
+    from pvegpu.cli import hook
+    from pvegpu.core.settings import Settings
     from tests.test_nvml_per_gpu import fake_pynvml, use
 
     conf = tmp_path / "nodes" / "n1" / "lxc"

@@ -8,9 +8,9 @@ import pytest
 
 from pvegpu.adapters.bounded import BoundedProbe
 from pvegpu.adapters.procfs import ProcessScan, ProcHost
-from pvegpu.audit import _health, _HealthAhead
-from pvegpu.holders import inspect_gpus
-from pvegpu.model import GpuInfo, GpuSample, Holding
+from pvegpu.audit.run import _health, _HealthAhead
+from pvegpu.core.holders import inspect_gpus
+from pvegpu.core.model import GpuInfo, GpuSample, Holding
 from pvegpu.testing import FakeClock, FakeHost, FakeProbe, FakeProc
 
 GPU0 = [GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")]
@@ -78,7 +78,7 @@ def test_slow_but_answering_health_reads_are_not_turned_unknown():
 def test_a_vmlist_nested_too_deeply_is_a_pve_error_not_a_traceback(tmp_path):
     """A .vmlist nested past the recursion limit is a PveApiError (one line, a hint), never a RecursionError."""
     from pvegpu.adapters.etcpve import EtcPve
-    from pvegpu.errors import PveApiError
+    from pvegpu.core.errors import PveApiError
 
     (tmp_path / ".vmlist").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(PveApiError):

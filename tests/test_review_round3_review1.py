@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from pvegpu import resetcmd
-from pvegpu.ports import Interrupted
+from pvegpu.cli import reset as resetcmd
+from pvegpu.core.ports import Interrupted
 from pvegpu.reset import Ports, ResetPolicy, reset
 from pvegpu.reset.vocab import StepName
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
@@ -59,7 +59,7 @@ def test_a_reset_usage_error_with_json_is_a_pvegpu_error_document(line, capsys):
     """`pvegpu reset ... --json` with a bad line: exit 2 and a pvegpu-error document on stdout (README: errors with --json)."""
     import json
 
-    from pvegpu.__main__ import run
+    from pvegpu.cli import run
 
     code = run(["reset", *line])
     out = capsys.readouterr().out
@@ -79,7 +79,7 @@ def test_a_sigterm_while_the_final_report_prints_does_not_kill_it(sim_node):
 
     node = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0, "stand_in": "/dev/full"}],
                      "containers": [{"vmid": 129, "status": "stopped", "gpus": [0]}]})
-    code = ("import os, signal, sys; from pvegpu import resetcmd; from pvegpu.__main__ import run; say = resetcmd._say\n"
+    code = ("import os, signal, sys; from pvegpu.cli import reset as resetcmd; from pvegpu.cli import run; say = resetcmd._say\n"
             "def _say(text, err=True):\n"
             "    if not err and text.lstrip().startswith('{'): os.kill(os.getpid(), signal.SIGTERM)\n"
             "    say(text, err)\n"
@@ -120,7 +120,7 @@ def test_reset_json_gets_a_document_for_a_ctrl_c_or_an_internal_error_before_the
     import json
 
     from pvegpu import wiring
-    from pvegpu.__main__ import run
+    from pvegpu.cli import run
 
     class Pve:
         def where(self, vmid):
@@ -154,7 +154,7 @@ def test_with_v_a_dropped_session_does_not_crash_the_restart(init_holds, monkeyp
     restart is finished and a report comes back (the log must not raise into the reset)."""
     import sys
 
-    from pvegpu.logs import configure
+    from pvegpu.adapters.logs import configure
 
     clock, host, probe, pve = init_holds
     tty = _Terminal()

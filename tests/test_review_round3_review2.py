@@ -12,7 +12,7 @@ import unicodedata
 
 import pytest
 
-from pvegpu.render_audit import audit_table
+from pvegpu.audit.render import audit_table
 from tests import schemas
 from tests.pvelike import REPO
 from tests.test_columns import _doc, _holder
@@ -92,7 +92,7 @@ def test_hook_uninstall_keeps_the_guard_a_vm_hookscript_still_runs(tmp_path):
     the last guarded container deletes that snippet anyway (it counts containers only), so the VM no longer starts.
     (packaging/debian/prerm likewise names only lxc/*.conf as still guarded, and install.refresh only containers'
     storages.)"""
-    from pvegpu import install as ins
+    from pvegpu.cli import install as ins
     from tests.pvelike import etc_pve
 
     pve = etc_pve(str(tmp_path / "pve"), "pve1", {129: "arch: amd64\ndev0: /dev/nvidia0\nhookscript: local:snippets/pvegpu-guard\n"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pvegpu.model import GpuSample
+from pvegpu.core.model import GpuSample
 from tests.pvelike import kill_and_reap
 
 
@@ -130,8 +130,8 @@ def test_a_start_gate_that_cannot_fork_its_check_refuses_with_the_gates_code(mon
     import os
     import random
 
-    from pvegpu import errors as E
-    from pvegpu.__main__ import run
+    from pvegpu.cli import run
+    from pvegpu.core import errors as E
 
     def no_fork() -> int:
         raise BlockingIOError(11, "Resource temporarily unavailable")
@@ -147,8 +147,8 @@ def test_a_post_stop_that_cannot_fork_its_check_never_fails_the_stop(monkeypatch
     import os
     import random
 
-    from pvegpu import errors as E
-    from pvegpu.__main__ import run
+    from pvegpu.cli import run
+    from pvegpu.core import errors as E
 
     def no_fork() -> int:
         raise BlockingIOError(11, "Resource temporarily unavailable")

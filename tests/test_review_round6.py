@@ -14,8 +14,8 @@ import pytest
 from pvegpu.adapters import scanpool
 from pvegpu.adapters.devscan import BUDGET
 from pvegpu.adapters.procfs import ProcHost
-from pvegpu.holders import inspect_gpus
-from pvegpu.model import GpuInfo, Holding, Via
+from pvegpu.core.holders import inspect_gpus
+from pvegpu.core.model import GpuInfo, Holding, Via
 from pvegpu.testing import FakeClock, FakeHost, FakeProbe, FakeProc
 from tests.pvelike import kill_and_reap
 from tests.test_scan_ahead import _EarlyScan, _stat_text, _table, small_shares, stall_workers  # noqa: F401 - a fixture

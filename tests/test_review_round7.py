@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from pvegpu import errors as E
 from pvegpu.adapters import scanpool
 from pvegpu.adapters.devscan import ScanBudget
 from pvegpu.adapters.procfs import ProcHost
-from pvegpu.audit import run_audit
+from pvegpu.audit.run import run_audit
+from pvegpu.core import errors as E
 from tests.test_audit import NODES, FakeFiles
 from tests.test_nvml_per_gpu import LOST, READ, _Err, _node, fake_pynvml, use
 from tests.test_scan_ahead import _children, _stat_text, _table, small_shares, stall_workers, tree  # noqa: F401 - fixtures
@@ -22,7 +22,7 @@ ONE = [{"minor": 0, "uuid": "GPU-ok-0"}]
 def _audit_reader(monkeypatch, m):
     """The reader ``pvegpu audit`` opens (``world(s).audit_probe``: details, started) over the stand-in pynvml ``m``."""
     from pvegpu import wiring
-    from pvegpu.settings import Settings
+    from pvegpu.core.settings import Settings
 
     use(monkeypatch, m)
     probe = wiring.nvml_reader(Settings(), details=True)

@@ -32,8 +32,8 @@ def test_a_target_pid_reused_by_a_neighbours_gpu_job_is_never_the_targets_leftov
     """The target's listed pid dies, its context is released (a reading sees the pid leave NVML's list), and a
     neighbour's new GPU job gets the pid: its listing is a new one, so its memory counts as the neighbour's, never as
     a ghost of the target that keeps it unclean and makes the reset restart it."""
-    from pvegpu.holders import inspect_gpus
-    from pvegpu.leftover import LeftoverRule, baseline
+    from pvegpu.core.holders import inspect_gpus
+    from pvegpu.core.leftover import LeftoverRule, baseline
     from pvegpu.reset.diagnosis import restart_would_not_help
     from pvegpu.reset.verify import is_clean
     from tests.test_scan_ahead import target_job

@@ -1,4 +1,4 @@
-"""A review's findings on the VM reset (pvegpu/vmreset.py): a VM stopped by its admin, a 403 on agent/exec, a paused
+"""A review's findings on the VM reset (pvegpu/vm/reset.py): a VM stopped by its admin, a 403 on agent/exec, a paused
 VM, signals, SIGKILL to respawns and a slow guest; with an in-process fake VmApi and a fake clock, and through the
 real command line against fakepve (tests/test_vm_agent.py's fixture)."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ import time
 
 from fakepve.model import PveError
 
-from pvegpu import errors as E
-from pvegpu.model import Guest, TaskResult
-from pvegpu.vmguest import KILL_SCRIPT, NVSMI_APPS, NVSMI_GPUS, SCAN_SCRIPT, AgentForbidden, AgentUnavailable
-from pvegpu.vmreset import VmOutcome, VmPolicy, reset_vm
+from pvegpu.core import errors as E
+from pvegpu.core.model import Guest, TaskResult
+from pvegpu.vm.guest import KILL_SCRIPT, NVSMI_APPS, NVSMI_GPUS, SCAN_SCRIPT, AgentForbidden, AgentUnavailable
+from pvegpu.vm.reset import VmOutcome, VmPolicy, reset_vm
 from tests import test_vm_agent as agent_tests
 from tests.test_faults import REPO
 

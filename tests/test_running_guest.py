@@ -4,12 +4,12 @@ audit name the GPU's users instead (issue 30, item 7). Pure: facts in, verdicts 
 
 from __future__ import annotations
 
-from pvegpu.audit import run_audit
-from pvegpu.audit_model import FlagKind
-from pvegpu.gate import GatePolicy, GatePorts, GateState, Situation, decide, evaluate
-from pvegpu.holders import GpuFacts
-from pvegpu.leftover import LeftoverRule, gpu_reset_advice
-from pvegpu.model import MIB, GpuHealth, GpuInfo, GpuSample, Holder, NvmlProcess, Place, Placement, ProcIdentity, ProcInfo
+from pvegpu.audit.model import FlagKind
+from pvegpu.audit.run import run_audit
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.leftover import LeftoverRule, gpu_reset_advice
+from pvegpu.core.model import MIB, GpuHealth, GpuInfo, GpuSample, Holder, NvmlProcess, Place, Placement, ProcIdentity, ProcInfo
+from pvegpu.gate.decide import GatePolicy, GatePorts, GateState, Situation, decide, evaluate
 from pvegpu.reset.diagnosis import diagnose
 from pvegpu.reset.vocab import Kind
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve

@@ -38,9 +38,9 @@ from hypothesis import strategies as st
 from pvegpu import wiring
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
-from pvegpu.model import CtStatus, Guest, Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
+from pvegpu.core.model import CtStatus, Guest, Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult
+from pvegpu.core.settings import Settings
 from pvegpu.reset import Ports, ResetReport, reset
-from pvegpu.settings import Settings
 from tests import pvelike
 from tests.fakes import FdBackedProbe
 

@@ -12,8 +12,8 @@ import pytest
 
 from pvegpu.adapters import procfs, scanpool
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
-from pvegpu.holders import inspect_gpus
-from pvegpu.model import GpuInfo, Via
+from pvegpu.core.holders import inspect_gpus
+from pvegpu.core.model import GpuInfo, Via
 from pvegpu.testing import FakeClock, FakeHost, FakeProbe
 
 
@@ -200,7 +200,7 @@ def test_the_audit_ports_end_an_untaken_prefetch(small_shares, tree, monkeypatch
     """``audit_ports(scan_ahead=True)`` starts the scan on a real host and ``done()`` ends it when no reading took it;
     on a host without prefetch (the simulated node) both are no-ops."""
     from pvegpu import wiring
-    from pvegpu.settings import Settings
+    from pvegpu.core.settings import Settings
 
     before = _children()
     host = ProcHost(_table(), proc=str(tree), workers=2)
@@ -285,8 +285,8 @@ def test_scan_ahead_hands_its_host_to_the_node_and_ends_what_nobody_took(tree_ho
 def test_an_audit_whose_settings_fail_leaves_no_scan_running(tree_host, tmp_path):
     """``pvegpu audit`` starts the scan first; settings that cannot be read end the command with their error, and the
     scan started for it is killed (no worker left, nothing held for a later command)."""
-    from pvegpu import auditcmd
-    from pvegpu import errors as E
+    from pvegpu.cli import audit as auditcmd
+    from pvegpu.core import errors as E
     from pvegpu.wiring import GlobalOptions
 
     wiring = tree_host
@@ -314,7 +314,7 @@ class _CountingHost(FakeHost):
 def target_job(host_type: type[FakeHost] = FakeHost):
     """A reset's first reading of CT 129, whose one job holds GPU 0 with 1 GiB: (clock, host, probe, job, gpus, first,
     that reading's facts of GPU 0)."""
-    from pvegpu.holders import FirstReading
+    from pvegpu.core.holders import FirstReading
 
     clock = FakeClock()
     host = host_type(clock)
@@ -331,7 +331,7 @@ def test_a_dead_listed_pid_that_was_the_targets_widens_no_scan():
     """A reset's readings after its holder died, while NVML still lists the dead pid (the release latency): the pid
     was the target's at the first reading, so its memory is the target's leftover and no heir is looked for on the
     rest of the node (no whole-node scan per poll); a dead listed pid of unknown origin still widens the scan."""
-    from pvegpu.holders import FirstReading
+    from pvegpu.core.holders import FirstReading
 
     _clock, host, probe, job, gpu, first, _f0 = target_job(_CountingHost)
     del host.procs[job.pid]  # SIGKILLed; NVML lists it until the release latency has passed

@@ -11,7 +11,7 @@ import pytest
 
 from pvegpu.adapters.devscan import ScanBudget
 from pvegpu.adapters.procfs import ProcHost
-from pvegpu.model import Place, Placement, ProcIdentity, ProcInfo, SignalResult
+from pvegpu.core.model import Place, Placement, ProcIdentity, ProcInfo, SignalResult
 from tests.test_scan_ahead import _table, small_shares, stall_workers, tree  # noqa: F401 - fixtures
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pvegpu.adapters import devscan
 from pvegpu.adapters.devscan import ProcessScan, ScanBudget, maps_files
 from pvegpu.adapters.procfs import DeviceTable
-from pvegpu.safetext import escape
+from pvegpu.core.safetext import escape
 
 # -- the parsers as they were before issue 20: the reference the new ones must equal ---------------------------
 
@@ -196,7 +196,7 @@ def test_the_hand_match_of_a_maps_line_is_the_pattern_of_release_19(fields):
 
 from pvegpu.adapters import procfs, scanpool  # noqa: E402
 from pvegpu.adapters.procfs import ProcHost, kernel_thread, parse_status, status_facts, term_futile  # noqa: E402
-from pvegpu.model import Place  # noqa: E402
+from pvegpu.core.model import Place  # noqa: E402
 
 
 def _old_facts(data: bytes) -> tuple[list[int], int | None, bool]:

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from pvegpu import wiring
-from pvegpu.errors import PveApiError, UsageError
-from pvegpu.model import MIB
+from pvegpu.core.errors import PveApiError, UsageError
+from pvegpu.core.model import MIB
 from pvegpu.sim import lifecycle, pve
 from pvegpu.sim import scenario as sc
 from pvegpu.sim.state import SimState
@@ -121,7 +121,7 @@ def test_an_edited_state_naming_another_session_gets_it_no_signal(made, victim):
 
 def test_the_boundary_places_only_processes_below_the_nodes_own_init(made, victim):
     """The simulated host puts a CT's own workload in the CT and a process of an edited, unproven session on the host."""
-    from pvegpu.model import Place
+    from pvegpu.core.model import Place
 
     root = made("leak")
     node = sc.SimNode(root)

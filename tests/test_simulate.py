@@ -7,7 +7,7 @@ import random
 import subprocess
 import sys
 
-from pvegpu.settings import GateSettings, ResetSettings
+from pvegpu.core.settings import GateSettings, ResetSettings
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0}

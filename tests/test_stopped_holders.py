@@ -21,7 +21,7 @@ import pytest
 
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
-from pvegpu.model import MIB, CtStatus, GpuInfo, GpuSample, Guest, NvmlProcess
+from pvegpu.core.model import MIB, CtStatus, GpuInfo, GpuSample, Guest, NvmlProcess
 from pvegpu.reset import Ports, ResetPolicy, reset
 from tests import pvelike
 

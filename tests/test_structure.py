@@ -14,7 +14,7 @@ import pytest
 from tests import pvelike
 
 PKG = os.path.join(pvelike.REPO, "pvegpu")
-EDGE = {"cli", "hook", "__main__", "wiring", "logs", "install", "resetcmd", "auditcmd"}  # the composition root and what calls it
+EDGE = {"cli", "__main__", "wiring"}  # the command line (pvegpu/cli/), the composition root and the entry point
 HEAVY = ("typer", "rich", "proxmoxer", "structlog", "pydantic", "requests", "urllib3")  # the gate reads NVML through nvidia-ml-py
 
 
@@ -87,8 +87,8 @@ def test_nothing_of_the_product_imports_the_fakes():
 def test_only_wiring_reads_settings_among_edges():
     """cli and hook get their settings and ports from wiring; neither calls settings.load nor builds an adapter."""
     mods = _modules()
-    for name in ("pvegpu.cli", "pvegpu.hook"):
-        assert "pvegpu.settings.load" not in mods[name], name
+    for name in ("pvegpu.cli.app", "pvegpu.cli.hook"):
+        assert "pvegpu.core.settings.load" not in mods[name], name
         assert not [d for d in mods[name] if d.startswith("pvegpu.adapters.") and d.count(".") > 2 and not d.endswith(
             ("child.call_in_child", "child.Child", "override.allow_once", "override.take", "override.pending"))], name
 
@@ -97,10 +97,10 @@ def test_only_wiring_reads_settings_among_edges():
 def test_hook_path_imports_no_heavy_library(tmp_path, phase):
     """`pvegpu hook VMID PHASE` (the guard, as PVE runs it: no site, only its import path) on a PVE-like node imports
     none of typer, rich, proxmoxer, structlog, pydantic, requests, nor the typer app."""
-    from pvegpu.install import fast_path
+    from pvegpu.cli.install import fast_path
 
     root = pvelike.etc_pve(str(tmp_path / "pve"), "n1", {129: "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"})
-    code = ("import sys, json; from pvegpu.__main__ import run; rc = run(sys.argv[1:]); "
+    code = ("import sys, json; from pvegpu.cli import run; rc = run(sys.argv[1:]); "
             "print(json.dumps([rc, sorted(m for m in sys.modules)]), file=sys.stderr)")
     r = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {fast_path()!r}.split(':'); " + code,
                         "hook", "129", phase], capture_output=True, text=True, timeout=60,
@@ -108,7 +108,7 @@ def test_hook_path_imports_no_heavy_library(tmp_path, phase):
     rc, loaded = json.loads(r.stderr.strip().splitlines()[-1])
     assert rc in (0, 10), r.stderr
     assert not [m for m in loaded if m.split(".")[0] in HEAVY], [m for m in loaded if m.split(".")[0] in HEAVY]
-    assert "pvegpu.cli" not in loaded
+    assert "pvegpu.cli.app" not in loaded
 
 
 # os.path helpers that only compute on strings (no file system access) may be used by the core
@@ -171,7 +171,7 @@ def test_purity_check_sees_what_it_forbids(tmp_path):
 
 def test_every_via_word_is_in_the_closed_vocabulary():
     """No module spells a holder's ``via`` word as a bare string where ``model.Via`` names it (the JSON's words)."""
-    from pvegpu.model import Via
+    from pvegpu.core.model import Via
 
     spelled = []
     for dirpath, _dirs, files in os.walk(PKG):

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from pvegpu.adapters.procfs import DeviceTable, ProcHost, ScanBudget
-from pvegpu.model import Place, Placement, SignalResult
+from pvegpu.core.model import Place, Placement, SignalResult
 from tests import pvelike
 
 ZERO = os.stat("/dev/zero").st_rdev

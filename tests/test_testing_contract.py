@@ -11,7 +11,7 @@ import time
 import pytest
 
 from pvegpu.adapters.procfs import ProcHost
-from pvegpu.model import Place, ProcIdentity, SignalResult
+from pvegpu.core.model import Place, ProcIdentity, SignalResult
 from pvegpu.testing import FakeClock, FakeHost, FakeProbe
 from tests.test_gpu import _nvml_ok
 
@@ -140,7 +140,7 @@ def test_nvml_readers_keep_the_gpu_probe_contract():
     """GPU: NVML's reader keeps the GpuProbe contract FakeProbe keeps, raw and as every command opens it (bounded)."""
     from pvegpu import wiring
     from pvegpu.adapters.nvml import NvmlProbe
-    from pvegpu.settings import Settings
+    from pvegpu.core.settings import Settings
 
     for probe in (NvmlProbe(), wiring.nvml_reader(Settings()), wiring.nvml_reader(Settings(), details=True)):
         try:

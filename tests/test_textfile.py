@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from pvegpu.adapters.textfile import HINT, read_previous, write_textfile
-from pvegpu.errors import EXIT_USAGE, UsageError
+from pvegpu.core.errors import EXIT_USAGE, UsageError
 from tests import pvelike
 
 EXPORTER = 65534  # the Prometheus service user, reproduced by an unprivileged uid

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from fakepve import agent as fake_agent
 
-from pvegpu.vmguest import KILL_SCRIPT, NVSMI_APPS, NVSMI_GPUS, SCAN_SCRIPT, parse_apps, parse_scan
+from pvegpu.vm.guest import KILL_SCRIPT, NVSMI_APPS, NVSMI_GPUS, SCAN_SCRIPT, parse_apps, parse_scan
 from tests.test_faults import cli, write_config
 
 VMID = 200

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from pvegpu.audit import run_audit
-from pvegpu.audit_model import FlagKind
-from pvegpu.gate import GatePolicy, GatePorts
-from pvegpu.model import Guest
-from pvegpu.vmgate import evaluate_vm
+from pvegpu.audit.model import FlagKind
+from pvegpu.audit.run import run_audit
+from pvegpu.core.model import Guest
+from pvegpu.gate.decide import GatePolicy, GatePorts
+from pvegpu.gate.vm import evaluate_vm
 from tests import pvelike
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 from tests.test_audit import NODES, FakeFiles
@@ -168,19 +168,19 @@ def test_vm_post_stop_exits_zero_quietly(sim_node, guard):
 def test_vm_gate_path_imports_no_heavy_library(tmp_path):
     """`pvegpu hook 200 pre-start` for a VM on a PVE-like node, run as the guard's fast path runs it, imports none of
     the heavy libraries."""
-    from pvegpu.install import fast_path
+    from pvegpu.cli.install import fast_path
     from tests.test_structure import HEAVY
 
     root = pvelike.etc_pve(str(tmp_path / "pve"), "n1", {}, vms=(200,))
     (tmp_path / "pve" / "nodes" / "n1" / "qemu-server" / "200.conf").write_text("hostpci0: 0000:41:00.0\n")
-    code = ("import sys, json; from pvegpu.__main__ import run; rc = run(sys.argv[1:]); "
+    code = ("import sys, json; from pvegpu.cli import run; rc = run(sys.argv[1:]); "
             "print(json.dumps([rc, sorted(m for m in sys.modules)]), file=sys.stderr)")
     r = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path[:0] = {fast_path()!r}.split(':'); " + code,
                         "hook", "200", "pre-start"], capture_output=True, text=True, timeout=60,
                        env={"PATH": pvelike.PVE_PATH, "LC_ALL": "C", "PVEGPU_PVE_ROOT": root, "PVEGPU_RESET_LOCK_DIR": str(tmp_path / "lock")})
     rc, loaded = json.loads(r.stderr.strip().splitlines()[-1])
     assert rc in (0, 10), r.stderr
-    assert not [m for m in loaded if m.split(".")[0] in HEAVY] and "pvegpu.cli" not in loaded
+    assert not [m for m in loaded if m.split(".")[0] in HEAVY] and "pvegpu.cli.app" not in loaded
 
 
 def test_allow_once_lets_one_vm_start_through(sim_node, guard, tmp_path):

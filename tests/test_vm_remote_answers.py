@@ -16,13 +16,13 @@ import pytest
 import responses
 from proxmoxer import ProxmoxAPI
 
-from pvegpu import errors as E
 from pvegpu.adapters.agent import ProxmoxerVm
 from pvegpu.adapters.pve import ProxmoxerPve
-from pvegpu.model import Guest
+from pvegpu.core import errors as E
+from pvegpu.core.model import Guest
 from pvegpu.testing import FakeClock
-from pvegpu.vmguest import KILL_SCRIPT, MAX_LINES, NVSMI_APPS, NVSMI_GPUS, SCAN_SCRIPT
-from pvegpu.vmreset import REBOOTABLE, VmOutcome, VmPolicy, VmReport, reset_vm
+from pvegpu.vm.guest import KILL_SCRIPT, MAX_LINES, NVSMI_APPS, NVSMI_GPUS, SCAN_SCRIPT
+from pvegpu.vm.reset import REBOOTABLE, VmOutcome, VmPolicy, VmReport, reset_vm
 from tests import test_pve_adapter as adapter_tests
 from tests.test_review_vm import FakeVm
 

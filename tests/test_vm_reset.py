@@ -153,7 +153,7 @@ def test_holders_left_without_restart_exit_6(vm):
 def test_only_fixed_commands_reach_the_guest(vm):
     """Every command sent to the guest is a fixed argv: nvidia-smi with fixed options, or sh -c with pvegpu's own
     script and integers; a holder's name never appears in a command."""
-    from pvegpu.vmguest import KILL_SCRIPT, NVSMI_APPS, NVSMI_GPUS, SCAN_SCRIPT
+    from pvegpu.vm.guest import KILL_SCRIPT, NVSMI_APPS, NVSMI_GPUS, SCAN_SCRIPT
 
     fake, v, guest, config = vm
     guest.holder("ignore-term")

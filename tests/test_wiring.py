@@ -8,7 +8,7 @@ import os
 import random
 
 from pvegpu import wiring
-from pvegpu.__main__ import run
+from pvegpu.cli import run
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0}
@@ -49,7 +49,7 @@ def test_world_is_simulated_or_real_by_one_choice(sim_node, tmp_path):
 
 
 def test_composition_root_has_no_any():
-    """wiring.py annotates nothing as Any: every port it hands out is typed against pvegpu/ports.py."""
+    """wiring.py annotates nothing as Any: every port it hands out is typed against pvegpu/core/ports.py."""
     tree = ast.parse(open(os.path.join(REPO, "pvegpu", "wiring.py"), encoding="utf-8").read())
     assert not [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "Any"]
 
@@ -73,7 +73,7 @@ def _counting_nvml(monkeypatch, on_shutdown=lambda: None):
 
 
 def _node_world() -> wiring.NodeWorld:
-    from pvegpu.settings import Settings
+    from pvegpu.core.settings import Settings
 
     s = Settings()
     return wiring.NodeWorld(s, False, None, None, None, None, wiring.nvml_reader(s), lambda: None)  # type: ignore[arg-type]

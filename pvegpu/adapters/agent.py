@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import PveApiError
-from ..model import Guest, TaskResult
-from ..vmguest import AgentForbidden, AgentUnavailable
-from . import answers
-from .pve import ProxmoxerPve
+from pvegpu.adapters import answers
+from pvegpu.adapters.pve import ProxmoxerPve
+from pvegpu.core.errors import PveApiError
+from pvegpu.core.model import Guest, TaskResult
+from pvegpu.vm.guest import AgentForbidden, AgentUnavailable
 
 # The agent is configured but does not answer. Not "VM N not running" (the VM itself is stopped: the core
 # re-reads the VM's status and leaves a VM it did not stop alone), not a 403 (AgentForbidden).
@@ -28,7 +28,7 @@ _NO_AGENT = ("guest agent is not running", "qmp command 'guest-ping' failed", "g
 
 
 class ProxmoxerVm:
-    """The VmApi of ``pvegpu/vmguest.py`` over a ProxmoxerPve (https with a token, or pvesh on the node)."""
+    """The VmApi of ``pvegpu/vm/guest.py`` over a ProxmoxerPve (https with a token, or pvesh on the node)."""
 
     def __init__(self, pve: ProxmoxerPve) -> None:
         self.pve = pve

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .pvesh import UPID_RE
+from pvegpu.adapters.pvesh import UPID_RE
 
 _INT = re.compile(r"^-?\d+$")
 

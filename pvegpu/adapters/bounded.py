@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ..errors import GpuQueryError, PvegpuError
-from ..model import GpuHealth, GpuInfo, GpuSample
+from pvegpu.core.errors import GpuQueryError, PvegpuError
+from pvegpu.core.model import GpuHealth, GpuInfo, GpuSample
 
 T = TypeVar("T")
 _HINT = "a GPU read is stuck in the driver: see `dmesg` for Xid errors and `nvidia-smi`; the GPU may need a reset"

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import PvegpuError
+from pvegpu.core.errors import PvegpuError
 
 
 def call_in_child(fn: Callable[[], Any], deadline: float) -> tuple[bool, dict[str, Any] | None]:
@@ -25,7 +25,7 @@ def call_in_child(fn: Callable[[], Any], deadline: float) -> tuple[bool, dict[st
 
 class Child:
     """``fn`` running in a forked child from now on; ``result(deadline)`` collects its answer, the deadline
-    counted from the fork. The start gate forks first and reads its settings meanwhile (``pvegpu/hook.py``)."""
+    counted from the fork. The start gate forks first and reads its settings meanwhile (``pvegpu/cli/hook.py``)."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.started = time.monotonic()

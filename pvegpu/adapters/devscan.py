@@ -37,9 +37,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..lxcconf import NVIDIA_MAJOR
-from ..model import CONTROL, Holding, Via
-from .procstat import kernel_thread, parse_stat, read_small
+from pvegpu.adapters.procstat import kernel_thread, parse_stat, read_small
+from pvegpu.core.lxcconf import NVIDIA_MAJOR
+from pvegpu.core.model import CONTROL, Holding, Via
 
 # start-end perms offset dev inode: file-backed lines only (inode 0 is anonymous memory, heap, stack). The pattern
 # rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+:[0-9a-f]+) ([1-9][0-9]*) " is matched by hand (``_file_line``) on the

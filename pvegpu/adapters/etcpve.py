@@ -14,9 +14,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import NotFoundError, NotPveNodeError, PmxcfsDownError, PveApiError, PvegpuError
-from ..lxcconf import parse_config
-from ..model import CtStatus, Guest, TaskResult
+from pvegpu.core.errors import NotFoundError, NotPveNodeError, PmxcfsDownError, PveApiError, PvegpuError
+from pvegpu.core.lxcconf import parse_config
+from pvegpu.core.model import CtStatus, Guest, TaskResult
 
 
 def read_pve(root: str, relpath: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 
-from ..safetext import escape
+from pvegpu.core.safetext import escape
 
 DEV_LOG = "/dev/log"
 USER_WARNING = 8 * 1 + 4  # facility user, severity warning

@@ -27,7 +27,7 @@ import stat
 import time
 from collections.abc import Callable
 
-from ..errors import BusyError, UsageError
+from pvegpu.core.errors import BusyError, UsageError
 
 MAX_LOCK_FILE = 4096
 
@@ -136,7 +136,7 @@ def _identity(pid: int) -> str:
 class ct_lock:  # noqa: N801 - used as ``with ct_lock(dir, 129, wait):``
     """Exclusive lock of CT ``vmid``; waits up to ``wait`` seconds, then raises BusyError naming the holder.
 
-    While held it is also the reset's ``LockPort`` (``pvegpu.ports``): ``stop_requested``, ``starting``,
+    While held it is also the reset's ``LockPort`` (``pvegpu.core.ports``): ``stop_requested``, ``starting``,
     ``started``, ``running_again`` and ``earlier`` (what a previous holder left: a stop never undone)."""
 
     def __init__(self, lock_dir: str, vmid: int, wait: float, on_wait: Callable[[str], None] | None = None,

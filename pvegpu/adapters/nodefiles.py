@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UsageError
-from .etcpve import read_pve_or_none
-from .storagecfg import read_storage
+from pvegpu.adapters.etcpve import read_pve_or_none
+from pvegpu.adapters.storagecfg import read_storage
+from pvegpu.core.errors import UsageError
 
 CGROUP_TOPS = ("", "unified", "pids", "memory", "cpu", "systemd")  # v2 root, hybrid's unified, v1 hierarchies
 

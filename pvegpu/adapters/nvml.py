@@ -14,8 +14,8 @@ from typing import Any
 
 import pynvml
 
-from ..errors import GpuQueryError
-from ..model import GpuHealth, GpuInfo, GpuSample, NvmlProcess
+from pvegpu.core.errors import GpuQueryError
+from pvegpu.core.model import GpuHealth, GpuInfo, GpuSample, NvmlProcess
 
 _HINT = "is the NVIDIA driver loaded on the host? try `nvidia-smi`; pvegpu needs libnvidia-ml.so.1"
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 import time
 
-from ..errors import UsageError
-from .locks import open_dir
-from .safefile import open_nofollow, write_atomic
+from pvegpu.adapters.locks import open_dir
+from pvegpu.adapters.safefile import open_nofollow, write_atomic
+from pvegpu.core.errors import UsageError
 
 MAGIC = "pvegpu-allow-once"
 WHAT, SETTING = "allow-once token directory", "gate.override_dir"

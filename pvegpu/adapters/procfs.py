@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from ..cgroup import UNKNOWN, parse_cgroup
-from ..model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult, Via
-from ..safetext import escape
-from . import scanpool
-from .devscan import BUDGET, UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors, stat_nosync
-from .procstat import PF_KTHREAD, Stat, kernel_thread, parse_stat, read_small, read_stat  # noqa: F401 - kernel_thread, PF_KTHREAD: re-exported
+from pvegpu.adapters import scanpool
+from pvegpu.adapters.devscan import BUDGET, UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors, stat_nosync
+from pvegpu.adapters.procstat import PF_KTHREAD, Stat, kernel_thread, parse_stat, read_small, read_stat  # noqa: F401 - kernel_thread, PF_KTHREAD: re-exported
+from pvegpu.core.cgroup import UNKNOWN, parse_cgroup
+from pvegpu.core.model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult, Via
+from pvegpu.core.safetext import escape
 
 STUCK = Via.STUCK  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
 

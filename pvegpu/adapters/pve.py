@@ -25,15 +25,15 @@ from requests.utils import get_environ_proxies
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import ReadTimeoutError
 
-from ..errors import ConfigError, NotFoundError, PveApiError, PveNoAnswer
-from ..model import CtStatus, Guest, TaskResult
-from ..ports import Clock
-from ..safetext import escape
-from ..settings import ApiSettings
-from . import answers
-from .clock import SystemClock
-from .pvesh import MAX_DEPTH, PveshError, PveshSession, too_deep
-from .tasks import wait_task
+from pvegpu.adapters import answers
+from pvegpu.adapters.clock import SystemClock
+from pvegpu.adapters.pvesh import MAX_DEPTH, PveshError, PveshSession, too_deep
+from pvegpu.adapters.tasks import wait_task
+from pvegpu.core.errors import ConfigError, NotFoundError, PveApiError, PveNoAnswer
+from pvegpu.core.model import CtStatus, Guest, TaskResult
+from pvegpu.core.ports import Clock
+from pvegpu.core.safetext import escape
+from pvegpu.core.settings import ApiSettings
 
 
 def read_token(path: str) -> str:

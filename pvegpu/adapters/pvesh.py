@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract import dumps
-from ..safetext import escape
-from .stdlog import logger
+from pvegpu.adapters.stdlog import logger
+from pvegpu.core.contract import dumps
+from pvegpu.core.safetext import escape
 
 PVESH = "pvesh"
 EXIT_GRACE = 0.5  # seconds a pipe may stay open after pvesh exited (a lingering child of it)

@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..model import Holding
-from .devscan import BUDGET
+from pvegpu.adapters.devscan import BUDGET
+from pvegpu.core.model import Holding
 
 
 class Scanner(Protocol):

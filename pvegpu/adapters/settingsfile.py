@@ -1,7 +1,7 @@
 """Reading the settings: the file (``/etc/pvegpu/pvegpu.toml``, ``--config``, ``PVEGPU_CONFIG``), the environment,
 and the snapshot of the parsed file that the start gate reads instead of parsing it again.
 
-The rules live in ``pvegpu/settings.py`` (``build``); this module only gets their inputs. The file must be a
+The rules live in ``pvegpu/core/settings.py`` (``build``); this module only gets their inputs. The file must be a
 regular file of sane size (a FIFO, a device or an endless file would hang the start gate before its deadline
 starts counting), owned by root or the user running pvegpu, and not writable by group or others: whoever can
 write it can turn the gate off (``gate.on_unknown = "allow"``).
@@ -28,8 +28,8 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import ConfigError
-from ..settings import DEFAULT_PATH, Settings, build
+from pvegpu.core.errors import ConfigError
+from pvegpu.core.settings import DEFAULT_PATH, Settings, build
 
 MAX_FILE = 1024 * 1024  # a settings file is a few hundred bytes; anything this big is not one
 SNAPSHOT_DIR = "/run/pvegpu"

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..cluster import MAX_DEPTH, Member, depth_exceeds
-from ..safetext import escape
+from pvegpu.audit.cluster import MAX_DEPTH, Member, depth_exceeds
+from pvegpu.core.safetext import escape
 
 REMOTE_COMMAND = "pvegpu audit --json"
 EXIT_ATTENTION = 8  # the remote audit's "needs attention": a normal answer

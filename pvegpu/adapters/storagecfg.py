@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import UsageError
-from .etcpve import read_pve
+from pvegpu.adapters.etcpve import read_pve
+from pvegpu.core.errors import UsageError
 
 # A storage's content types when storage.cfg has no `content` line: the plugin's default
 # (pve-storage: PVE::Storage::<Type>Plugin::plugindata, second element of `content`).

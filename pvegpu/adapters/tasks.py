@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import PvegpuError, TaskFailed, TaskTimeout
-from ..model import TaskResult
-from ..ports import Clock
-from ..safetext import escape
+from pvegpu.core.errors import PvegpuError, TaskFailed, TaskTimeout
+from pvegpu.core.model import TaskResult
+from pvegpu.core.ports import Clock
+from pvegpu.core.safetext import escape
 
 LOG_TAIL = 10  # log lines kept with a failed or timed-out task
 SHOWN = 500  # characters kept of an exitstatus or a log line, after escaping (both are remote text)

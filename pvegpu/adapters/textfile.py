@@ -22,9 +22,9 @@ import stat
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from ..errors import UsageError
-from ..prom import parse_last_success, render
-from .safefile import read_regular, write_atomic
+from pvegpu.adapters.safefile import read_regular, write_atomic
+from pvegpu.audit.prom import parse_last_success, render
+from pvegpu.core.errors import UsageError
 
 EXPORTER_USERS = ("prometheus", "node-exporter", "node_exporter")  # Debian/Ubuntu's, and upstream's usual names
 MAX_PREVIOUS = 4 * 1024 * 1024  # bytes of the previous textfile read back (it is a few KiB)

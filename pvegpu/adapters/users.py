@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import pwd
 
-from ..safetext import escape
+from pvegpu.core.safetext import escape
 
 
 @functools.lru_cache(maxsize=4096)  # uids remembered per run (a node's holders have a handful)

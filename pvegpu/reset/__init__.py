@@ -11,13 +11,13 @@ exit-code table), ``machine`` (the state machine that runs the phases), ``result
 
 from __future__ import annotations
 
-from ..model import ProcIdentity
-from .diagnosis import diagnose
-from .machine import reset
-from .report import Ports, ResetOutcome, ResetPolicy, ResetReport
-from .targets import KillNow, Spared, Targets, targets
-from .verify import is_clean
-from .vocab import Diagnosis, Kind
+from pvegpu.core.model import ProcIdentity
+from pvegpu.reset.diagnosis import diagnose
+from pvegpu.reset.machine import reset
+from pvegpu.reset.report import Ports, ResetOutcome, ResetPolicy, ResetReport
+from pvegpu.reset.targets import KillNow, Spared, Targets, targets
+from pvegpu.reset.verify import is_clean
+from pvegpu.reset.vocab import Diagnosis, Kind
 
 __all__ = ["Diagnosis", "Kind", "KillNow", "Ports", "ProcIdentity", "ResetOutcome", "ResetPolicy", "ResetReport", "Spared", "Targets", "diagnose",
            "is_clean", "reset", "targets"]

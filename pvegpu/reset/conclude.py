@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import errors as E
-from ..holders import GpuFacts
-from .report import ResetOutcome
-from .results import Verified
+from pvegpu.core import errors as E
+from pvegpu.core.holders import GpuFacts
+from pvegpu.reset.report import ResetOutcome
+from pvegpu.reset.results import Verified
 
 
 @dataclass(frozen=True)

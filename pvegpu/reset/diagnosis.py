@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..holders import GpuFacts
-from ..leftover import Leftover, LeftoverRule, gpu_reset_advice, leftover
-from ..model import Place, Via
-from ..units import mib
-from .vocab import Diagnosis, Kind, Respawn
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.leftover import Leftover, LeftoverRule, gpu_reset_advice, leftover
+from pvegpu.core.model import Place, Via
+from pvegpu.core.units import mib
+from pvegpu.reset.vocab import Diagnosis, Kind, Respawn
 
 
 def own_leftover(f: GpuFacts, rule: LeftoverRule) -> Leftover:

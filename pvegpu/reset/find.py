@@ -6,12 +6,12 @@ and ``fuser -v /dev/nvidia*`` matched against ``/sys/fs/cgroup/lxc/129``.
 
 from __future__ import annotations
 
-from .. import errors as E
-from ..holders import GpuFacts
-from ..locate import locate
-from .run import ResetRun
-from .targets import describe, planned_action
-from .vocab import Diagnosis, Kind, StepName, StepOutcome
+from pvegpu.core import errors as E
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.locate import locate
+from pvegpu.reset.run import ResetRun
+from pvegpu.reset.targets import describe, planned_action
+from pvegpu.reset.vocab import Diagnosis, Kind, StepName, StepOutcome
 
 
 def find(run: ResetRun) -> dict[int, GpuFacts]:

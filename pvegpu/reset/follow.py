@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .. import errors as E
-from ..model import CtStatus
-from .poll import until
-from .run import ResetRun
-from .vocab import CtState
+from pvegpu.core import errors as E
+from pvegpu.core.model import CtStatus
+from pvegpu.reset.poll import until
+from pvegpu.reset.run import ResetRun
+from pvegpu.reset.vocab import CtState
 
 T = TypeVar("T")
 

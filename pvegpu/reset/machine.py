@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..holders import GpuFacts
-from ..model import MIB, Step
-from ..ports import Interrupted
-from .conclude import Conclusion, conclude
-from .diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, foreign_leftover, restart_would_not_help
-from .find import find, note_earlier, plan
-from .report import Ports, ResetPolicy, ResetReport
-from .restart import interrupted, restart
-from .results import Ended, Verified
-from .run import ResetRun
-from .stop import stop_and_verify
-from .vocab import StepName, StepOutcome
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.model import MIB, Step
+from pvegpu.core.ports import Interrupted
+from pvegpu.reset.conclude import Conclusion, conclude
+from pvegpu.reset.diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, foreign_leftover, restart_would_not_help
+from pvegpu.reset.find import find, note_earlier, plan
+from pvegpu.reset.report import Ports, ResetPolicy, ResetReport
+from pvegpu.reset.restart import interrupted, restart
+from pvegpu.reset.results import Ended, Verified
+from pvegpu.reset.run import ResetRun
+from pvegpu.reset.stop import stop_and_verify
+from pvegpu.reset.vocab import StepName, StepOutcome
 
 
 def reset(vmid: int, ports: Ports, policy: ResetPolicy, on_step: Callable[[Step], None] | None = None,

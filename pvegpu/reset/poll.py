@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..ports import Clock
+from pvegpu.core.ports import Clock
 
 R = TypeVar("R")
 T = TypeVar("T")

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from .. import errors as E
-from ..holders import GpuFacts
-from ..leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
-from ..model import MIB, Step
-from ..ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
-from ..settings import ResetSettings
-from .vocab import Diagnosis, Respawn
+from pvegpu.core import errors as E
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
+from pvegpu.core.model import MIB, Step
+from pvegpu.core.ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
+from pvegpu.core.settings import ResetSettings
+from pvegpu.reset.vocab import Diagnosis, Respawn
 
 _D = ResetSettings()  # the one source of defaults
 

@@ -8,14 +8,14 @@ reports it: a container is never left stopped without saying so.
 
 from __future__ import annotations
 
-from .. import errors as E
-from ..holders import GpuFacts
-from .follow import Reading, follow
-from .interruption import interruption
-from .results import RestartResult
-from .run import ResetRun
-from .verify import Verified, verify
-from .vocab import CtState, Diagnosis, Kind, StepName, StepOutcome
+from pvegpu.core import errors as E
+from pvegpu.core.holders import GpuFacts
+from pvegpu.reset.follow import Reading, follow
+from pvegpu.reset.interruption import interruption
+from pvegpu.reset.results import RestartResult
+from pvegpu.reset.run import ResetRun
+from pvegpu.reset.verify import Verified, verify
+from pvegpu.reset.vocab import CtState, Diagnosis, Kind, StepName, StepOutcome
 
 STATE_POLL = 0.5  # seconds between status reads while finding out the CT's state
 SETTLE_POLL = 0.2  # seconds between status reads while a started CT settles

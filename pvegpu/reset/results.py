@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ..holders import GpuFacts
-from .vocab import CtState
+from pvegpu.core.holders import GpuFacts
+from pvegpu.reset.vocab import CtState
 
 
 class Verified(StrEnum):

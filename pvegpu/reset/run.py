@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..deadline import Deadline
-from ..holders import FirstReading, GpuFacts, inspect_gpus
-from ..leftover import baseline, leftover
-from ..locate import Located
-from ..model import MIB, Guest, SignalResult, Step
-from ..ports import Clock
-from .poll import Pace
-from .report import Ports, ResetPolicy, ResetReport
-from .results import CtTrack
-from .targets import Targets, targets
-from .vocab import CtState, StepName, StepOutcome
+from pvegpu.core.deadline import Deadline
+from pvegpu.core.holders import FirstReading, GpuFacts, inspect_gpus
+from pvegpu.core.leftover import baseline, leftover
+from pvegpu.core.locate import Located
+from pvegpu.core.model import MIB, Guest, SignalResult, Step
+from pvegpu.core.ports import Clock
+from pvegpu.reset.poll import Pace
+from pvegpu.reset.report import Ports, ResetPolicy, ResetReport
+from pvegpu.reset.results import CtTrack
+from pvegpu.reset.targets import Targets, targets
+from pvegpu.reset.vocab import CtState, StepName, StepOutcome
 
 GONE = ("GPU is lost", "GPU not found", "GPU requires reset")  # NVML errors a GPU does not recover from by itself
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import signal
 
-from ..holders import GpuFacts
-from ..model import SIGNAL_NAMES, Holder, ProcIdentity, SignalResult
-from .results import StopResult
-from .run import ResetRun
-from .targets import STOPPED, KillNow, Targets, describe, kill_now_why
-from .verify import Verified, verify
-from .vocab import Respawn, StepName, StepOutcome
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.model import SIGNAL_NAMES, Holder, ProcIdentity, SignalResult
+from pvegpu.reset.results import StopResult
+from pvegpu.reset.run import ResetRun
+from pvegpu.reset.targets import STOPPED, KillNow, Targets, describe, kill_now_why
+from pvegpu.reset.verify import Verified, verify
+from pvegpu.reset.vocab import Respawn, StepName, StepOutcome
 
 
 def stop_and_verify(run: ResetRun, facts: dict[int, GpuFacts]) -> StopResult:

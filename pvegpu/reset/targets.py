@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ..holders import GpuFacts
-from ..model import Holder
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.model import Holder
 
 STOPPED = "T"  # stopped by job control (SIGSTOP, Ctrl-Z): signals other than SIGKILL stay pending until SIGCONT
 TRACED = "t"  # stopped by a tracer (a debugger): SIGCONT does not resume it, only the tracer or SIGKILL can

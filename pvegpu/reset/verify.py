@@ -6,12 +6,12 @@ the container is listed and ``nvidia-smi -q -d MEMORY`` shows the memory free.
 
 from __future__ import annotations
 
-from ..deadline import Deadline
-from ..holders import GpuFacts
-from ..leftover import LeftoverRule, leftover
-from .results import Verified
-from .run import ResetRun
-from .vocab import StepName, StepOutcome
+from pvegpu.core.deadline import Deadline
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.leftover import LeftoverRule, leftover
+from pvegpu.reset.results import Verified
+from pvegpu.reset.run import ResetRun
+from pvegpu.reset.vocab import StepName, StepOutcome
 
 
 def own_leftover_gone(facts: GpuFacts, rule: LeftoverRule) -> bool:

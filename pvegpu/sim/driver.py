@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..model import MIB, GpuInfo, GpuSample, NvmlProcess
-from ..ports import Clock
+from pvegpu.core.model import MIB, GpuInfo, GpuSample, NvmlProcess
+from pvegpu.core.ports import Clock
 
 GAP_BASE = int(3.0 * MIB)  # measured: 8.8 MiB with one context = 3.0 + 5.8
 GAP_PER_CONTEXT = int(5.8 * MIB)  # measured: 187.9 MiB with 32 contexts

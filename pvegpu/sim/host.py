@@ -19,13 +19,13 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..adapters.devscan import ProcessScan, ScanBudget, stat_nosync
-from ..adapters.procfs import DeviceTable, ProcHost
-from ..adapters.procstat import Stat, read_stat
-from ..model import Place, Placement, Via
-from .sessions import DEAD, descends, own_init
-from .sessions import members as session_members
-from .state import SimState
+from pvegpu.adapters.devscan import ProcessScan, ScanBudget, stat_nosync
+from pvegpu.adapters.procfs import DeviceTable, ProcHost
+from pvegpu.adapters.procstat import Stat, read_stat
+from pvegpu.core.model import Place, Placement, Via
+from pvegpu.sim.sessions import DEAD, descends, own_init
+from pvegpu.sim.sessions import members as session_members
+from pvegpu.sim.state import SimState
 
 
 class SessionBoundary:

@@ -11,8 +11,8 @@ import signal
 import sys
 import time
 
-from .state import SimState
-from .workload import run, start_ticks
+from pvegpu.sim.state import SimState
+from pvegpu.sim.workload import run, start_ticks
 
 
 def _spawn(state: SimState, w: dict[str, object]) -> int:

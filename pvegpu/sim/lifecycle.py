@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import PvegpuError, UsageError
-from .scenario import SimNode, build, named
+from pvegpu.core.errors import PvegpuError, UsageError
+from pvegpu.sim.scenario import SimNode, build, named
 
 Guard = tuple[str, str]  # pvegpu's guard: (file name, text), as the edge that installs it makes it (install.guard_text)
 

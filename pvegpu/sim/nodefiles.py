@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from ..adapters.nodefiles import LocalNodeFiles
-from .state import SimState
+from pvegpu.adapters.nodefiles import LocalNodeFiles
+from pvegpu.sim.state import SimState
 
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from ..adapters.clock import SystemClock
-from ..adapters.procstat import read_stat
-from ..errors import GpuQueryError
-from ..model import MIB, GpuHealth, GpuInfo, GpuSample
-from ..ports import Clock
-from .driver import Context, DriverModel
-from .state import SimState
+from pvegpu.adapters.clock import SystemClock
+from pvegpu.adapters.procstat import read_stat
+from pvegpu.core.errors import GpuQueryError
+from pvegpu.core.model import MIB, GpuHealth, GpuInfo, GpuSample
+from pvegpu.core.ports import Clock
+from pvegpu.sim.driver import Context, DriverModel
+from pvegpu.sim.state import SimState
 
 
 def proc_alive(pid: int, start: int) -> bool:

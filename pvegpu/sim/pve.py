@@ -16,15 +16,15 @@ import sys
 import time
 from typing import Any
 
-from ..adapters.clock import SystemClock
-from ..adapters.etcpve import EtcPve
-from ..adapters.tasks import wait_task
-from ..errors import PveApiError
-from ..lxcconf import parse_config
-from ..model import CtStatus, Guest, TaskResult
-from .sessions import kill_session
-from .state import SimState, read_json
-from .workload import start_ticks
+from pvegpu.adapters.clock import SystemClock
+from pvegpu.adapters.etcpve import EtcPve
+from pvegpu.adapters.tasks import wait_task
+from pvegpu.core.errors import PveApiError
+from pvegpu.core.lxcconf import parse_config
+from pvegpu.core.model import CtStatus, Guest, TaskResult
+from pvegpu.sim.sessions import kill_session
+from pvegpu.sim.state import SimState, read_json
+from pvegpu.sim.workload import start_ticks
 
 PVE_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from .state import SimState
+from pvegpu.sim.state import SimState
 
 
 class SimPveCli:

@@ -38,13 +38,13 @@ import stat
 import tempfile
 from typing import Any
 
-from ..errors import UsageError
-from .host import SessionHost
-from .nvml import SimNvml
-from .pve import SimPve, start_init
-from .sessions import kill_session
-from .state import DIR_FLAGS, DIR_MODE, SimState, read_json
-from .trust import SCENARIO, check_node
+from pvegpu.core.errors import UsageError
+from pvegpu.sim.host import SessionHost
+from pvegpu.sim.nvml import SimNvml
+from pvegpu.sim.pve import SimPve, start_init
+from pvegpu.sim.sessions import kill_session
+from pvegpu.sim.state import DIR_FLAGS, DIR_MODE, SimState, read_json
+from pvegpu.sim.trust import SCENARIO, check_node
 
 KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn")
 

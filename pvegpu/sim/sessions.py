@@ -21,7 +21,7 @@ import signal
 import time
 from typing import Any
 
-from ..adapters.procstat import read_stat
+from pvegpu.adapters.procstat import read_stat
 
 INIT_MODULE = b"pvegpu.sim.init"
 DEAD = ("Z", "X")

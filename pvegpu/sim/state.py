@@ -15,8 +15,8 @@ import mmap
 import os
 from typing import Any
 
-from ..adapters.safefile import read_regular, write_atomic
-from ..contract import dumps
+from pvegpu.adapters.safefile import read_regular, write_atomic
+from pvegpu.core.contract import dumps
 
 DIR_MODE = 0o700  # a node's directories: only its owner enters them
 FILE_MODE = 0o600  # its files: only its owner reads them

@@ -22,8 +22,8 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from ..adapters.safefile import read_regular
-from ..errors import UsageError
+from pvegpu.adapters.safefile import read_regular
+from pvegpu.core.errors import UsageError
 
 SCENARIO = "scenario.json"
 MAX_SCENARIO = 4 * 1024 * 1024

@@ -16,9 +16,9 @@ import os
 import signal
 import time
 
-from ..adapters.procstat import read_stat
-from ..model import MIB
-from .state import SimState
+from pvegpu.adapters.procstat import read_stat
+from pvegpu.core.model import MIB
+from pvegpu.sim.state import SimState
 
 
 def start_ticks(pid: int | str = "self") -> int:
