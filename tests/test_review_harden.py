@@ -67,7 +67,7 @@ def test_vm_reset_computes_no_deadline_with_float_arithmetic():
     def is_now(node):
         return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "monotonic"
 
-    for name in ("vmreset.py", "vmguest.py"):
+    for name in ("vm/reset.py", "vm/guest.py"):
         tree = ast.parse(open(os.path.join(REPO, "pvegpu", name), encoding="utf-8").read())
         bad = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.BinOp)
                and ((isinstance(n.op, ast.Add) and (is_now(n.left) or is_now(n.right))) or (isinstance(n.op, ast.Sub) and is_now(n.right)))]
