@@ -51,13 +51,27 @@ def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None)
     """
     extra = dict(overrides or {})
     if opts.simulate:
-        if not os.path.isfile(os.path.join(opts.simulate, "scenario.json")):
-            raise E.UsageError(f"--simulate {opts.simulate}: not a simulated node (no scenario.json there)", _sim_hint(opts.simulate))
+        _usable_sim(opts.simulate, f"--simulate {opts.simulate}")
         extra["simulate"] = opts.simulate
     from .adapters.settingsfile import load
 
     s = load(opts.config, overrides=extra, **({"snapshot_dir": None} if opts.simulate else {}))
+    if s.simulate and not opts.simulate:  # PVEGPU_SIMULATE or the settings file's `simulate`
+        _usable_sim(s.simulate, f"PVEGPU_SIMULATE={s.simulate}" if os.environ.get("PVEGPU_SIMULATE") == s.simulate
+                    else f"the setting simulate = {s.simulate!r}")
     return simulated_state(s) if s.simulate else s
+
+
+def _usable_sim(directory: str, named: str) -> None:
+    """A simulated node this user can use: its ``scenario.json`` opens; else one line and exit 2 (a directory that
+    is none, or another user's node, e.g. root's), never an internal error further on."""
+    try:
+        os.close(os.open(os.path.join(directory, "scenario.json"), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+    except PermissionError:
+        raise E.UsageError(f"{named}: permission denied to uid {os.geteuid()}: a simulated node is its maker's",
+                           "use it as the user who made it, or make your own: `pvegpu sim create DIR`") from None
+    except OSError:
+        raise E.UsageError(f"{named}: not a simulated node (no scenario.json there)", _sim_hint(directory)) from None
 
 
 def _sim_hint(directory: str) -> str:
