@@ -9,8 +9,9 @@ from ..deadline import Deadline
 from ..holders import FirstReading, GpuFacts, inspect_gpus
 from ..leftover import baseline, leftover
 from ..locate import Located
-from ..model import MIB, Guest, SignalResult, Step
+from ..model import Guest, SignalResult, Step
 from ..ports import Clock
+from ..units import mib
 from .poll import Pace
 from .report import Ports, ResetPolicy, ResetReport
 from .results import CtTrack
@@ -111,7 +112,7 @@ class ResetRun:
             elif f.ct_holders:
                 parts.append(f"{len(f.ct_holders)} holder(s) on GPU {f.gpu.index}")
             elif lo.over:
-                parts.append(f"{lo.net_bytes / MIB:,.0f} MiB left on GPU {f.gpu.index}")
+                parts.append(f"{mib(lo.net_bytes, grouped=True)} left on GPU {f.gpu.index}")
         return f"waiting for CT {self.vmid}'s GPU memory (" + (", ".join(parts) or "back; holding for the settle window") + ")"
 
     def inspect(self, whole_host: bool = False) -> dict[int, GpuFacts]:
