@@ -8,7 +8,6 @@ prints them as every command does; the CLI (``cli.main``), ``__main__`` and the 
 
 from __future__ import annotations
 
-import os
 from typing import ClassVar, TextIO
 
 from .contract import dumps
@@ -91,8 +90,8 @@ class NeedsRootError(UsageError):
     """A user other than root ran pvegpu where only root may read or change what it needs (``/etc/pve``'s guest
     configs, root's simulated node): one line saying to run it as root, exit 2 (never "pmxcfs down", never internal)."""
 
-    def __init__(self, path: str, doing: str = "read") -> None:
-        super().__init__(f"permission denied to {doing} {path} as uid {os.geteuid()}: pvegpu must run as root on a "
+    def __init__(self, path: str, uid: int, doing: str = "read") -> None:
+        super().__init__(f"permission denied to {doing} {path} as uid {uid}: pvegpu must run as root on a "
                          "Proxmox VE node", "run it as root (root's shell on the node, or `sudo pvegpu ...`)")
         self.path = path
 

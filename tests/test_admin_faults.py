@@ -161,10 +161,8 @@ def shared_tmp():
 
 
 def _user_python() -> str:
-    """An interpreter a user other than root can run pvegpu with: this one for a user; as root, this one or the
-    system's of the same version (pvegpu's venv may live under root's home), else the test skips."""
-    if os.geteuid() != 0:
-        return sys.executable
+    """As root: an interpreter uid 65534 can run pvegpu with, this one or the system's of the same version (pvegpu's
+    venv may live under root's home), else the test skips."""
     version = "%d.%d" % sys.version_info[:2]
     for python in (sys.executable, f"/usr/bin/python{version}"):
         probe = _as_user_cmd(python, ["--version"])
@@ -191,10 +189,11 @@ def _as_user_cmd(python: str, args: list[str]) -> list[str]:
 
 def _as_user(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``pvegpu ARGS`` as a user other than root (uid 65534 when the tests run as root, else the tests' own user)."""
-    cmd = _as_user_cmd(_user_python(), args)
-    run_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", **env}
-    who = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=run_env, cwd="/", **who)  # type: ignore[call-overload]
+    if os.geteuid() != 0:
+        return _pvegpu(*args, env=env)
+    return subprocess.run(_as_user_cmd(_user_python(), args), capture_output=True, text=True, timeout=60, cwd="/",
+                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", **env},
+                          user=NOBODY, group=NOBODY, extra_groups=[])
 
 
 def _root_only(path: str) -> None:

@@ -22,7 +22,8 @@ from ..model import CtStatus, Guest, TaskResult
 def _denied(path: str) -> NeedsRootError | None:
     """Why a user may not read ``path``: pvegpu runs as root on a node (pmxcfs gives its configs to root and
     www-data only); None for root, whose refusal is a real fault (an OSError to report as it is)."""
-    return NeedsRootError(path) if os.geteuid() != 0 else None
+    uid = os.geteuid()
+    return NeedsRootError(path, uid) if uid != 0 else None
 
 
 def read_pve(root: str, relpath: str) -> str:
@@ -98,7 +99,7 @@ class EtcPve:
         except OSError:
             return False
         if os.geteuid() != 0 and not os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
-            raise NeedsRootError(path)
+            raise NeedsRootError(path, os.geteuid())
         return True
 
     def local_node(self) -> str | None:
