@@ -242,6 +242,7 @@ def _write_fix(code: int | None, sdir: str) -> str:
 def _put_guard(sdir: str, path: str, text: str) -> list[Any] | bool:
     """The guard written (True), already there (False), or why it cannot be written (a read-only storage, a full
     disk, root squashed on NFS): ``[errno, what failed]``; a snippets directory others could change raises UsageError."""
+    made = not os.path.lexists(sdir)
     try:
         os.makedirs(sdir, mode=0o755, exist_ok=True)
     except OSError as exc:
@@ -252,6 +253,11 @@ def _put_guard(sdir: str, path: str, text: str) -> list[Any] | bool:
             write_atomic(path, text, 0o755)
             return True
     except OSError as exc:
+        if made:  # nothing half-done: the directory made for a guard that could not be written goes too
+            try:
+                os.rmdir(sdir)
+            except OSError:
+                pass
         return [exc.errno, _cause(exc)]
     return False
 

@@ -106,7 +106,7 @@ def test_hook_install_when_the_guard_cannot_be_written_is_refused_naming_cause_a
     monkeypatch.setattr(ins, "write_atomic", fail)
     runs = _Runs()
     plan = ins.install([], pve_root=pve, node="pve1", run=runs, guard="#!/bin/sh\nexit 0\n", deadline=10)
-    assert not plan.ok and plan.done == [] and runs.calls == []
+    assert not plan.ok and plan.done == [] and runs.calls == [] and os.listdir(vz) == []
     (line,) = plan.refused
     assert f"{vz}/snippets/pvegpu-guard" in line and os.strerror(code) in line and errno.errorcode[code] in line and fix in line, line
 
