@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from pvegpu.cli import run
 from pvegpu.cli import app as cli
+from pvegpu.cli import run
 from pvegpu.core.errors import ConfigError
 from pvegpu.core.settings import ResetSettings, Settings
 from tests.pvelike import REPO

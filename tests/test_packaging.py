@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -361,3 +362,54 @@ def test_license_is_mit_and_the_deb_copyright_carries_its_text():
     assert "Permission is hereby granted, free of charge" in text
     build = open(os.path.join(PACKAGING, "build-deb"), encoding="utf-8").read()
     assert '"$S/LICENSE"' in build and "Copyright: 2026 the pvegpu developers" in build
+
+
+# -- build-deb's package tree -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deb_tree(tmp_path_factory):
+    """build-deb's "package tree" step run on a stand-in build chroot: the checkout's files as build-deb copies them,
+    a venv as ``python3 -m venv`` leaves it (activate scripts, an empty include/) plus what pip leaves (pip, a
+    dependency's console script) and the launcher; the tree the .deb is made of (before its control file)."""
+    script = open(os.path.join(PACKAGING, "build-deb"), encoding="utf-8").read()
+    section = script.split('step "package tree"\n', 1)[1].split("\nARCH=$(in_chroot", 1)[0]
+    files = re.search(r"^tar -C \"\$SRC\" .* -cf - (.*) \| tar", script, re.M)
+    assert files, "build-deb no longer copies the source with tar"
+    tmp = tmp_path_factory.mktemp("deb")
+    build = tmp / "ch" / "tmp" / "pvegpu-build"
+    (build / "src").mkdir(parents=True)
+    subprocess.run(f"tar -C {shlex.quote(REPO)} --exclude=__pycache__ --exclude='*.egg-info' --exclude=.venv -cf - {files.group(1)}"
+                   f" | tar -C {shlex.quote(str(build / 'src'))} -xf -", shell=True, check=True, timeout=120)
+    (build / "pvegpu.bash").write_text("complete -F _pvegpu pvegpu\n")
+    (build / "pvegpu.1").write_text(".TH PVEGPU 1\n")
+    venv = tmp / "ch" / "opt" / "pvegpu"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    for name in ("pip", "pip3", "normalizer", "pvegpu"):
+        _write(venv / "bin" / name, "#!/bin/sh\nexit 0\n")
+    py = "%d.%d" % sys.version_info[:2]
+    env = {"PATH": os.environ["PATH"], "LC_ALL": "C", "CH": str(tmp / "ch"), "B": "/tmp/pvegpu-build", "PY": py,
+           "RELEASE": "bookworm", "VERSION": __version__, "REVISION": "1", "DEBV": "deb12"}
+    prog = 'set -euo pipefail\ndie() { echo "build-deb: $*" >&2; exit 2; }\nstep() { :; }\n' + section
+    p = subprocess.run(["bash", "-c", prog], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    return build / "root", py
+
+
+def test_deb_ships_the_json_schemas_under_usr_share_pvegpu(deb_tree):
+    """The .deb installs every JSON Schema, byte for byte, as /usr/share/pvegpu/schema/<kind>.json."""
+    root, _ = deb_tree
+    shipped = root / "usr" / "share" / "pvegpu" / "schema"
+    kinds = sorted(os.listdir(os.path.join(REPO, "pvegpu", "data", "schema")))
+    assert kinds and sorted(os.listdir(shipped)) == kinds
+    for k in kinds:
+        assert (shipped / k).read_bytes() == open(os.path.join(REPO, "pvegpu", "data", "schema", k), "rb").read(), k
+        assert stat.S_IMODE((shipped / k).stat().st_mode) == 0o644
+
+
+def test_deb_venv_holds_no_activate_scripts_pip_or_other_console_scripts(deb_tree):
+    """/opt/pvegpu/bin in the .deb holds the launcher and python links only: no activate scripts, pip or others' scripts."""
+    root, py = deb_tree
+    assert sorted(os.listdir(root / "opt" / "pvegpu" / "bin")) == sorted({"pvegpu", "python", "python3", f"python{py}"})
+    assert not (root / "opt" / "pvegpu" / "include").exists()
+    assert (root / "opt" / "pvegpu" / "pyvenv.cfg").is_file()

@@ -606,7 +606,7 @@ def test_leak_on_a_shared_gpu_is_named_in_the_diagnosis(node):
     _target_left(node, 2048 * MIB)
     r = run(node, timeout=0.3, restart=False)
     assert r.exit_code == E.EXIT_MEMORY_LEFT
-    assert any(d.kind is Kind.DRIVER_LEAK and "2048 MiB" in d.problem for d in r.diagnosis), r.diagnosis
+    assert any(d.kind is Kind.DRIVER_LEAK and "2,048 MiB" in d.problem for d in r.diagnosis), r.diagnosis
     assert Kind.NEIGHBOUR in _kinds(r)
 
 

@@ -108,11 +108,12 @@ def test_sim_remove_refuses_a_directory_that_is_no_simulated_node(tmp_path):
 
 def test_hook_install_status_uninstall_act_on_the_simulated_node_only(made, no_pct):
     """install guards CT 129 in DIR's own config and snippets (status: guarded, exit 0), uninstall takes it off
-    (status: exit 8); this machine's pct/pvesm are never run and the snippets land under DIR."""
+    (status: not installed, exit 0); this machine's pct/pvesm are never run and the snippets land under DIR."""
     env, calls = no_pct
     root = made("idle")
     r = _pvegpu("--simulate", root, "hook", "status", "--json", env=env)
-    assert r.returncode == 8 and schemas.validate(json.loads(r.stdout), "hook-status")["containers"][0]["state"] == "unguarded"
+    doc = schemas.validate(json.loads(r.stdout), "hook-status")
+    assert r.returncode == 0 and doc["containers"][0]["state"] == "unguarded" and doc["installed"] is False, r.stdout
     r = _pvegpu("--simulate", root, "hook", "install", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     conf = open(os.path.join(root, "etc-pve", "nodes", "pve-sim", "lxc", "129.conf")).read()
@@ -123,7 +124,8 @@ def test_hook_install_status_uninstall_act_on_the_simulated_node_only(made, no_p
     r = _pvegpu("--simulate", root, "hook", "uninstall", env=env)
     assert r.returncode == 0 and not os.path.exists(os.path.join(root, "snippets", "pvegpu-guard")), r.stdout + r.stderr
     assert "hookscript" not in open(os.path.join(root, "etc-pve", "nodes", "pve-sim", "lxc", "129.conf")).read()
-    assert _pvegpu("--simulate", root, "hook", "status", env=env).returncode == 8
+    r = _pvegpu("--simulate", root, "hook", "status", env=env)
+    assert r.returncode == 0 and "not installed on this node" in r.stdout, r.stdout + r.stderr
     assert not calls.exists()
 
 

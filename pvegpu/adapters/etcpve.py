@@ -14,22 +14,36 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from pvegpu.core.errors import NotFoundError, NotPveNodeError, PmxcfsDownError, PveApiError, PvegpuError
+from pvegpu.core.errors import NeedsRootError, NotFoundError, NotPveNodeError, PmxcfsDownError, PveApiError, PvegpuError
 from pvegpu.core.lxcconf import parse_config
 from pvegpu.core.model import CtStatus, Guest, TaskResult
 
 
+def _denied(path: str) -> NeedsRootError | None:
+    """Why a user may not read ``path``: pvegpu runs as root on a node (pmxcfs gives its configs to root and
+    www-data only); None for root, whose refusal is a real fault (an OSError to report as it is)."""
+    uid = os.geteuid()
+    return NeedsRootError(path, uid) if uid != 0 else None
+
+
 def read_pve(root: str, relpath: str) -> str:
-    """The UTF-8 text of ``root/relpath``; raises OSError (absent, unreadable) or UnicodeDecodeError."""
-    with open(os.path.join(root, relpath), encoding="utf-8") as f:
-        return f.read()
+    """The UTF-8 text of ``root/relpath``; raises NeedsRootError (a user other than root may not read it), OSError
+    (absent, unreadable) or UnicodeDecodeError."""
+    path = os.path.join(root, relpath)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except PermissionError:
+        if (denied := _denied(path)) is not None:
+            raise denied from None
+        raise
 
 
 def read_pve_or_none(root: str, relpath: str) -> str | None:
-    """``read_pve``, or None when the file is absent, unreadable or not UTF-8."""
+    """``read_pve``, or None when the file is absent, unreadable (also to a user other than root) or not UTF-8."""
     try:
         return read_pve(root, relpath)
-    except (OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError, NeedsRootError):
         return None
 
 
@@ -72,7 +86,21 @@ class EtcPve:
 
     @staticmethod
     def present(root: str = "/etc/pve") -> bool:
-        return os.path.exists(os.path.join(root, ".vmlist"))
+        """Is there a node's ``/etc/pve`` at ``root`` (its ``.vmlist``)? Raises NeedsRootError when there is one that
+        this user, not root, may not read: every command on a node then says "run it as root" before reading anything
+        (not "pmxcfs is down", not a guest-by-guest "config unreadable")."""
+        path = os.path.join(root, ".vmlist")
+        try:
+            os.stat(path)
+        except PermissionError:  # /etc/pve itself closed to this user
+            if (denied := _denied(path)) is not None:
+                raise denied from None
+            return False
+        except OSError:
+            return False
+        if os.geteuid() != 0 and not os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
+            raise NeedsRootError(path, os.geteuid())
+        return True
 
     def local_node(self) -> str | None:
         if self._node:

@@ -59,7 +59,9 @@ ADVICE: dict[FlagKind, str] = {
     FlagKind.HOST_HOLDER: "a host process (no guest) may own a CUDA context on this GPU (NVML lists it, or it maps the device while NVML lists a dead pid no heir explains): check it should; pvegpu never signals it",
     FlagKind.NVML_CLIENT: "a host process NVML does not list, with the device open or mapped (nvidia-persistenced, DCGM, an exporter): no context of its own, no memory; it blocks `nvidia-smi -r`",
     FlagKind.UNKNOWN_PLACE: "where this process runs could not be read (`cat /proc/<pid>/cgroup`); its memory is counted as nobody's",
-    FlagKind.MISSING_NODE: "this container will not start: create the nodes at boot (contrib/systemd/pvegpu-nvidia-nodes.service) or drop the entry",
+    FlagKind.MISSING_NODE: ("this container will not start: create the nodes at boot, `systemctl enable pvegpu-nvidia-nodes.service` "
+                            "(the .deb installs it in /usr/lib/systemd/system; a venv has it in pvegpu's data/systemd/, to copy to "
+                            "/etc/systemd/system), or drop the entry"),
     FlagKind.MISSING_HOOKSCRIPT: "this container will not start on this node: `pvegpu hook install <vmid>` copies the guard here",
     FlagKind.ALL_GPUS: "`c 195:*` grants every GPU with no /dev/nvidiaN named: name the GPUs with devN entries",
     FlagKind.UNREADABLE: "NVML cannot read it: `nvidia-smi -q -i <index>`, `dmesg | grep -i xid`",

@@ -362,6 +362,8 @@ def hook_status(
             typer.echo(f"CT {row.vmid}: {row.state.value}" + (f" ({row.hookscript})" if row.hookscript else ""))
         for p in st.problems:
             typer.echo(f"problem: {p}")
+        for n in st.notes:
+            typer.echo(f"note: {n}")
     raise typer.Exit(0 if st.ok else E.EXIT_AUDIT_ATTENTION)
 
 

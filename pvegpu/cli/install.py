@@ -9,6 +9,7 @@ from starting).
 from __future__ import annotations
 
 import enum
+import errno
 import importlib.util
 import os
 import re
@@ -18,7 +19,7 @@ import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from pvegpu.adapters import safefile
 from pvegpu.adapters.child import call_in_child
@@ -28,6 +29,7 @@ from pvegpu.adapters.storagecfg import Storage, read_storage
 from pvegpu.core import errors as E
 from pvegpu.core.errors import PvegpuError, UsageError
 from pvegpu.core.lxcconf import parse_config
+from pvegpu.core.safetext import escape
 
 GUARD = "pvegpu-guard"
 STORAGE_DEADLINE = 10.0  # seconds one storage's files may take to answer (a dead NFS/CIFS mount never does)
@@ -224,17 +226,45 @@ def _check_nodes(pve_root: str, local: str, names: set[str], lister: SnippetList
                                  f"`scp /var/lib/vz/snippets/{GUARD}* root@{n}:/var/lib/vz/snippets/`")
 
 
-def _put_guard(sdir: str, path: str, text: str) -> str | bool:
+def _cause(exc: OSError) -> str:
+    """An OSError as an admin reads it: ``Read-only file system (EROFS)``."""
+    name = errno.errorcode.get(exc.errno or 0)
+    return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
+
+
+def _write_fix(code: int | None, sdir: str) -> str:
+    """What to do about a snippets directory that cannot be written, by its error."""
+    if code == errno.EROFS:
+        how = f"remount the file system of {sdir} read-write"
+    elif code in (errno.ENOSPC, errno.EDQUOT):
+        how = f"free space on the file system of {sdir}"
+    elif code in (errno.EACCES, errno.EPERM):
+        how = f"let root write {sdir} (an NFS export with root_squash? an immutable directory?)"
+    else:
+        how = f"make {sdir} writable"
+    return f"{how}, or use another snippets storage (`pvegpu hook install --storage NAME`)"
+
+
+def _put_guard(sdir: str, path: str, text: str) -> list[Any] | bool:
     """The guard written (True), already there (False), or why it cannot be written (a read-only storage, a full
-    disk); a snippets directory others could change raises UsageError."""
-    os.makedirs(sdir, mode=0o755, exist_ok=True)
+    disk, root squashed on NFS): ``[errno, what failed]``; a snippets directory others could change raises UsageError."""
+    made = not os.path.lexists(sdir)
+    try:
+        os.makedirs(sdir, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        return [exc.errno, f"creating {sdir}: {_cause(exc)}"]
     _check_dir(sdir)
     try:
         if read_nofollow(path) != text or not os.path.isfile(path) or os.path.islink(path):
             write_atomic(path, text, 0o755)
             return True
     except OSError as exc:
-        return str(exc.strerror or exc)
+        if made:  # nothing half-done: the directory made for a guard that could not be written goes too
+            try:
+                os.rmdir(sdir)
+            except OSError:
+                pass
+        return [exc.errno, _cause(exc)]
     return False
 
 
@@ -254,9 +284,10 @@ def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "
         plan.refused.append(f"{exc.message}: the guard was not written and no container changed. Fix: {exc.hint}, "
                             "or use another snippets storage (`pvegpu hook install --storage NAME`)")
         return plan
-    if isinstance(put, str):  # a read-only storage, a full disk: nothing is set to a guard that is not there
-        plan.refused.append(f"cannot write the guard to {path} (storage {st.name}): {put}; no container changed. "
-                            f"Fix: use a writable snippets storage (`pvegpu hook install --storage NAME`) or make {sdir} writable")
+    if isinstance(put, list):  # a read-only storage, a full disk: nothing is set to a guard that is not there
+        code, why = put
+        plan.refused.append(f"cannot write the guard to {path} (storage {st.name}): {why}; nothing changed. "
+                            f"Fix: {_write_fix(code, sdir)}")
         return plan
     if put:
         plan.done.append(f"wrote {path}")
@@ -290,12 +321,20 @@ def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "
                 plan.refused.append(f"CT {vmid}: hookscript {current!r} has control characters; not chained")
                 continue
             chained = f"{GUARD}-chain-{vmid}"
-            orig = _snippet_path(read_storage(pve_root, current.split(":", 1)[0]), current)
+            try:
+                orig = _snippet_path(read_storage(pve_root, current.split(":", 1)[0]), current)
+            except PvegpuError as exc:  # the admin's hookscript is on no file storage pvegpu can name: never chained blind
+                plan.refused.append(f"CT {vmid}: its hookscript {current}: {exc.message}; not chained, hookscript left as it is")
+                continue
             ctext = chain_text(vmid, current, path, orig)
             try:
                 _on_storage(st, deadline, write_atomic, os.path.join(sdir, chained), ctext, 0o755)
             except StorageHung as exc:
                 plan.refused.append(f"CT {vmid}: {exc.message}: its chain script was not written; hookscript left as it is")
+                continue
+            except OSError as exc:
+                plan.refused.append(f"CT {vmid}: cannot write its chain script {os.path.join(sdir, chained)}: {_cause(exc)}; "
+                                    f"hookscript left as it is. Fix: {_write_fix(exc.errno, sdir)}")
                 continue
             want = f"{st.name}:snippets/{chained}"
             names.add(chained)
@@ -362,6 +401,8 @@ def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str =
                     plan.done.append(f"removed {cpath}")
             except StorageHung as exc:
                 plan.warnings.append(f"{cpath} not removed: {exc.message}")
+            except OSError as exc:  # a read-only storage: the CT is unguarded, its unused chain script stays
+                plan.warnings.append(f"{cpath} not removed: {_cause(exc)}")
     # the guard stays while any container or VM uses it, directly or through its chain script
     still = [f"CT {v}" for v, (_, t) in _ct_confs(pve_root).items() if _is_ours(parse_config(t).hookscript, st.name)]
     still += [f"VM {v}" for v, (_, t) in vm_confs(pve_root).items() if _is_ours(parse_config(t).hookscript, st.name)]
@@ -372,6 +413,8 @@ def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str =
                 plan.done.append(f"removed {path}")
         except StorageHung as exc:
             plan.warnings.append(f"{path} not removed: {exc.message}")
+        except OSError as exc:
+            plan.warnings.append(f"{path} not removed: {_cause(exc)}")
     elif still:
         plan.warnings.append(f"{path} kept: still used by {', '.join(still)}")
     return plan
@@ -392,20 +435,32 @@ class GuardRow:
     hookscript: str | None
 
 
+NOT_INSTALLED = ("the start gate is not installed on this node (no guest here runs pvegpu's guard, no guard snippet): "
+                 "nothing to check; `pvegpu hook install` puts it on")
+
+
 @dataclass
 class GuardStatus:
-    """``pvegpu hook status``: GPU containers of this node and whether the guard is on them."""
+    """``pvegpu hook status``: GPU containers of this node and whether the guard is on them.
+
+    ``installed`` False: the gate is not on this node at all, as after ``pvegpu hook uninstall`` (or before any
+    ``hook install``): no container or VM of this node has pvegpu's guard (or a chain script) as its hookscript, and
+    this node's snippets storage holds no guard. That is the admin's choice, not a problem: exit 0, the GPU
+    containers still listed as unguarded, and ``notes`` says so. Anything in between (one guest guarded and another
+    not, a guard snippet no guest uses yet, a guest naming a guard that is missing) is a problem: exit 8."""
 
     node: str
     containers: list[GuardRow]
     problems: list[str]
+    installed: bool = True
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems and all(r.state is GuardState.GUARDED for r in self.containers)
+        return not self.installed or (not self.problems and all(r.state is GuardState.GUARDED for r in self.containers))
 
     def to_json(self) -> dict[str, object]:
-        return {"node": self.node, "problems": self.problems,
+        return {"node": self.node, "installed": self.installed, "problems": self.problems,
                 "containers": [{"vmid": r.vmid, "state": r.state.value, "hookscript": r.hookscript} for r in self.containers]}
 
 
@@ -418,7 +473,9 @@ def status(*, pve_root: str, node: str, storage_name: str = "local", lister: Sni
     expected = guard if guard is not None else guard_text(template())
     rows = []
     plan = Plan()
-    for vmid, (_, text) in _ct_confs(pve_root, node).items():
+    confs = _ct_confs(pve_root, node)
+    in_use = any(_is_ours(parse_config(t).hookscript) for _, t in [*confs.values(), *vm_confs(pve_root, node).values()])
+    for vmid, (_, text) in confs.items():
         conf = parse_config(text)
         if not (conf.gpus.minors or conf.gpus.all_gpus):
             continue
@@ -435,13 +492,22 @@ def status(*, pve_root: str, node: str, storage_name: str = "local", lister: Sni
         rows.append(GuardRow(vmid, state, hs))
     local = os.path.join(st.path, "snippets", GUARD)
     try:
-        if not _on_storage(st, deadline, os.access, local, os.X_OK):
-            plan.warnings.append(f"this node ({node}) lacks an executable {local}")
+        there, runs = _on_storage(st, deadline, _snippet_state, local)
     except StorageHung as exc:
+        there = runs = None
         plan.warnings.append(f"this node ({node}): {exc.message}: whether {local} is there is unknown")
+    if not in_use and there is False:  # taken off (`hook uninstall`) or never put on: nothing to report
+        return GuardStatus(node, rows, [], installed=False, notes=[NOT_INSTALLED])
+    if there is not None and not runs:
+        plan.warnings.append(f"this node ({node}) lacks an executable {local}")
     if not st.shared:
         _check_nodes(pve_root, node, {GUARD}, lister, plan)
     return GuardStatus(node, rows, plan.warnings)
+
+
+def _snippet_state(path: str) -> list[bool]:
+    """[whether anything is at ``path`` (a link too), whether it is executable]."""
+    return [os.path.lexists(path), os.access(path, os.X_OK)]
 
 
 def _bounded_swapped(pve_root: str, vmid: int, volid: str, expected: str, deadline: float) -> str | None:
@@ -534,3 +600,18 @@ def refresh(pve_root: str, deadline: float = STORAGE_DEADLINE) -> Plan:
         if got:
             getattr(plan, got[0]).append(got[1])
     return plan
+
+
+def postinst_refresh(pve_root: str = "/etc/pve", err: TextIO | None = None) -> int:
+    """The package's postinst (``packaging/debian/postinst``): ``refresh``, each line said on ``err`` (stderr) as
+    ``pvegpu: ...`` through the one escaper, since a storage's path comes from ``storage.cfg`` and may hold escape
+    sequences that apt's terminal must never see raw; 0 when nothing was refused, else 1; never a traceback."""
+    err = err or sys.stderr
+    try:
+        plan = refresh(pve_root)
+    except Exception as exc:  # noqa: BLE001 - one line in apt's output, never a traceback
+        print(f"pvegpu: {type(exc).__name__}: {escape(str(exc))}", file=err)
+        return 1
+    for line in plan.done + plan.warnings + plan.refused:
+        print(f"pvegpu: {escape(line)}", file=err)
+    return 0 if plan.ok else 1

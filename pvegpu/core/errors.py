@@ -15,7 +15,7 @@ from pvegpu.core.contract import dumps
 # Exit codes (documented in README.md, "Exit codes").
 EXIT_OK = 0
 EXIT_FAILURE = 1  # unexpected internal error
-EXIT_USAGE = 2  # bad command line, settings or input
+EXIT_USAGE = 2  # bad command line, settings or input; run as a user where only root may read (NeedsRootError)
 EXIT_NOT_FOUND = 3  # vmid unknown, a VM, or on another node
 EXIT_PVE = 4  # Proxmox API / task failure (incl. lock, hookscript refusal)
 EXIT_GPU_UNKNOWN = 5  # a GPU could not be read (NVML missing, GPU lost)
@@ -84,6 +84,16 @@ class UsageError(PvegpuError):
 
 class ConfigError(UsageError):
     """The settings file or environment is invalid (all problems listed at once)."""
+
+
+class NeedsRootError(UsageError):
+    """A user other than root ran pvegpu where only root may read or change what it needs (``/etc/pve``'s guest
+    configs, root's simulated node): one line saying to run it as root, exit 2 (never "pmxcfs down", never internal)."""
+
+    def __init__(self, path: str, uid: int, doing: str = "read") -> None:
+        super().__init__(f"permission denied to {doing} {path} as uid {uid}: pvegpu must run as root on a "
+                         "Proxmox VE node", "run it as root (root's shell on the node, or `sudo pvegpu ...`)")
+        self.path = path
 
 
 class NotFoundError(PvegpuError):

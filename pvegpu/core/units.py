@@ -20,7 +20,9 @@ def mib_figure(n: int | float | None, unknown: str = "?") -> str:
 
 
 def mib(n: int | float | None, unknown: str = "unknown", *, grouped: bool = False) -> str:
-    """``n`` bytes as ``2048 MiB`` (``2,048 MiB`` when ``grouped``), or ``unknown``."""
-    if n is None:
+    """``n`` bytes as ``2048 MiB`` (``2,048 MiB`` when ``grouped``: every figure of a reset's screen, its table,
+    its wait lines, its steps and its diagnosis, is grouped), or ``unknown``."""
+    v = whole_mib(n)
+    if v is None:
         return unknown
-    return f"{n / MIB:,.0f} MiB" if grouped else f"{n / MIB:.0f} MiB"
+    return f"{v:,} MiB" if grouped else f"{v} MiB"

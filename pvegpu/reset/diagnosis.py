@@ -55,7 +55,7 @@ def foreign_leftover(vmid: int, facts: dict[int, GpuFacts], rule: LeftoverRule) 
                         "not this container's problem: `pvegpu audit` names whose it was; restart that container"))
         lo = leftover(f, rule)
         if lo.over and not own_leftover(f, rule).over and not f.unexplained_ghosts:
-            out.append(Diagnosis(Kind.FOREIGN_LEFTOVER, f"{g} has {mib(lo.net_bytes)} allocated that no live process accounts for; it was there before this "
+            out.append(Diagnosis(Kind.FOREIGN_LEFTOVER, f"{g} has {mib(lo.net_bytes, grouped=True)} allocated that no live process accounts for; it was there before this "
                         f"reset and was not CT {vmid}'s",
                         f"not this container's problem: `pvegpu audit`; {gpu_reset_advice(f)}"))
     return out
@@ -94,7 +94,8 @@ def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | in
         own = own_leftover(f, rule)
         unlisted = [h for h in f.other_holders if Via.NVML not in h.via and h.could_own_context and h.pid not in f.ghost_owners]
         if own.over and not f.ct_holders and not f.target_ghosts and not unlisted:
-            out.append(Diagnosis(Kind.DRIVER_LEAK, f"{g} still has {mib(own.net_bytes)} allocated that no live process accounts for (CT {vmid} held it): "
+            out.append(Diagnosis(Kind.DRIVER_LEAK, f"{g} still has {mib(own.net_bytes, grouped=True)} (of {mib(f.used_bytes, grouped=True)} used) allocated that no "
+                        f"live process accounts for (CT {vmid} held it): "
                         "a driver-level leak",
                         gpu_reset_advice(f, persistence=True)))
         elif f.residual_bytes is None and f.sample.known:

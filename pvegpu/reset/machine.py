@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pvegpu.core.holders import GpuFacts
-from pvegpu.core.model import MIB, Step
+from pvegpu.core.model import Step
 from pvegpu.core.ports import Interrupted
+from pvegpu.core.units import mib
 from pvegpu.reset.conclude import Conclusion, conclude
 from pvegpu.reset.diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, foreign_leftover, restart_would_not_help
 from pvegpu.reset.find import find, note_earlier, plan
@@ -103,7 +104,7 @@ def guard_would_refuse(run: ResetRun, facts: dict[int, GpuFacts]) -> str | None:
     rule = run.policy.rule
     for m, f in sorted(facts.items()):
         if f.baseline_bytes > rule.threshold_bytes:
-            return (f"GPU minor {m} holds {f.baseline_bytes // MIB} MiB that others left before this reset; its guard "
+            return (f"GPU minor {m} holds {mib(f.baseline_bytes, grouped=True)} that others left before this reset; its guard "
                     f"({hook}) would refuse the start and leave it stopped: free that first (`pvegpu audit`), then run "
                     "`pvegpu reset` again")
     return None

@@ -9,8 +9,9 @@ from pvegpu.core.deadline import Deadline
 from pvegpu.core.holders import FirstReading, GpuFacts, inspect_gpus
 from pvegpu.core.leftover import baseline, leftover
 from pvegpu.core.locate import Located
-from pvegpu.core.model import MIB, Guest, SignalResult, Step
+from pvegpu.core.model import Guest, SignalResult, Step
 from pvegpu.core.ports import Clock
+from pvegpu.core.units import mib
 from pvegpu.reset.poll import Pace
 from pvegpu.reset.report import Ports, ResetPolicy, ResetReport
 from pvegpu.reset.results import CtTrack
@@ -111,7 +112,7 @@ class ResetRun:
             elif f.ct_holders:
                 parts.append(f"{len(f.ct_holders)} holder(s) on GPU {f.gpu.index}")
             elif lo.over:
-                parts.append(f"{lo.net_bytes / MIB:,.0f} MiB left on GPU {f.gpu.index}")
+                parts.append(f"{mib(lo.net_bytes, grouped=True)} left on GPU {f.gpu.index}")
         return f"waiting for CT {self.vmid}'s GPU memory (" + (", ".join(parts) or "back; holding for the settle window") + ")"
 
     def inspect(self, whole_host: bool = False) -> dict[int, GpuFacts]:
