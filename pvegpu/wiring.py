@@ -65,7 +65,9 @@ def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None)
     """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides. A
     simulated node (only its owner may use it) adds its scenario's settings and keeps its state (locks, tokens, any
     ``*_dir``) in its own directory, with no settings snapshot."""
-    extra = node_settings(opts.simulate or os.environ.get("PVEGPU_SIMULATE"), overrides or {})
+    sim = opts.simulate or os.environ.get("PVEGPU_SIMULATE")
+    named = f"--simulate {sim}" if opts.simulate else f"PVEGPU_SIMULATE={sim}"
+    extra = node_settings(sim, overrides or {}, named=named)
     if opts.simulate:
         extra["simulate"] = opts.simulate
     s = load(opts.config, overrides=extra, **({"snapshot_dir": None} if opts.simulate else {}))

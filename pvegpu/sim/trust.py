@@ -37,29 +37,31 @@ def _hint(directory: str) -> str:
             "`pvegpu demo` builds and removes one")
 
 
-def check_node(directory: str) -> None:
-    """Raise UsageError (exit 2, with a hint) unless ``directory`` is a simulated node only the caller can change."""
+def check_node(directory: str, named: str = "") -> None:
+    """Raise UsageError (exit 2, with a hint) unless ``directory`` is a simulated node only the caller can change.
+    ``named``: how the run named it (``--simulate DIR``, ``PVEGPU_SIMULATE=DIR``), for the message."""
+    named = named or f"{named}"
     me = os.geteuid()
     try:
         st = os.lstat(directory)
     except FileNotFoundError:
-        raise UsageError(f"--simulate {directory}: no such directory, so no simulated node", _hint(directory)) from None
+        raise UsageError(f"{named}: no such directory, so no simulated node", _hint(directory)) from None
     except OSError as exc:
-        raise UsageError(f"--simulate {directory}: cannot look at it ({exc.strerror or exc}): a simulated node is used by its owner",
+        raise UsageError(f"{named}: cannot look at it ({exc.strerror or exc}): a simulated node is used by its owner",
                          "run pvegpu as the user who made it with `pvegpu sim create`") from None
     if stat.S_ISLNK(st.st_mode):
-        raise UsageError(f"--simulate {directory} is a symbolic link: a simulated node is named by its own directory",
+        raise UsageError(f"{named} is a symbolic link: a simulated node is named by its own directory",
                          f"name the directory itself: --simulate {os.path.realpath(directory)}")
     if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"--simulate {directory}: not a directory, so no simulated node", _hint(directory))
+        raise UsageError(f"{named}: not a directory, so no simulated node", _hint(directory))
     if st.st_uid != me:
-        raise UsageError(f"--simulate {directory} is owned by uid {st.st_uid}, not by you (uid {me}): its files decide which "
+        raise UsageError(f"{named} is owned by uid {st.st_uid}, not by you (uid {me}): its files decide which "
                          "processes a run signals, so a simulated node is used only by the user who made it",
                          f"run it as its owner (uid {st.st_uid}), or make your own: `pvegpu sim create DIR` (a new directory)")
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise UsageError(f"--simulate {directory}: cannot open it ({exc.strerror or exc})", _hint(directory)) from None
+        raise UsageError(f"{named}: cannot open it ({exc.strerror or exc})", _hint(directory)) from None
     try:
         try:
             sc = os.stat(SCENARIO, dir_fd=fd, follow_symlinks=False)
@@ -68,9 +70,9 @@ def check_node(directory: str) -> None:
     finally:
         os.close(fd)
     if sc is None or not stat.S_ISREG(sc.st_mode) or sc.st_uid != me:
-        raise UsageError(f"--simulate {directory}: not a simulated node (no {SCENARIO} of yours there)", _hint(directory))
+        raise UsageError(f"{named}: not a simulated node (no {SCENARIO} of yours there)", _hint(directory))
     if st.st_mode & 0o022:
-        raise UsageError(f"--simulate {directory} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): another user "
+        raise UsageError(f"{named} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): another user "
                          "could change which processes a run signals", f"chmod 700 {directory}")
 
 
@@ -86,13 +88,14 @@ def scenario_settings(directory: str) -> dict[str, Any]:
     return {str(k): v for k, v in found.items()} if isinstance(found, dict) else {}
 
 
-def node_settings(directory: str | None, overrides: Mapping[str, object], env: Mapping[str, str] | None = None) -> dict[str, object]:
+def node_settings(directory: str | None, overrides: Mapping[str, object], env: Mapping[str, str] | None = None,
+                  named: str = "") -> dict[str, object]:
     """``overrides`` for a run on the simulated node ``directory`` (``--simulate`` or ``PVEGPU_SIMULATE``; none:
     returned as they are): the node checked (``check_node``), then its scenario's settings added under them. Those
     stand in for the settings file on that node; an option on the line or a ``PVEGPU_*`` variable still wins."""
     if not directory:
         return dict(overrides)
-    check_node(directory)
+    check_node(directory, named)
     env = os.environ if env is None else env
     extra = {k: v for k, v in scenario_settings(directory).items() if "PVEGPU_" + k.replace(".", "_").upper() not in env}
     return extra | {k: v for k, v in overrides.items() if v is not None}  # None: an option not given
