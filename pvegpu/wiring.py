@@ -1,6 +1,6 @@
 """The composition root: the one place that reads the settings, builds the ports and derives the policies.
 
-``cli``, ``hook``, ``resetcmd`` and ``auditcmd`` call only this module; nothing below imports it. The node is chosen
+The command line (``pvegpu/cli/``) calls only this module; nothing below imports it. The node is chosen
 once per run (the simulated node under ``--simulate``, else this one), and NVML is opened one way, ``nvml_reader``
 (nvidia-ml-py, its start and every reading in a thread under a deadline: ``adapters/bounded.py``). What each gets:
 
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class GlobalOptions:
-    """The options every command honours, wherever they stand on the line."""
+    """The global options (``--config``, ``--simulate``), given before the command."""
 
     config: str | None = None
     simulate: str | None = None
@@ -66,8 +66,7 @@ def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None)
     simulated node (only its owner may use it) adds its scenario's settings and keeps its state (locks, tokens, any
     ``*_dir``) in its own directory, with no settings snapshot."""
     sim = opts.simulate or os.environ.get("PVEGPU_SIMULATE")
-    named = f"--simulate {sim}" if opts.simulate else f"PVEGPU_SIMULATE={sim}"
-    extra = node_settings(sim, overrides or {}, named=named)
+    extra = node_settings(sim, overrides or {}, named=f"--simulate {sim}" if opts.simulate else f"PVEGPU_SIMULATE={sim}")
     if opts.simulate:
         extra["simulate"] = opts.simulate
     s = load(opts.config, overrides=extra, **({"snapshot_dir": None} if opts.simulate else {}))
