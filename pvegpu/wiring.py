@@ -49,8 +49,7 @@ if TYPE_CHECKING:
     from pvegpu.adapters.pve import ProxmoxerPve
     from pvegpu.adapters.ssh import SshAudits
 
-# Imported where they are built: the API client (adapters/pve.py, agent.py: proxmoxer, requests) and the cluster's
-# ssh fan-out (adapters/ssh.py: concurrent.futures brings logging); the hookscript and a plain reset need neither.
+# Imported where built: the API client (proxmoxer, requests) and the ssh fan-out; the hookscript and a reset need neither.
 
 
 @dataclasses.dataclass(frozen=True)
