@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from pvegpu.cli import run
 from pvegpu.cli import audit as auditcmd
+from pvegpu.cli import run
 from tests.pvelike import REPO
 
 GPU = {"minor": 0, "index": 0, "stand_in": "/dev/full"}

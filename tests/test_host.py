@@ -181,7 +181,7 @@ def test_shared_readers_are_stdlib_leaves():
     """procstat and safetext (shared by adapters, sim and renderers) import nothing of pvegpu: the standard library only."""
     import ast
 
-    for mod in ("adapters/procstat", "safetext"):
+    for mod in ("adapters/procstat", "core/safetext"):
         path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pvegpu", f"{mod}.py")
         tree = ast.parse(open(path).read())
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -195,7 +195,7 @@ def test_ha_managed_restart_polls_status(node):
 
 @pytest.mark.parametrize("setup,msg", [
     (lambda pve: None, "no guest 999"),
-    (lambda pve: pve.guests_.__setitem__(999, __import__("pvegpu.core.model").model.Guest(999, "pve1", "qemu")), "is a qemu VM"),
+    (lambda pve: pve.guests_.__setitem__(999, __import__("pvegpu.core.model").core.model.Guest(999, "pve1", "qemu")), "is a qemu VM"),
     (lambda pve: pve.add_ct(999, node="pve2"), "lives on node pve2"),
 ])
 def test_refusals_name_the_problem(node, setup, msg):
