@@ -1,12 +1,15 @@
-"""BoundedProbe: a GPU read that does not return in time comes back unknown, and later reads do not queue behind it."""
+"""BoundedProbe: a GPU read that does not return in time comes back unknown, and later reads do not queue behind it;
+a slow but answering read is not one (each GPU's health read has its own deadline)."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from pvegpu.adapters.bounded import BoundedProbe
+from pvegpu.audit.run import _health, _HealthAhead
 from pvegpu.core.errors import GpuQueryError
 from pvegpu.core.model import GpuInfo, GpuSample
 
@@ -112,6 +115,29 @@ def test_health_many_stuck_on_one_gpu_keeps_what_came_before_within_the_deadline
     assert b.health_many([2]) == {} and p.calls == [0, 1]
     p.release.set()
 
+
+class _SlowHealth:
+    """A driver whose health reads are slow, not stuck: each GPU's takes ``each`` seconds."""
+
+    def __init__(self, each: float) -> None:
+        self.each = each
+
+    def sample(self, minors):
+        return {m: GpuSample(m, 1 << 30, ()) for m in minors}
+
+    def health(self, minor):
+        time.sleep(self.each)
+        return ("health", minor)
+
+
+def test_slow_but_answering_health_reads_are_not_turned_unknown():
+    """The audit's health reads ahead, for all GPUs in one worker, give each GPU its own deadline: slow reads are all read."""
+    minors = [0, 1, 2, 3]
+    before = {m: _health(BoundedProbe(_SlowHealth(0.3), deadline=0.5).health, m) for m in minors}  # one bounded health() per GPU
+    ahead = _HealthAhead(BoundedProbe(_SlowHealth(0.3), deadline=0.5))
+    ahead.sample(minors)
+    assert before == {m: ("health", m) for m in minors}
+    assert ahead.read == before
 
 class Opened(Probe):
     """A probe whose opening and closing are written to ``log``."""

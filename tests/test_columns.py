@@ -1,5 +1,6 @@
-"""`audit` and `check` read in 80 columns (--wide/-v: one line per item, every detail): user names, not `uid 0`;
-the telling part of a command line, elided in the middle; tenant text still escaped."""
+"""`audit`, `check`, `reset` (a CT's and a VM's report) and `demo` read in 80 columns (--wide/-v: one line per item,
+every detail): user names, not `uid 0`; the telling part of a command line, elided in the middle, by terminal columns
+(wide characters count two); tenant text still escaped and wrapped whole."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ import unicodedata
 
 from pvegpu.adapters.users import user_name
 from pvegpu.audit.render import audit_table
+from pvegpu.cli.render import reset_human, step_line
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.model import MIB, GpuInfo, GpuSample, Holder, Place, Placement, ProcIdentity, ProcInfo
+from pvegpu.core.safetext import escape
 from pvegpu.core.textfit import command, elide, fit
+from pvegpu.reset.report import ResetOutcome, ResetReport
+from pvegpu.reset.vocab import Diagnosis, Kind
 from pvegpu.sim import scenario as sc
+from pvegpu.vm.reset import VmOutcome, VmReport, vm_human
 from tests.pvelike import REPO
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)")
@@ -82,6 +90,12 @@ def test_worst_case_rows_fit_80_columns_and_wide_keeps_everything():
     assert _holder()["cmdline"] in audit_table(doc, wide=True)
 
 
+def test_audit_with_a_wide_character_command_line_fits_80_terminal_columns():
+    """A tenant command line of CJK characters (two terminal columns each) still fits 80 terminal columns in audit."""
+    text = audit_table(_doc([_holder(cmdline="python3 " + "\u8bad\u7ec3" * 40, comm="python3")]))
+    widest = max(text.splitlines(), key=_columns)
+    assert _columns(widest) <= 80, widest
+
 def test_holders_show_user_names_or_the_host_uid():
     """A holder with a host user name shows it; a container's mapped uid with no passwd entry shows the number."""
     text = audit_table(_doc([_holder(uid=0, user="root"), _holder(uid=100000, user=None, pid=77)]))
@@ -120,3 +134,65 @@ def test_elide_and_fit_count_terminal_columns_not_characters():
     assert elide("e\u0301" * 10, 10) == "e\u0301" * 10  # ten columns, twenty characters: nothing to cut
     lines = fit("run " + wide + " `a b` end", "  ", "    ", 30)
     assert all(_columns(line) <= 30 for line in lines) and "`a b`" in "".join(lines)
+
+
+# -- reset's and demo's human output ---------------------------------------------------------------------------
+
+
+def _widest_ct_report():
+    """The widest realistic container report: ten neighbours on the GPU, a dry-run plan for a tenant's long
+    escaped comm and nested cgroup, respawn notes, every diagnosis kind of line, left stopped, interrupted."""
+    comm = escape("\x1b[2J\x1b]0;pwn\x07trainer")  # a tenant's comm, escaped
+    cgroup = "/lxc/129/" + "/".join(escape(f"ns{i}\x1b") for i in range(12))
+
+    def holder(pid, vmid):
+        place = Placement(Place.CONTAINER if vmid else Place.HOST, vmid)
+        return Holder(ProcInfo(ProcIdentity(pid, 1), comm, "S", place, cgroup, pid), frozenset({0}), frozenset({"fd"}))
+
+    gpu = GpuInfo(0, 0, "GPU-0", "0000:41:00.0")
+    others = [holder(5000 + v, v) for v in range(130, 140)] + [holder(4999, None)]
+    before = GpuFacts(gpu, GpuSample(0, 143_771 * MIB, ()), ct_holders=[holder(4000 + i, 129) for i in range(12)], other_holders=others)
+    after = GpuFacts(gpu, GpuSample(0, 99_000 * MIB, ()), other_holders=others)
+    long = f"pid 4001 ({comm}, CT pid 4001) in CT 129 still holds GPU 0 (/dev/nvidia0, GPU-0) (state D) " * 2
+    r = ResetReport(129, "pve1", gpus=[0], before={0: before}, after={0: after}, outcome=ResetOutcome.NOT_VERIFIED, exit_code=130,
+                    left_stopped=True, interrupted={"signal": "SIGINT", "action": "abandoned the restart at the second signal"},
+                    plan=[{"pid": 4000, "comm": comm, "ns_pid": 4000, "cgroup": cgroup, "action": "SIGTERM, SIGKILL after the grace"}],
+                    notes=[f"pid 4100 ({comm}, CT pid 4100) appeared after round 1, started by the container's init (pid 4, {comm})"],
+                    diagnosis=[Diagnosis(Kind.HOLDER_LEFT, long, f"`pct exec 129 -- kill -9 4001` {long}"),
+                               Diagnosis(Kind.NEIGHBOUR, long)], elapsed=31.25)
+    return r, comm
+
+
+def test_the_widest_reset_report_fits_80_columns_and_wide_keeps_one_line_per_item():
+    """reset's report and step lines fit 80 columns with the tenant's text wrapped whole; -v keeps one line per item."""
+    r, comm = _widest_ct_report()
+    text = reset_human(r)
+    assert _width(text) <= 80, text
+    flat = " ".join(text.split())
+    for whole in (comm, *(f"CT {v}" for v in range(130, 140)), "host", " ".join(r.diagnosis[0].problem.split())):
+        assert whole in flat
+    step = step_line("signal", f"SIGTERM → pid 4000 ({comm}, CT pid 4000, {r.plan[0]['cgroup']}): sent")
+    assert _width(step) <= 80 and " ".join(step.split()).endswith("): sent")
+    wide = reset_human(r, wide=True)
+    assert len(wide.splitlines()) == 2 + 1 + 1 + 1 + 3 + 1 + 1  # table (2), plan, note, verdict, diagnosis (3), left stopped, interrupted
+    assert len(step_line("signal", "x " * 100, wide=True).splitlines()) == 1
+
+
+def test_the_widest_vm_report_fits_80_columns():
+    """A VM's report with the guest's long text (diagnosis, task log, left stopped) fits 80 columns, nothing cut."""
+    r = VmReport(200)
+    r.outcome, r.exit_code, r.left_stopped, r.vm_state = VmOutcome.NOT_VERIFIED, 4, True, "stopped"
+    guest_text = "nvidia-smi in VM 200 failed: " + "NVIDIA-SMI has failed because it couldn't communicate with the driver " * 2
+    r.diagnosis = [(guest_text, "`qm guest exec 200 -- nvidia-smi`: is the driver loaded in the guest? " * 2)]
+    r.task_log = ["TASK ERROR: " + "x" * 200]
+    r.interrupted = {"signal": "SIGTERM", "action": "finished the reboot before exiting", "vm_state": "stopped", "left_stopped": True}
+    text = vm_human(r)
+    assert _width(text) <= 80, text
+    assert " ".join(guest_text.split()) in " ".join(text.split()) and "x" * 60 in text.replace("\n      ", "")
+
+
+def test_demo_output_fits_80_columns():
+    """`pvegpu demo` (its audits, resets with a respawning supervisor and a restart, the summary) fits 80 columns."""
+    r = _pvegpu("demo")
+    assert r.returncode == 0, r.stderr
+    assert _width(r.stdout) <= 80, "\n".join(line for line in r.stdout.splitlines() if len(line) > 80)

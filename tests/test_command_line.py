@@ -1,6 +1,6 @@
 """The command line: global options before the command, -h for every command, `hook VMID PHASE` as PVE calls it,
-help in 80 columns, typos named with a suggestion, and errors as one rendering (message, hint, exit code), never a
-traceback."""
+help in 80 columns, typos named with a suggestion, and errors as one rendering (message, hint, exit code; a
+pvegpu-error document on stdout under --json, usage errors too), never a traceback."""
 
 from __future__ import annotations
 
@@ -22,6 +22,14 @@ GPU = {"minor": 0, "index": 0}
 def pvegpu(*args, env=None):
     return subprocess.run([sys.executable, "-m", "pvegpu", *args], capture_output=True, text=True, cwd=REPO, timeout=60, env=env)
 
+
+def pvegpu_clean(*args, timeout=90):
+    """`pvegpu ARGS` with no PVEGPU_* variable of this environment; it never ends in a traceback."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
+    r = subprocess.run([sys.executable, "-m", "pvegpu", *args], capture_output=True, text=True, cwd=REPO, timeout=timeout,
+                       env=clean)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
 
 @pytest.fixture
 def node_cfg(sim_node, tmp_path):
@@ -197,6 +205,12 @@ def test_simulate_on_an_existing_directory_that_is_no_node_hints_a_new_directory
     assert f"sim create {tmp_path / 'new'}`" in (exc.value.hint or "")
 
 
+def test_simulate_without_a_value_hints_a_directory_not_a_settings_file():
+    """`pvegpu --simulate` with no value: exit 2, and the hint never offers a .toml settings file as the DIR."""
+    r = pvegpu_clean("--simulate")
+    assert r.returncode == 2
+    assert ".toml" not in r.stderr, r.stderr
+
 COMMANDS = [[], ["reset"], ["check"], ["audit"], ["demo"], ["hook"], ["hook", "install"], ["hook", "uninstall"], ["hook", "status"],
             ["hook", "allow-once"], ["sim"], ["sim", "create"], ["sim", "remove"]]
 
@@ -240,3 +254,14 @@ def test_a_typo_with_json_is_a_pvegpu_error_document(capsys):
     assert run(["check", "129", "--json", "--jsno"]) == 2
     doc = schemas.validate(json.loads(capsys.readouterr().out), "error")
     assert doc["exit_code"] == 2 and doc["command"] == "check" and "--jsno" in doc["error"]
+
+
+@pytest.mark.parametrize("argv", [["reset", "--json"], ["reset", "129", "--json", "--bogus"], ["audit", "--json", "--bogus"],
+                                  ["hook", "status", "--json", "extra"]])
+def test_usage_errors_with_json_still_print_a_pvegpu_error_document(argv):
+    """A usage error under --json (missing VMID, unknown option, extra argument): exit 2 and a pvegpu-error document."""
+    r = pvegpu_clean(*argv)
+    assert r.returncode == 2
+    doc = json.loads(r.stdout)
+    schemas.validate(doc, "error")
+    assert doc["exit_code"] == 2

@@ -1,5 +1,6 @@
 """Ghost credit: a dead NVML-listed pid's memory goes only to a process proven to keep its context, and a listed pid's
-later process is its successor, never its owner (issue 30, item 8; the decision: ``holders._credit_ghosts``,
+later process is its successor, never its owner, and once a pid left NVML's list its next listing is a new
+process's own (issue 30, item 8; the decision: ``holders._credit_ghosts``,
 ``holders._successor``). Pure: the stateful fakes; the same attacks on real processes are in tests/test_heirs.py."""
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from pvegpu.core.holders import FirstReading, inspect_gpus
 from pvegpu.core.leftover import LeftoverRule, baseline
 from pvegpu.core.model import GpuInfo
 from pvegpu.gate.decide import GatePolicy, GatePorts, GateState, evaluate
+from pvegpu.reset.diagnosis import restart_would_not_help
 from pvegpu.reset.verify import is_clean
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
+from tests.test_scan_ahead import target_job
 
 GPU = [GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")]
 
@@ -127,3 +130,24 @@ def test_a_listed_pid_that_leaves_nvmls_list_is_forgotten():
     probe.context(0, 2048, newcomer)
     f = inspect_gpus(129, GPU, host=host, probe=probe, first=first)[0]
     assert f.ghosts == [] and f.foreign_bytes == 2048 * 1024 * 1024
+
+
+def test_a_target_pid_reused_by_a_neighbours_gpu_job_is_never_the_targets_leftover():
+    """The target's pid, released and then reused by a neighbour's new GPU job, is the neighbour's: never the target's ghost."""
+    clock, host, probe, job, gpu, first, f0 = target_job()
+    f0.baseline_bytes = baseline(f0, LeftoverRule())
+    del host.procs[job.pid]  # stopped by the reset
+    probe.model.sample([0])  # seen dead: the release latency runs
+    clock.sleep(1.0)  # the driver released its context
+    gone = inspect_gpus(129, gpu, host=host, probe=probe, first=first)[0]  # the verify loop's reading: no longer listed
+    assert not gone.sample.processes
+    neighbour = host.add(300, minors={0}, maps=True)  # a neighbour's new job ...
+    del host.procs[neighbour.pid]
+    neighbour.pid = job.pid  # ... got the freed pid
+    host.procs[job.pid] = neighbour
+    probe.context(0, 2048, neighbour)
+    for whole in (False, True):  # the verify loop's readings and may_restart's whole-node reading
+        f = inspect_gpus(129, gpu, host=host, probe=probe, first=first, whole_host=whole)[0]
+        f.baseline_bytes = f0.baseline_bytes
+        assert job.pid not in f.target_ghosts, f
+        assert is_clean(f, 64) and restart_would_not_help({0: f}) is not None

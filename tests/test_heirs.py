@@ -1,11 +1,14 @@
 """Dead NVML-listed pids on real processes, cgroups and PID namespaces, with the driver model's gap on:
-whose memory a ghost is (only a plausible heir's, one per ghost), a target judged on its own memory,
-a crowded GPU, a real leak. Each attack here made the old code say clean / shared / stop the wrong CT."""
+whose memory a ghost is (only a plausible heir's, one per ghost: never a double-forked grandchild of a live listed
+process; an orphan paired with its own dead session leader first), a target judged on its own memory (a neighbour's
+owner dying mid-reset, a ghost dead before the first reading), a crowded GPU (one row per process, a known limit of
+16 contexts in one), a real leak. Each attack here made the old code say clean / shared / stop the wrong CT."""
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -352,3 +355,184 @@ def test_unprivileged_host_cuda_process_is_a_sharer_by_default():
         assert f"pid {job}" in "; ".join(res.decision.reasons)
         res = n.gate(vmid, host_users="refuse")
         assert not res.decision.allow and res.decision.per_gpu[0] is GateState.REFUSED
+
+
+# -- a neighbour's owner dies during the target's reset; a ghost dead before it began ------------------------
+
+
+def test_neighbour_parking_its_fd_during_the_reset_never_stops_the_target():
+    """A neighbour's owner alive at the first reading and dead later (memory stays) never makes the target stopped."""
+    with node() as n:
+        other = n.ct("own")
+        n.context(4096, n.jobs(other)["job-own"], pinned=True)
+        target = n.ct("own")
+        n.context(1024, n.jobs(target)["job-own"])
+        victim = n.jobs(other)["job-own"]
+        orig, calls = n.model.sample, [0]
+
+        def sample(minors):
+            calls[0] += 1
+            if calls[0] == 2:
+                os.kill(victim, signal.SIGKILL)
+                n._wait(lambda: "job-own" not in n.jobs(other), "neighbour owner gone")
+            return orig(minors)
+
+        n.model.sample = sample
+        rep = n.reset(target, restart=True, timeout=2.0)
+        assert n.calls == [] and rep.exit_code == E.EXIT_OK, (rep.outcome, n.calls, rep.diagnosis)
+
+
+def test_in_flight_fd_parked_before_the_reset_is_not_held_against_the_target():
+    """A ghost already dead at the first reading cannot be placed: not the target's, no stop, named unexplained."""
+    with node() as n:
+        target = n.ct("own")
+        owner = n.jobs(target)["job-own"]
+        n.context(4096, owner, pinned=True)
+        os.kill(owner, signal.SIGKILL)
+        n._wait(lambda: "job-own" not in n.jobs(target), "owner gone")
+        rep = n.reset(target, restart=True, timeout=2.0)
+        assert n.calls == [] and rep.after[0].unexplained_ghosts == [owner], (rep.outcome, rep.diagnosis)
+        assert not n.gate(_stopped_target()).decision.allow  # the gate still refuses starts onto that GPU
+
+
+# -- a double-forked grandchild of a live listed process is no heir ---------------------------------------------
+
+# A worker that double-forks: the live listed parent keeps its context; a grandchild that maps the device is
+# re-parented to the CT's init (it looks like an orphan heir), although its mapping is the live parent's.
+JOB2 = r"""
+import mmap, os, sys, time
+fd = os.open('/dev/zero', os.O_RDWR)
+m = mmap.mmap(fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
+open('/proc/self/comm','w').write('job-worker')
+if os.fork() == 0:
+    if os.fork() == 0:
+        open('/proc/self/comm','w').write('job-grand')
+        time.sleep(300); os._exit(0)
+    os._exit(0)
+time.sleep(300)
+"""
+
+
+def _ct_job(n, script: str, want: set[str], gone: str | None = None) -> int:
+    """A container running ``script``; its vmid once the jobs named ``want`` run (and ``gone`` no longer does)."""
+    [vmid] = pvelike.claim_vmids(1)
+    n.vmids.append(vmid)
+    n.cts.append(pvelike.start_ct(vmid, [sys.executable, "-c", script]))
+    n._wait(lambda: want <= set(n.jobs(vmid)) and (gone is None or gone not in n.jobs(vmid)), f"CT {vmid}'s job")
+    return vmid
+
+
+def test_double_forked_worker_does_not_absorb_a_stopped_cts_leak():
+    """A grandchild of a live listed process (re-parented to the CT's init) is no heir: the gate refuses the ghost."""
+    with node() as n:
+        ct = _ct_job(n, JOB2, {"job-worker", "job-grand"})
+        jobs = n.jobs(ct)
+        n.context(1024, jobs["job-worker"], _ident(jobs["job-grand"]))
+        n.context(8192, n.dead_pid(), pinned=True)  # the stopped CT's leak
+        res = n.gate(_stopped_target())
+        assert not res.decision.allow and res.facts[0].heirs == {}, (res.facts[0].heirs, res.decision.reasons)
+
+
+def test_audit_credits_no_ghost_to_a_double_forked_grandchild():
+    """Audit credits no stranger's dead pid to a grandchild of a live listed process."""
+    with node() as n:
+        ct = _ct_job(n, JOB2, {"job-worker", "job-grand"})
+        jobs = n.jobs(ct)
+        n.context(1024, jobs["job-worker"], _ident(jobs["job-grand"]))
+        n.context(8192, n.dead_pid(), pinned=True)
+        row = n.audit().gpus[0]
+        assert not any(h.inherited_from for h in row.holders)
+
+
+# -- an orphan takes its own dead session leader's ghost ------------------------------------------------------
+
+# A session leader (a service as systemd starts it) forks a holder child after "cuInit", then exits: the child keeps
+# the leader's pid as its session and process group id (the link a tenant cannot forge across containers).
+JOB_SID = r"""
+import mmap, os, time
+fd = os.open('/dev/zero', os.O_RDWR)
+m = mmap.mmap(fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
+os.setsid()
+open('/proc/self/comm','w').write('job-leader')
+if os.fork() == 0:
+    open('/proc/self/comm','w').write('job-child')
+    time.sleep(300); os._exit(0)
+os._exit(0)
+"""
+
+
+def _sid_orphan(n) -> tuple[int, int, tuple[int, int]]:
+    """A CT whose session leader died, its fork child lingering: (vmid, child pid, the dead leader's identity)."""
+    vmid = _ct_job(n, JOB_SID, {"job-child"}, gone="job-leader")
+    child = n.jobs(vmid)["job-child"]
+    sid = int(open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[3])
+    assert sid != child
+    return vmid, child, (sid, 0)  # start 0: no live process has it (the leader is dead; its pid is kept as the sid)
+
+
+def test_neighbours_hidden_context_never_stops_a_target_with_an_orphan():
+    """A foreign ghost competing with the target's own for the target's unlinked orphan never makes it stopped."""
+    with node() as n:
+        n.context(4096, n.dead_pid(), pinned=True)  # a neighbour's in-flight context, listed first
+        target = n.ct("orphan")
+        n.context(1024, n.dead_pid(), _ident(n.jobs(target)["job-child"]))
+        rep = n.reset(target, restart=True, timeout=2.0)
+        assert n.calls == [] and rep.exit_code == E.EXIT_OK, (rep.outcome, n.calls, rep.diagnosis)
+
+
+def test_linked_orphan_takes_its_own_ghost_before_a_foreign_one():
+    """The target's orphan is paired with its dead session leader, not a foreign ghost listed first; no stop."""
+    with node() as n:
+        n.context(4096, n.dead_pid(), pinned=True)
+        target, child, leader = _sid_orphan(n)
+        n.context(1024, leader, _ident(child))
+        first = n.gate(target).facts[0]  # the same reading a reset starts from
+        assert first.heirs == {leader[0]: child} and first.linked == [leader[0]], first.heirs
+        rep = n.reset(target, restart=True, timeout=2.0)
+        assert n.calls == [] and rep.exit_code == E.EXIT_OK, (rep.outcome, n.calls, rep.diagnosis)
+
+
+def test_linked_orphans_leak_is_still_the_targets():
+    """A linked ghost is provably the target's: when its memory stays after the orphan dies, reset exits 7."""
+    with node() as n:
+        n.context(4096, n.dead_pid(), pinned=True)
+        target, child, leader = _sid_orphan(n)
+        n.context(1024, leader, _ident(child), pinned=True)
+        rep = n.reset(target, restart=False, timeout=1.0)
+        assert rep.exit_code == E.EXIT_MEMORY_LEFT, (rep.outcome, rep.diagnosis)
+
+
+def test_audit_two_orphans_credited_to_the_right_containers():
+    """Two containers' orphans, their dead leaders listed in the other order: each is credited its own bytes."""
+    with node() as n:
+        a, ca, la = _sid_orphan(n)
+        b, cb, lb = _sid_orphan(n)
+        n.context(8192, lb, _ident(cb))  # B's dead leader listed first
+        n.context(1024, la, _ident(ca))
+        row = n.audit().gpus[0]
+        got = {h.pid: (h.inherited_from, h.memory_bytes // MIB) for h in row.holders if h.pid in (ca, cb)}
+        assert got == {ca: (la[0], 1024), cb: (lb[0], 8192)}, got
+
+
+# -- NVML lists one row per process, however many contexts --------------------------------------------------------
+
+
+def test_model_lists_one_row_per_process():
+    """The driver model lists one row per owner pid (its contexts summed) while the gap counts every context."""
+    with node() as n:
+        ct = n.ct("own")
+        for _ in range(16):
+            n.context(518, n.jobs(ct)["job-own"])
+        s = n.model.sample([0])[0]
+        assert [p.used_bytes for p in s.processes] == [16 * 518 * MIB]
+        assert s.used_bytes - 16 * 518 * MIB > 16 * 5 * MIB
+
+
+def test_16_contexts_in_one_neighbour_process_fail_closed():
+    """Known limit: 16 contexts in one neighbour process exceed the per-process allowance; the gate refuses."""
+    with node() as n:
+        ct = n.ct("own")
+        for _ in range(16):
+            n.context(518, n.jobs(ct)["job-own"])
+        res = n.gate(_stopped_target())
+        assert not res.decision.allow and res.decision.per_gpu[0] is not GateState.SHARED, res.decision.reasons

@@ -1,4 +1,5 @@
-"""The /proc host adapter on real processes: fd holders by device number, PID namespaces, cgroups, pidfd safety."""
+"""The /proc host adapter on real processes: fd holders by device number, PID namespaces, cgroups (a frozen one read
+from cgroup.events), pidfd safety."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from pvegpu.adapters.procfs import DeviceTable, ProcHost
+from pvegpu.adapters.procfs import DeviceTable, ProcHost, cgroup_frozen
 from pvegpu.core.model import Place, ProcIdentity
 from tests import pvelike
 
@@ -336,3 +337,16 @@ def test_private_stand_ins_are_distinct_devices_nobody_else_holds():
     finally:
         a.close()
         b.close()
+
+
+def test_cgroup_frozen_reads_cgroup_events(tmp_path):
+    """The adapter's frozen flag comes from cgroup.events of the process's v2 cgroup (v2 root or hybrid unified)."""
+    for sub in ("", "unified"):
+        d = tmp_path / sub / "lxc" / "7" / "ns"
+        d.mkdir(parents=True)
+        (d / "cgroup.events").write_text("populated 1\nfrozen 1\n")
+        assert cgroup_frozen(b"4:memory:/\n0::/lxc/7/ns\n", str(tmp_path))
+        (d / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+        assert not cgroup_frozen(b"0::/lxc/7/ns\n", str(tmp_path))
+        (d / "cgroup.events").unlink()
+    assert not cgroup_frozen(b"0::/lxc/7/../../x\n", str(tmp_path)) and not cgroup_frozen(None, str(tmp_path))

@@ -1,4 +1,5 @@
-"""Hostile and malformed input: settings, VM ids and scenario files give a one-line UsageError, never a traceback or a hang."""
+"""Hostile and malformed input: settings, VM ids and scenario files give a one-line UsageError, never a traceback or a
+hang; a .vmlist nested too deeply is a PVE error."""
 
 from __future__ import annotations
 
@@ -180,6 +181,29 @@ def test_settings_file_that_is_a_fifo_or_endless_is_refused_at_once(tmp_path):
                            cwd=REPO, timeout=20)
         assert r.returncode == 2 and "not a regular file" in r.stderr, r.stderr
 
+
+def test_sim_create_with_a_fifo_scenario_ends_with_exit_2_not_a_hang(tmp_path):
+    """`sim create DIR --scenario FIFO`: exit 2 at once (a scenario must be a bounded regular file), no DIR made."""
+    fifo = tmp_path / "scenario.json"
+    os.mkfifo(fifo)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
+    try:
+        r = subprocess.run([sys.executable, "-m", "pvegpu", "sim", "create", str(tmp_path / "node"), "--scenario", str(fifo)],
+                           capture_output=True, text=True, cwd=REPO, timeout=20, env=clean)
+    except subprocess.TimeoutExpired:
+        pytest.fail("sim create hung on a FIFO scenario")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and not (tmp_path / "node").exists()
+
+
+def test_a_vmlist_nested_too_deeply_is_a_pve_error_not_a_traceback(tmp_path):
+    """A .vmlist nested past the recursion limit is a PveApiError (one line, a hint), never a RecursionError."""
+    from pvegpu.adapters.etcpve import EtcPve
+    from pvegpu.core.errors import PveApiError
+
+    (tmp_path / ".vmlist").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(PveApiError):
+        EtcPve(str(tmp_path)).guests()
 
 def test_unrelated_pvegpu_variables_are_not_settings():
     """PVEGPU_DEBUG or a script's own PVEGPU_* variable is ignored; a typo in a section's key is still an error."""

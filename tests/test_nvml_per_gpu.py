@@ -1,6 +1,7 @@
 """A failing GPU is a row, never the whole node gone: pvegpu's NVML reader (nvidia-ml-py) on a stand-in driver that
 fails per GPU, as each command opens it (the gate's and reset's bounded reader, the audit's with details), and what
-audit, the gate and reset make of it.
+audit, the gate and reset make of it. A driver without the PCI info call gives a GPU of bus '?', a failing minor
+read a lost GPU named by its index, a failing GPU count an error in the driver's words.
 
 The stand-in node has four GPUs: index 0 healthy; index 1 lost at enumeration (no handle: its minor is unknown);
 index 2 listed but its memory read fails; index 3 listed but its UUID read fails.
@@ -236,6 +237,60 @@ def test_two_lost_gpus_do_not_make_a_duplicate_series(monkeypatch):
     assert [line for line in text.splitlines() if line.startswith("pvegpu_gpu_up{")].__len__() == 2
     samples(text)
 
+
+ONE = [{"minor": 0, "uuid": "GPU-ok-0"}]
+
+
+def _audit_reader(monkeypatch, m):
+    """The reader ``pvegpu audit`` opens (``world(s).audit_probe``: details, started) over the stand-in pynvml ``m``."""
+    use(monkeypatch, m)
+    probe = wiring.nvml_reader(Settings(), details=True)
+    probe.start()
+    return probe
+
+
+def test_a_driver_without_pci_info_is_an_unknown_gpu_not_an_internal_error(monkeypatch):
+    """A driver whose NVML lacks the PCI info call: the audit lists the GPU with bus '?' and unknown samples, never an error."""
+    m = fake_pynvml(ONE)
+
+    def pci(h):
+        raise m.NVMLError_FunctionNotFound("Function Not Found")
+
+    m.nvmlDeviceGetPciInfo = pci
+    probe = _audit_reader(monkeypatch, m)
+    (g,) = probe.gpus()
+    assert g.bus_id == "?" and not probe.sample([0])[0].known
+    host, pve = _node()
+    pve.add_ct(129)
+    rep = run_audit(pve=pve, probe=_audit_reader(monkeypatch, m), host=host, files=FakeFiles(NODES))
+    assert [g.minor for g in rep.gpus] == [0]
+
+
+def test_a_gpu_whose_minor_read_fails_is_named_lost_by_its_index(monkeypatch):
+    """The audit's lost-GPU row text for a failing minor read: 'GPU 0: GPU is lost'."""
+    m = fake_pynvml(ONE)
+
+    def minor(h):
+        raise _Err(LOST)
+
+    m.nvmlDeviceGetMinorNumber = minor
+    audit = _audit_reader(monkeypatch, m)
+    with pytest.raises(E.GpuQueryError, match="no GPU can be read: GPU 0: GPU is lost"):
+        audit.gpus()
+    assert audit.lost == {0: "GPU 0: GPU is lost"}
+
+
+def test_a_failing_gpu_count_is_reported_with_the_drivers_words(monkeypatch):
+    """NVML that cannot count the GPUs: the audit's error says so, with the driver's words."""
+    m = fake_pynvml(ONE)
+
+    def count():
+        raise _Err(READ)
+
+    m.nvmlDeviceGetCount = count
+    with pytest.raises(E.GpuQueryError) as exc:
+        _audit_reader(monkeypatch, m).gpus()
+    assert exc.value.message == f"NVML could not list the GPUs: {READ}"
 
 @pytest.mark.parametrize("make", [full_probe, reader_probe], ids=["nvidia-ml-py", "gate-reader"])
 def test_gate_refuses_only_for_a_granted_gpu_it_cannot_read(monkeypatch, make):

@@ -1,11 +1,16 @@
-"""Parsing of PVE container configs and /proc/<pid>/cgroup lines (proxmox.md §2, §4)."""
+"""Parsing of PVE container configs, /proc/<pid>/cgroup lines (proxmox.md §2, §4) and /proc/<pid>/stat (a ``Stat``
+that copies, pickles and unpacks as a named tuple)."""
 
 from __future__ import annotations
+
+import copy
+import pickle
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pvegpu.adapters.procstat import Stat, parse_stat
 from pvegpu.core.cgroup import parse_cgroup
 from pvegpu.core.lxcconf import parse_config
 from pvegpu.core.model import Place, Placement
@@ -157,6 +162,26 @@ def test_stat_reader_handles_hostile_comm():
     assert (st.threads, st.start_ticks) == (3, 12345)
     assert parse_stat(b"42 (x) S 1") is None and parse_stat(b"garbage") is None
 
+
+STAT_LINE = b"42 (a b) S 1 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 3 0 12345 0 0\n"
+
+
+def test_stat_copies_and_pickles_as_the_namedtuple_did():
+    """``Stat`` copies, deep-copies and pickles to an equal Stat."""
+    st = parse_stat(STAT_LINE)
+    assert st is not None and st.threads == 3 and st.start_ticks == 12345
+    assert copy.copy(st) == st and copy.deepcopy(st) == st
+    assert pickle.loads(pickle.dumps(st)) == st and type(pickle.loads(pickle.dumps(st))) is Stat
+
+
+def test_stat_keeps_the_namedtuple_helpers():
+    """``Stat`` has a named tuple's ``_replace``, ``_asdict``, ``_make`` and ``__match_args__``."""
+    st = parse_stat(STAT_LINE)
+    assert st is not None
+    assert st._replace(ppid=7).ppid == 7
+    assert st._asdict()["comm"] == b"a b"
+    assert Stat._make(tuple(st)) == st
+    assert Stat.__match_args__ == Stat._fields
 
 def test_escape_makes_tenant_text_printable():
     """Control and non-printable characters (and bad UTF-8) come out as \\xNN / \\uNNNN; backslash doubled."""

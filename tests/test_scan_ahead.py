@@ -1,20 +1,27 @@
 """The audit's whole-node scan started ahead (``ProcHost.prefetch``) and split between workers and this process
-(``scanpool.Split``): the answer is the serial scan's whatever the shared hints say, a prefetch is taken once and
-only while fresh, no worker outlives it, and an NVML-listed pid the early scan lacks is looked at again; and
-when a reading needs the whole node at all."""
+(``scanpool.Split``): the answer is the serial scan's whatever the shared hints say, a prefetch is taken once, only
+while fresh and within its one deadline, no worker outlives it (an interrupt, a signal to pvegpu), a holding found is
+never dropped, an NVML-listed pid the early scan lacks is looked at again, and a listed pid recycled during or after
+the scan is a ghost, never the new process's holding; and when a reading needs the whole node at all."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
 
 from pvegpu.adapters import procfs, scanpool
+from pvegpu.adapters.devscan import BUDGET, ScanBudget
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
 from pvegpu.core.holders import inspect_gpus
-from pvegpu.core.model import GpuInfo, Via
-from pvegpu.testing import FakeClock, FakeHost, FakeProbe
+from pvegpu.core.model import GpuInfo, Holding, Via
+from pvegpu.testing import FakeClock, FakeHost, FakeProbe, FakeProc
+from tests.pvelike import REPO, kill_and_reap
 
 
 @pytest.fixture
@@ -372,3 +379,245 @@ def test_answered_workers_are_reaped_by_the_next_split_or_when_done(small_shares
     assert len(_children() - before) <= 1
     host.cancel_prefetch()
     assert _children() <= before
+
+
+def _proc(root, pid: int, holds: bool) -> None:
+    """A process of the /proc-like tree ``root``, holding the stand-in GPU by fd if ``holds``."""
+    d = root / str(pid)
+    (d / "fd").mkdir(parents=True)
+    (d / "stat").write_bytes(_stat_text(pid))
+    (d / "maps").write_bytes(b"7f00-7f01 r--p 00000000 fd:01 100 /lib/x.so\n")
+    if holds:
+        (d / "fd" / "3").symlink_to("/dev/full")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def test_a_holder_started_after_the_prefetch_is_in_the_taken_answer(small_shares, tree):
+    """A GPU holder that starts between prefetch() and the holdings() that takes it is found, as a scan started then finds it."""
+    host = ProcHost(_table(), proc=str(tree), workers=2)
+    host.prefetch()
+    assert host._early is not None
+    _proc(tree, 7999, True)  # e.g. a fork child keeping a dead listed pid's context, an nvidia-smi
+    held = host.holdings()
+    assert 7999 in held and held[7999].minors == {0}
+
+
+def test_a_taken_prefetch_keeps_one_scan_deadline(small_shares, tree, monkeypatch):
+    """holdings() taking a prefetch is bounded by the prefetch's one budget.total (+ GRACE), never a second fresh one."""
+    monkeypatch.setattr(scanpool, "GRACE", 0.2)
+    real = ProcHost._scan_watched
+
+    def to_the_deadline(self, todo, start, deep, out, end, stop=None):  # every side is stuck until its deadline
+        time.sleep(max(0.0, end - time.monotonic()))
+        return real(self, todo, start, deep, out, end, stop)
+
+    monkeypatch.setattr(ProcHost, "_scan_watched", to_the_deadline)
+    before = _children()
+    host = ProcHost(_table(), proc=str(tree), workers=2, budget=ScanBudget(total=1.5))
+    t = time.monotonic()
+    host.prefetch()
+    assert host._early is not None
+    _proc(tree, 7999, True)  # started after the prefetch listed /proc
+    host.holdings()
+    took = time.monotonic() - t
+    assert took < 1.5 + 0.2 + 0.5, f"one whole-node scan took {took:.1f} s against a 1.5 s budget"
+    scanpool.reap_exited()  # what the audit's done() does (cancel_prefetch): answered workers reaped
+    assert _children() <= before
+
+
+def test_a_partial_reading_keeps_its_gpu_over_the_other_sides_deadline():
+    """A worker's partial reading that found GPU 0 keeps it when this side ran past the deadline: a holding is never dropped."""
+    out = {5: Holding(5, frozenset({0}), frozenset({Via.UNREADABLE, BUDGET}))}  # the worker: 40,000 fds, the GPU fd among the first
+    scanpool._merge(out, {5: Holding(5, frozenset(), frozenset({Via.UNREADABLE, BUDGET}))})  # here: past the deadline
+    assert 0 in out[5].minors and Via.UNREADABLE in out[5].via
+
+
+# -- no worker outlives an interrupt or a signal ------------------------------------------------------------
+
+
+def test_an_interrupted_finish_leaves_no_worker(small_shares, tree, monkeypatch):
+    """A Ctrl-C (or any exception) while the taken prefetch is finished here kills and reaps its workers."""
+    parent = os.getpid()
+    stall_workers(monkeypatch)
+
+    def interrupted(host, part, deep, end, out, stop=None):
+        if os.getpid() == parent:
+            raise KeyboardInterrupt
+        return 0
+
+    host = ProcHost(_table(), proc=str(tree), workers=3)
+    host.prefetch()
+    pids = [w[0] for w in host._early.split.workers if w is not None]
+    monkeypatch.setattr(scanpool, "_serial", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            host.holdings()
+        host.cancel_prefetch()  # what auditcmd's finally does
+        assert not any(_alive(p) for p in pids)
+    finally:
+        kill_and_reap(*pids)
+
+
+def test_an_interrupt_while_a_prefetch_is_taken_leaves_no_worker(small_shares, tree, monkeypatch):
+    """An interrupt while holdings() lists /proc again to take the prefetch: its workers are still ended, none left running."""
+    stall_workers(monkeypatch)
+    before = _children()
+    host = ProcHost(_table(), proc=str(tree), workers=2)
+    host.prefetch()
+    assert _children() - before
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(host, "all_pids", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        host.holdings()
+    host.cancel_prefetch()  # ports.done()
+    leaked = _children() - before
+    for pid in leaked:  # clean up what the break left
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+    assert not leaked, f"workers {sorted(leaked)} left running"
+
+
+def test_an_interrupt_while_the_workers_are_forked_leaves_none(small_shares, tree, monkeypatch):
+    """A Ctrl-C between two forks of prefetch() kills the workers already started: none is left that nobody knows of."""
+    real_start = scanpool._start
+    started: list[int] = []
+    stall_workers(monkeypatch)
+
+    def start(*a, **kw):
+        if started:
+            raise KeyboardInterrupt
+        w = real_start(*a, **kw)
+        if w is not None:
+            started.append(w[0])
+        return w
+
+    monkeypatch.setattr(scanpool, "_start", start)
+    host = ProcHost(_table(), proc=str(tree), workers=3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            host.prefetch()
+        host.cancel_prefetch()
+        time.sleep(0.2)
+        assert started and not any(_alive(p) for p in started)
+    finally:
+        kill_and_reap(*started)
+
+
+_PREFETCH_AND_WAIT = textwrap.dedent("""
+    import os, sys, time
+    from pvegpu.adapters import procfs, scanpool
+    from pvegpu.adapters.procfs import DeviceTable, ProcHost
+    scanpool.MIN_PER_WORKER = 5
+    parent = os.getpid()
+    real = ProcHost._scan_watched
+    def slow(self, todo, start, deep, out, end, stop=None):
+        if os.getpid() != parent:
+            time.sleep(30)
+        return real(self, todo, start, deep, out, end, stop)
+    ProcHost._scan_watched = slow
+    host = ProcHost(DeviceTable({}), proc=sys.argv[1], workers=3)
+    host.prefetch()
+    print(" ".join(str(w[0]) for w in host._early.split.workers if w is not None), flush=True)
+    time.sleep(60)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_workers_die_with_a_pvegpu_killed_by_a_signal(tree, sig):
+    """`kill PID` / a hangup of `pvegpu audit` (only the parent signalled) leaves no prefetch worker scanning /proc."""
+    env = dict(os.environ, PYTHONPATH=REPO)
+    p = subprocess.Popen([sys.executable, "-c", _PREFETCH_AND_WAIT, str(tree)], stdout=subprocess.PIPE, env=env, cwd=REPO)
+    workers: list[int] = []
+    try:
+        assert p.stdout is not None
+        workers = [int(w) for w in p.stdout.readline().split()]
+        assert workers
+        os.kill(p.pid, sig)
+        p.wait(10)
+        end = time.monotonic() + 3
+        while time.monotonic() < end and any(_alive(w) for w in workers):
+            time.sleep(0.05)
+        assert not [w for w in workers if _alive(w)]
+    finally:
+        p.kill()
+        p.wait()
+        for w in workers:
+            if _alive(w):
+                try:
+                    os.kill(w, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+# -- a listed pid recycled during or after the scan ----------------------------------------------------------
+
+
+def _plain(host: _EarlyScan) -> FakeHost:
+    """``host`` without its early answer: every whole-node reading is made now (the serial scan)."""
+
+    class Live:
+        def __getattr__(self, name):
+            return getattr(host, name)
+
+        def holdings(self, pids=None, *, deep=False):
+            return FakeHost.holdings(host, pids, deep=deep)
+
+    return Live()  # type: ignore[return-value]
+
+
+def test_a_listed_pid_recycled_after_the_early_scan_is_a_ghost_not_a_holder():
+    """A listed pid the early scan saw holding, reused elsewhere before NVML's reading, is a recycled ghost, never a holder."""
+    clock = FakeClock()
+    host = _EarlyScan(clock)
+    probe = FakeProbe(host)
+    old = host.add(300, minors={0})
+    probe.context(0, 1024, old)
+    host.snapshot = host.holdings()  # the scan, started ahead, sees pid `old` holding GPU 0
+    del host.procs[old.pid]  # it exits (NVML still lists it for a while) and a neighbour's process gets its pid
+    host.procs[old.pid] = FakeProc(old.pid, 400, start=old.start + 777, ppid=1)
+    gpu = GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")
+    serial = inspect_gpus(None, [gpu], host=_plain(host), probe=probe, whole_host=True)[0]
+    facts = inspect_gpus(None, [gpu], host=host, probe=probe, whole_host=True)[0]
+    assert old.pid in serial.ghosts and old.pid in serial.recycled  # what the serial scan says
+    assert old.pid in facts.ghosts and old.pid in facts.recycled
+    assert all(h.pid != old.pid for h in facts.other_holders)
+
+
+class _RecycledDuringScan(FakeHost):
+    """During the whole-node reading, listed pid ``victim`` exits and a new process of CT ``vmid`` (no GPU) takes its pid."""
+
+    victim: int = 0
+    vmid: int = 200
+
+    def holdings(self, pids=None, *, deep=False):
+        got = super().holdings(pids, deep=deep)
+        if pids is None and self.victim in self.procs and self.procs[self.victim].minors:
+            old = self.procs.pop(self.victim)
+            self.procs[old.pid] = FakeProc(old.pid, self.vmid, set(), start=old.start + 1, ppid=1)
+        return got
+
+
+def test_a_listed_pid_recycled_during_the_whole_node_scan_is_not_made_a_holder_audit():
+    """A listed pid recycled by CT 200 during a whole-node scan (none prefetched) is a ghost, never CT 200's holding."""
+    host = _RecycledDuringScan(FakeClock())
+    probe = FakeProbe(host)
+    victim = host.add(None, minors={0})
+    probe.context(0, 4096, victim)
+    host.victim = victim.pid
+    facts = inspect_gpus(None, [GpuInfo(0, 0, "GPU-fake-0", "0000:00:00.0")], host=host, probe=probe, whole_host=True)[0]
+    holders = [(h.pid, h.info.placement.vmid) for h in facts.other_holders + facts.ct_holders]
+    assert (victim.pid, 200) not in holders, f"new process in CT 200 reported as GPU holder: {holders}"
+    assert victim.pid in facts.recycled

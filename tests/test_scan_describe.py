@@ -1,11 +1,14 @@
 """The audit's prefetched whole-node reading describes each holder it finds beside its holding, in the scan's watched
 thread and its forked workers (``ProcHost._describing``); ``describe()`` hands each description out once, a pid read
-again (NVML's listed pids) is described again, and a signal never acts on a scan's description."""
+again (NVML's listed pids) is described again, and a signal never acts on a scan's description. A description is
+display text: one that stalls never costs a proven holding its GPU, and ``describe()`` returns within a bound."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import threading
 
 import pytest
 
@@ -100,3 +103,65 @@ def test_a_pid_both_sides_read_gets_neither_sides_description(small_shares, tree
     assert set(holders) <= set(host.holdings())
     _placed(tree, cg, 302)
     assert {host.describe(p).placement.vmid for p in holders} == {302}  # type: ignore[union-attr]
+
+
+# -- a description that stalls ---------------------------------------------------------------------------
+
+
+def _release(fifo: str) -> None:
+    """Let every reader blocked opening ``fifo`` go on (a writer opens it and closes at once: end of file)."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def _holder_with_stalling_cmdline(root, pid: int) -> str:
+    """A process of ``root`` holding the stand-in by fd whose ``cmdline`` blocks its reader (a FIFO): its path."""
+    d = root / str(pid)
+    (d / "fd").mkdir(parents=True, exist_ok=True)
+    (d / "stat").write_bytes(b"%d (job) S 1 0 0 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 123 0 0 0\n" % pid)
+    (d / "maps").write_bytes(b"7f00-7f01 r--p 00000000 fd:01 100 /lib/x.so\n")
+    if not (d / "fd" / "3").exists():
+        (d / "fd" / "3").symlink_to("/dev/full")
+    fifo = str(d / "cmdline")
+    if os.path.exists(fifo):
+        os.unlink(fifo)
+    os.mkfifo(fifo)
+    return fifo
+
+
+@pytest.mark.parametrize("when", ["listed", "later"])
+def test_a_proven_holder_whose_description_stalls_keeps_its_gpu(small_shares, tree, when):  # noqa: F811
+    """A holder proven by its fd whose description blocks (cmdline read on a wedged mm lock) keeps GPU 0 in a prefetched reading."""
+    pid = 7003 if when == "listed" else 7100  # listed: in the tree (every third pid holds); later: started after the listing
+    fifo = _holder_with_stalling_cmdline(tree, pid) if when == "listed" else ""
+    try:
+        plain = ProcHost(_table(), proc=str(tree), workers=1)
+        if when == "listed":
+            assert plain.holdings([pid], deep=True)[pid].minors == {0}  # the scan alone proves it
+        host = ProcHost(_table(), proc=str(tree), workers=2)
+        host.prefetch(deep=True)
+        assert host._early is not None
+        if when == "later":
+            fifo = _holder_with_stalling_cmdline(tree, pid)
+        got = host.holdings(deep=True)
+        assert 0 in got[pid].minors, got[pid]
+    finally:
+        for _ in range(3):
+            _release(fifo)
+
+
+def test_describe_has_a_deadline(tmp_path):
+    """describe() of a process whose cmdline read blocks (a wedged mm lock: a FIFO here) returns within a bound."""
+    fifo = _holder_with_stalling_cmdline(tmp_path, 8100)
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(ProcHost(_table(), proc=str(tmp_path)).describe(8100)), daemon=True)
+    try:
+        t.start()
+        t.join(5.0)
+        assert not t.is_alive(), "describe() still blocked after 5 s"
+    finally:
+        for _ in range(3):
+            _release(fifo)
+        t.join(5.0)

@@ -1,4 +1,5 @@
-"""The simulated node touches nothing real: allow-once tokens, reset locks and the guard's install stay off this node."""
+"""The simulated node touches nothing real: allow-once tokens, reset locks, the guard's install and the settings
+snapshot stay off this node."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import random
 import subprocess
 import sys
+
+import pytest
 
 from pvegpu.core.settings import GateSettings, ResetSettings
 from tests.pvelike import REPO
@@ -93,3 +96,28 @@ def test_a_named_stand_in_is_still_accepted(sim_node):
 
     node = sim_node({"node": "s", "gpus": [GPU | {"stand_in": "/dev/full"}], "containers": [{"vmid": 129, "status": "stopped", "gpus": [0]}]})
     assert SimState(node.root).gpus()[0]["stand_in"] == "/dev/full"
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="the settings snapshot is written by root only")
+def test_simulate_writes_no_settings_snapshot_into_the_real_run_pvegpu(tmp_path, monkeypatch):
+    """`pvegpu --simulate DIR ...` as root with a real /etc/pvegpu/pvegpu.toml reads it but writes no snapshot to /run/pvegpu."""
+    from pvegpu import wiring
+    from pvegpu.adapters import settingsfile
+
+    conf = tmp_path / "etc" / "pvegpu.toml"
+    conf.parent.mkdir()
+    conf.write_text("[reset]\ngrace = 5\n")
+    conf.chmod(0o644)
+    monkeypatch.setattr(settingsfile, "RACY_NS", 0)  # the file counts as settled (on a node it is days old)
+    real_run = tmp_path / "run-pvegpu"  # stands for the node's real /run/pvegpu
+    monkeypatch.setattr(settingsfile, "DEFAULT_PATH", str(conf))
+    monkeypatch.setattr(settingsfile, "SNAPSHOT_DIR", str(real_run))
+    monkeypatch.delenv("PVEGPU_CONFIG", raising=False)
+    sim = tmp_path / "node"
+    sim.mkdir()
+    sim.chmod(0o700)  # a node only its user can change (as `sim create` makes it), whatever the umask
+    (sim / "scenario.json").write_text("{}")
+    s = wiring.settings(wiring.GlobalOptions(simulate=str(sim)))
+    assert s.reset.grace == 5
+    assert not real_run.exists() or not os.listdir(real_run), os.listdir(real_run)

@@ -1,10 +1,11 @@
 """Stopped, traced and frozen GPU holders on real processes in a PVE-like container (cgroup /lxc/<vmid>/ns + a
 PID namespace): reset ends each one well inside the grace period instead of waiting for a signal that cannot
-be delivered.
+be delivered (a frozen holder with a SIGTERM handler gets SIGKILL at once).
 
 The stand-in GPU is the slave of a pseudo-terminal with a high index that this module opens (the test process
 keeps only the master, which is another device, so it is never a holder itself); the NVML stand-in lists every
-live process holding it, 512 MiB each, and the memory returns when the holder is gone.
+live process holding it, 512 MiB each, and the memory returns when the holder is gone. The two tests of a holder in
+a child cgroup the tenant froze run on tests/test_heirs.py's node instead (/dev/zero mapped, the driver model).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import pytest
 
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
+from pvegpu.core import errors as E
 from pvegpu.core.model import MIB, CtStatus, GpuInfo, GpuSample, Guest, NvmlProcess
 from pvegpu.reset import Ports, ResetPolicy, reset
 from tests import pvelike
+from tests.test_heirs import _ct_job, node
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root (cgroups, PID namespaces, ptrace)")]
 
@@ -213,3 +216,54 @@ def test_dry_run_says_what_a_stopped_or_traced_holder_will_get(ct):
     rep = reset(vmid, Ports(OneCt(vmid), HolderProbe(host, vmid), host, SystemClock()), ResetPolicy(dry_run=True, restart=False))
     (plan,) = [p for p in rep.plan if p["pid"] == pid]
     assert "SIGCONT" in plan["action"] and rep.signalled == [] and _state(pid) == "T"
+
+
+# -- a holder in a cgroup the tenant froze, on the heirs' node (tests/test_heirs.py) --------------------------
+
+# A holder with a clean-shutdown handler for SIGTERM, as most services have.
+JOB3 = r"""
+import mmap, os, signal, time
+fd = os.open('/dev/zero', os.O_RDWR); m = mmap.mmap(fd, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
+signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
+open('/proc/self/comm','w').write('job-handler')
+time.sleep(300)
+"""
+
+
+def _freeze(vmid: int, pid: int) -> None:
+    """Move ``pid`` into a child cgroup of CT ``vmid``'s and freeze that (cgroup.freeze = 1), as a tenant may."""
+    frz = os.path.join(pvelike.cgroup_dir(vmid), "frz")
+    os.makedirs(frz, exist_ok=True)
+    with open(os.path.join(frz, "cgroup.procs"), "w") as f:
+        f.write(str(pid))
+    with open(os.path.join(frz, "cgroup.freeze"), "w") as f:
+        f.write("1")
+    deadline = time.monotonic() + 10
+    while "frozen 1" not in open(os.path.join(frz, "cgroup.events")).read():
+        assert time.monotonic() < deadline, "the cgroup did not freeze"
+        time.sleep(0.02)
+
+
+def test_frozen_holder_is_stopped_well_within_the_grace():
+    """A holder in a cgroup the tenant froze is stopped well within the grace."""
+    with node() as n:
+        target = n.ct("own")
+        job = n.jobs(target)["job-own"]
+        n.context(1024, job)
+        _freeze(target, job)
+        t = time.monotonic()
+        rep = n.reset(target, grace=3.0, timeout=5.0)
+        assert time.monotonic() - t < 1.5 and rep.exit_code == E.EXIT_OK, rep.outcome
+
+
+def test_frozen_holder_with_a_term_handler_gets_sigkill_at_once():
+    """A frozen holder with a SIGTERM handler (SIGTERM stays pending) gets SIGKILL at once, not after the grace."""
+    with node() as n:
+        vmid = _ct_job(n, JOB3, {"job-handler"})
+        job = n.jobs(vmid)["job-handler"]
+        n.context(1024, job)
+        _freeze(vmid, job)
+        t = time.monotonic()
+        rep = n.reset(vmid, grace=3.0, timeout=5.0)
+        assert time.monotonic() - t < 1.5 and rep.exit_code == E.EXIT_OK, rep.outcome
+        assert [s["signal"] for s in rep.signalled if s["pid"] == job] == ["SIGKILL"], rep.signalled

@@ -1,13 +1,22 @@
 """VM reset against fakepve's agent endpoints with scripted guest answers (no qemu-ga needed): the API shapes and
 faults: a Windows guest, no agent configured, an agent that hangs, a lock, HA, a reboot verified in the guest,
-hostile guest output, and the parsing of what a guest prints."""
+hostile guest output, a VM stopped by its admin or paused, a 403 on agent/exec (none of them rebooted), signals
+during the reboot, and the parsing of what a guest prints."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 from fakepve import agent as fake_agent
+from fakepve.model import PveError
 
 from pvegpu.vm.guest import KILL_SCRIPT, NVSMI_APPS, NVSMI_GPUS, SCAN_SCRIPT, parse_apps, parse_scan
+from tests.pvelike import REPO
 from tests.test_faults import cli, write_config
 
 VMID = 200
@@ -140,6 +149,100 @@ def test_guest_output_is_escaped(api):
     add(answers=scripted(smi_err="\x1b[2J\x1b]0;owned\x07boom"))
     r = cli(["reset", str(VMID), "--no-restart"], config=config(), module="pvegpu", bound=30)
     assert r.rc == 5 and "\x1b" not in r.out + r.err and "\\x1b" in r.out
+
+
+# -- a VM stopped by its admin, a 403, a paused VM: no reboot ---------------------------------------------------
+
+
+def test_cli_vm_stopped_by_its_admin_mid_reset_is_left_stopped(api):
+    """Through fakepve: the VM is stopped during pvegpu's first exec: exit 0 'not running', the VM stays stopped."""
+    fake, add, config = api
+    inner = scripted()
+
+    def answers(vm, command, values):
+        if command == "exec" and vm.status == "running" and vm.started_at == vm.first_start:
+            vm.status = vm.qmpstatus = "stopped"
+            raise PveError(500, "VM 200 not running")
+        return inner(vm, command, values)
+
+    v = add(answers=answers)
+    r = run(config())
+    assert r.rc == 0 and r.report["outcome"] == "not running" and v.status == "stopped", (r.rc, r.report["steps"])
+    assert not [s for s in r.report["steps"] if s["name"] == "restart"]
+
+
+def test_cli_forbidden_exec_does_not_reboot_the_vm(api):
+    """fakepve answers agent/exec with PVE's 403: exit 4, no restart step, the VM is not rebooted."""
+    fake, add, config = api
+    inner = scripted()
+
+    def answers(vm, command, values):
+        if command == "exec":
+            raise PveError(403, "Permission check failed (/vms/200, VM.GuestAgent.Unrestricted)")
+        return inner(vm, command, values)
+
+    v = add(answers=answers)
+    r = run(config())
+    assert r.rc == 4 and not [s for s in r.report["steps"] if s["name"] == "restart"], (r.rc, r.report["steps"])
+    assert v.started_at == v.first_start and v.status == "running"
+
+
+def test_cli_paused_vm_is_not_stopped(api):
+    """Through fakepve: a paused VM whose agent hangs: exit 4 at once, no restart step, the VM stays paused."""
+    fake, add, config = api
+    v = add(qmpstatus="paused", agent_hangs=True)
+    r = run(config())
+    assert r.rc == 4 and not [s for s in r.report["steps"] if s["name"] == "restart"], (r.rc, r.report["steps"])
+    assert v.qmpstatus == "paused" and r.wall < 10
+
+
+# -- signals as for a container ---------------------------------------------------------------------------
+
+
+def _reset_signalled(config, sends):
+    """Run `pvegpu reset 200` (human output); ``sends``: (line fragment, signal) pairs, each sent once its line shows."""
+    p = subprocess.Popen([sys.executable, "-m", "pvegpu", "--config", config, "reset", "200"], cwd=REPO, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    seen, todo = [], list(sends)
+    assert p.stdout is not None
+    for line in p.stdout:
+        seen.append(line)
+        if todo and todo[0][0] in line:
+            time.sleep(0.1)
+            p.send_signal(todo.pop(0)[1])
+            if not todo:
+                break
+    try:
+        out, err = p.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+    return p.returncode, "".join(seen) + out, err
+
+
+def test_cli_sigint_during_the_reboot_finishes_it_and_exits_130(api):
+    """SIGINT after the shutdown request: the reboot is finished, the report says interrupted, exit 130, the VM runs."""
+    fake, add, config = api
+    v = add(shutdown_secs=0.5, start_secs=1)
+    rc, out, err = _reset_signalled(config(), [("shutting VM 200 down", signal.SIGINT)])
+    assert rc == 130 and "[interrupted]" in out and v.status == "running", (rc, out[-800:], err[-800:])
+
+
+def test_cli_second_signal_abandons_the_reboot(api):
+    """A second signal (during the start) abandons the reboot: exit 130 and the report still comes, naming where the VM is."""
+    fake, add, config = api
+    add(shutdown_secs=0.5, start_secs=3)
+    rc, out, err = _reset_signalled(config(), [("shutting VM 200 down", signal.SIGINT), ("starting it", signal.SIGINT)])
+    assert rc == 130 and "[interrupted]" in out and "VM 200:" in out, (rc, out[-800:], err[-800:])
+
+
+def test_cli_sigterm_before_any_power_action_leaves_the_vm_running(api):
+    """SIGTERM while pvegpu still works inside the guest: exit 143 at once, the VM never shut down."""
+    fake, add, config = api
+    v = add()
+    rc, out, err = _reset_signalled(config(grace=5), [("SIGTERM →", signal.SIGTERM)])
+    assert rc == 143 and "[restart]" not in out and v.status == "running" and v.started_at == v.first_start, (rc, out, err)
 
 
 def test_parsing_refuses_forged_lines():

@@ -1,5 +1,6 @@
 """The VM start gate: a VM's pre-start refuses while a host or container process holds a GPU its hostpciN takes,
-allows an idle GPU or one bound to vfio-pci already; `pvegpu check` agrees; audit flags a GPU granted to a VM and CTs."""
+allows an idle GPU or one bound to vfio-pci already; `pvegpu check` agrees; audit flags a GPU granted to a VM and CTs;
+`hook uninstall` keeps the guard a VM's hookscript still names."""
 
 from __future__ import annotations
 
@@ -196,3 +197,29 @@ def test_allow_once_lets_one_vm_start_through(sim_node, guard, tmp_path):
     first = pvelike.run_as_pve(guard, 200, "pre-start", env)
     assert first.returncode == 0 and "VM 200 allowed to start ONCE" in first.stdout and "CT 129" in first.stdout
     assert pvelike.run_as_pve(guard, 200, "pre-start", env).returncode == 10
+
+
+def test_hook_uninstall_keeps_the_guard_a_vm_hookscript_still_runs(tmp_path):
+    """`hook uninstall` of the last guarded container keeps the guard snippet while a VM's hookscript still names it."""
+    from pvegpu.cli import install as ins
+    from tests.pvelike import etc_pve
+
+    pve = etc_pve(str(tmp_path / "pve"), "pve1", {129: "arch: amd64\ndev0: /dev/nvidia0\nhookscript: local:snippets/pvegpu-guard\n"},
+                  vms=(200,))
+    with open(os.path.join(pve, "nodes", "pve1", "qemu-server", "200.conf"), "w") as f:
+        f.write("hostpci0: 0000:01:00.0\nhookscript: local:snippets/pvegpu-guard\n")
+    vz = tmp_path / "vz"
+    (vz / "snippets").mkdir(parents=True)
+    (vz / "snippets" / "pvegpu-guard").write_text(ins.guard_text(ins.template()))
+    with open(os.path.join(pve, "storage.cfg"), "w") as f:
+        f.write(f"dir: local\n\tpath {vz}\n\tcontent snippets\n")
+
+    def run(argv):  # `pct set 129 --delete hookscript`
+        conf = os.path.join(pve, "nodes", "pve1", "lxc", f"{argv[2]}.conf")
+        text = open(conf).read()
+        open(conf, "w").write("".join(ln for ln in text.splitlines(True) if not ln.startswith("hookscript:")))
+        return 0, ""
+
+    plan = ins.uninstall([129], pve_root=pve, node="pve1", run=run)
+    assert plan.ok
+    assert (vz / "snippets" / "pvegpu-guard").exists(), plan.done

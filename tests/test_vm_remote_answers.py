@@ -3,7 +3,7 @@
 not act. Each is named (exit 4) or judged on a fresh look, and none is a reason for a power action.
 
 Items 1-3 go through the real adapters (proxmoxer over HTTPS, answers scripted with ``responses``); items 4-5
-through the in-process fake VmApi of tests/test_review_vm.py; all on a fake clock."""
+through the in-process fake VmApi of tests/vm_fakes.py; all on a fake clock."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pvegpu.testing import FakeClock
 from pvegpu.vm.guest import KILL_SCRIPT, MAX_LINES, NVSMI_APPS, NVSMI_GPUS, SCAN_SCRIPT
 from pvegpu.vm.reset import REBOOTABLE, VmOutcome, VmPolicy, VmReport, reset_vm
 from tests import test_pve_adapter as adapter_tests
-from tests.test_review_vm import FakeVm
+from tests.vm_fakes import FakeVm
 
 BASE = "https://pve.test:8006/api2/json"
 VM = f"{BASE}/nodes/pve1/qemu/200"
