@@ -43,7 +43,7 @@ from pvegpu.core.model import CONTROL, Holding, Via
 
 # start-end perms offset dev inode: file-backed lines only (inode 0 is anonymous memory, heap, stack). The pattern
 # rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+:[0-9a-f]+) ([1-9][0-9]*) " is matched by hand (``_file_line``) on the
-# fields the scan has split anyway; tests/test_scan_speed.py runs both on every line
+# fields the scan has split anyway; tests/test_scan_parsers.py runs both on every line
 _HEX = b"0123456789abcdef"
 _SPACE = b"\t\n\x0b\x0c\r"  # bytes ``\S``: none of these (nor the space the line is split on)
 

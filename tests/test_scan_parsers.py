@@ -1,5 +1,5 @@
-"""The faster scan gives the same answers as the one before it: maps parse, escape, kernel threads, describe cache,
-parallel workers (issue 20)."""
+"""The scan's parsers give the regex's answers (maps, status, escape); kernel threads, the describe cache, the
+forked workers."""
 
 from __future__ import annotations
 
