@@ -20,7 +20,7 @@ from pvegpu.adapters import devscan
 from pvegpu.adapters.devscan import ProcessScan, maps_files
 from pvegpu.adapters.procfs import DeviceTable, ProcHost
 from tests.test_scan_ahead import _table
-from tests.test_scan_speed import _FIELD, ADVERSARIAL, _real_maps, _stat_text, old_maps
+from tests.test_scan_parsers import _FIELD, ADVERSARIAL, _real_maps, _stat_text, old_maps
 
 
 class OldScan(ProcessScan):
