@@ -4,6 +4,8 @@ later process is its successor, never its owner (issue 30, item 8; the decision:
 
 from __future__ import annotations
 
+import pytest
+
 from pvegpu.audit.run import run_audit
 from pvegpu.core.holders import FirstReading, inspect_gpus
 from pvegpu.core.leftover import LeftoverRule, baseline
@@ -127,3 +129,24 @@ def test_a_listed_pid_that_leaves_nvmls_list_is_forgotten():
     probe.context(0, 2048, newcomer)
     f = inspect_gpus(129, GPU, host=host, probe=probe, first=first)[0]
     assert f.ghosts == [] and f.foreign_bytes == 2048 * 1024 * 1024
+
+
+@pytest.mark.xfail(strict=True, reason="open: a session a tenant makes at a freed dead pid's number is taken for that pid's "
+                   "own (no record of where the pid was seen alive reaches the gate); see the review report")
+def test_a_session_made_at_a_dead_pids_number_after_it_died_is_no_link():
+    """A stopped CT's dead listed pid holds 8 GiB and no group or session keeps its number: CT 130's tenant cycles
+    pids until one of its processes gets that number, calls setsid() there, forks a child that maps the device and
+    lets the leader exit. The child's session id is the dead pid's, but the session was made after the owner died, in
+    another container: no link, so the start of CT 129 onto the 8 GiB is refused and nothing is credited to CT 130."""
+    host, probe, pve = _node()
+    ghost = _stopped_cts_leak(host, probe)
+    host.clock.sleep(60.0)  # the tenant's pid cycling takes a while
+    leader = _take_pid(host, ghost, 130)
+    child = host.add(130, minors={0}, sid=leader.pid, pgid=leader.pid)  # setsid() at the dead pid's number, then fork
+    del host.procs[leader.pid]  # the leader exits: its session lives on in the child, as a real heir's would
+    res = evaluate(129, GatePorts(pve, probe, host), GatePolicy())
+    f = res.facts[0]
+    assert not res.decision.allow and res.decision.per_gpu[0] is GateState.REFUSED, res.decision.reasons
+    assert f.heirs == {} and f.unexplained_ghosts == [ghost] and f.foreign_bytes == 0
+    [h] = [h for h in run_audit(pve=pve, probe=probe, host=host).gpus[0].holders if h.pid == child.pid]
+    assert h.inherited_from is None and h.memory_bytes == 0
