@@ -436,8 +436,9 @@ def main(args: list[str]) -> int:
         return int(app(args=args, prog_name="pvegpu", standalone_mode=False) or 0)
     except typer.Exit as exc:
         return int(exc.exit_code)
-    except click_exc.NoArgsIsHelpError as exc:
-        return int(exc.exit_code) if exc.exit_code else 0
+    except click_exc.NoArgsIsHelpError as exc:  # `pvegpu`, `pvegpu hook`, `pvegpu sim` alone: the help, as click shows it
+        exc.show()
+        return int(exc.exit_code)
     except click_exc.ClickException as exc:  # a bad line; with --json its consumer still gets a pvegpu-error document
         return _fail(_usage_error(exc), args, json_out)
     except SystemExit as exc:  # typer turns a closed stdout pipe (`pvegpu demo | head -1`) into a quiet exit 1
