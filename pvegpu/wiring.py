@@ -29,7 +29,6 @@ from pvegpu.adapters.nvml import NvmlProbe
 from pvegpu.adapters.procfs import ProcHost, ScanBudget
 from pvegpu.adapters.pvecli import run_command
 from pvegpu.adapters.settingsfile import load
-from pvegpu.adapters.textfile import write_textfile as write_textfile  # ``audit --prometheus``: the textfile, written safely
 from pvegpu.adapters.users import user_name
 from pvegpu.core import errors as E
 from pvegpu.core.leftover import LeftoverRule
@@ -49,8 +48,9 @@ if TYPE_CHECKING:
     from pvegpu.adapters.pve import ProxmoxerPve
     from pvegpu.adapters.ssh import SshAudits
 
-# Imported where they are built: the API client (adapters/pve.py, agent.py: proxmoxer, requests) and the cluster's
-# ssh fan-out (adapters/ssh.py: concurrent.futures brings logging); the hookscript and a plain reset need neither.
+# Imported where they are built: the API client (adapters/pve.py, agent.py: proxmoxer, requests), the cluster's
+# ssh fan-out (adapters/ssh.py: concurrent.futures brings logging) and the textfile writer (adapters/textfile.py:
+# prometheus_client); the hookscript and a plain reset need none of them.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,6 +288,12 @@ def world(s: Settings) -> NodeWorld:
 
 
 journal_line = journal.log_line  # one line to the system log with ident pvegpu (``journalctl -t pvegpu``)
+
+
+def write_textfile(path: str, doc: Mapping[str, object]) -> None:
+    """``audit --prometheus PATH``: the audit as node_exporter's textfile, written safely (``adapters/textfile.py``)."""
+    from pvegpu.adapters.textfile import write_textfile as write  # prometheus_client: the audit's alone, never the hookscript's
+    write(path, doc)
 
 
 def ct_lock(s: Settings, vmid: int, wait: float, on_wait: Callable[[str], None] | None = None, kind: str = "CT") -> locks.ct_lock:

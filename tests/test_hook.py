@@ -532,3 +532,26 @@ def test_allow_once_dir_of_another_user_not_trusted(sim_node, guard, shared_tmp)
     r2 = subprocess.run([sys.executable, "-m", "pvegpu", "hook", "allow-once", "129"], capture_output=True, text=True,
                         env=dict(os.environ, PVEGPU_SIMULATE=node.root, PVEGPU_GATE_OVERRIDE_DIR=d), cwd=pvelike.REPO)
     assert r2.returncode == 2 and "allow-once token directory" in r2.stderr and "owned by uid 65534" in r2.stderr, r2.stderr
+
+
+@pytest.mark.parametrize("phase,code", [("pre-start", 10), ("post-start", 0), ("pre-stop", 0), ("post-stop", 0)])
+def test_a_gate_that_cannot_import_nvidia_ml_py_fails_closed_with_the_gates_code(tmp_path, phase, code):
+    """The guard's fast path with nvidia-ml-py's directory gone from its import path (the venv rebuilt elsewhere, the
+    package removed, while pvegpu's checkout stays): pre-start refuses with the gate's code and says why, every other
+    phase exits 0; never a traceback and exit 1 for every phase."""
+    import re
+
+    from pvegpu.cli.install import guard_text, template
+
+    root = pvelike.etc_pve(str(tmp_path / "pve"), "n1", {129: "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"})
+    text = guard_text(template(), str(tmp_path / "no-such-pvegpu"))  # only the fast path can answer
+    text = re.sub(r"(?m)^PVEGPU_PYTHONPATH=.*$", f"PVEGPU_PYTHONPATH={pvelike.REPO}", text)  # pvegpu's directory alone
+    g = tmp_path / "guard"
+    g.write_text(text)
+    g.chmod(0o755)
+    lock = tmp_path / "lock"
+    lock.mkdir(mode=0o700)
+    r = pvelike.run_as_pve(str(g), 129, phase, {"PVEGPU_PVE_ROOT": root, "PVEGPU_RESET_LOCK_DIR": str(lock)})
+    assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
+    if code:
+        assert "refusing to start CT 129" in r.stderr and "nvidia-ml-py" in r.stderr, r.stderr
