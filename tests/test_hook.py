@@ -555,3 +555,20 @@ def test_a_gate_that_cannot_import_nvidia_ml_py_fails_closed_with_the_gates_code
     assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
     if code:
         assert "refusing to start CT 129" in r.stderr and "nvidia-ml-py" in r.stderr, r.stderr
+
+
+def test_check_of_a_running_container_whose_gpu_cannot_be_read_is_unknown_not_clean(sim_node):
+    """`pvegpu check` of a running CT whose GPU NVML cannot read: it says the CT runs and that the GPU cannot be read,
+    and exits 5 (unknown), never 0: a script's `check 129 && ...` must not read an unreadable GPU as fine."""
+    import json
+    import subprocess
+    import sys
+
+    node = sim_node({"node": "pve-sim", "gpus": [dict(GPU, fail="GPU is lost")], "containers": [
+        {"vmid": 129, "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024}]}]})
+    line = [sys.executable, "-m", "pvegpu", "--simulate", node.root, "check", "129"]
+    r = subprocess.run(line, capture_output=True, text=True, cwd=pvelike.REPO, timeout=60)
+    assert r.returncode == 5 and "is running" in r.stdout and "cannot be read" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([*line, "--json"], capture_output=True, text=True, cwd=pvelike.REPO, timeout=60)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 5 and doc["running"] is True and [g["state"] for g in doc["gpus"]] == ["unknown"]

@@ -193,7 +193,8 @@ def check_cmd(
     wide: bool = typer.Option(False, "--wide", "-v", "--verbose", help="the decision as one line, as the task log shows it"),
 ) -> None:
     """May the guest start now? The start gate's decision, exactly as the hookscript makes it: exit 0 yes (or it
-    runs: no start to decide, what it holds is printed), 10 refused (the reason and the fix are printed)."""
+    runs: no start to decide, what it holds is printed), 10 refused (the reason and the fix are printed), 5 a GPU
+    of a running CT cannot be read."""
     raise typer.Exit(hook.check(vmid, _opts(ctx), json_out=json_out, wide=wide, out=sys.stdout, err=sys.stderr))
 
 
