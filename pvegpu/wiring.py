@@ -29,7 +29,6 @@ from pvegpu.adapters.nvml import NvmlProbe
 from pvegpu.adapters.procfs import ProcHost, ScanBudget
 from pvegpu.adapters.pvecli import run_command
 from pvegpu.adapters.settingsfile import load
-from pvegpu.adapters.textfile import write_textfile as write_textfile  # ``audit --prometheus``: the textfile, written safely
 from pvegpu.adapters.users import user_name
 from pvegpu.core import errors as E
 from pvegpu.core.leftover import LeftoverRule
@@ -48,8 +47,6 @@ from pvegpu.vm.reset import VmPolicy
 if TYPE_CHECKING:
     from pvegpu.adapters.pve import ProxmoxerPve
     from pvegpu.adapters.ssh import SshAudits
-
-# Imported where built: the API client (proxmoxer, requests) and the ssh fan-out; the hookscript and a reset need neither.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +90,7 @@ def post_stop_policy(s: Settings) -> ResetPolicy:
 
 def gate_policy(s: Settings) -> GatePolicy:
     """``[gate]`` as the start gate's policy."""
-    g = s.gate
-    return GatePolicy(leftover_rule(s), g.on_unknown, frozenset(g.exclusive), g.exclusive_tag, g.host_users)
+    return GatePolicy(leftover_rule(s), s.gate.on_unknown, frozenset(s.gate.exclusive), s.gate.exclusive_tag, s.gate.host_users)
 
 
 def vm_policy(s: Settings, *, dry_run: bool = False) -> VmPolicy:
@@ -112,9 +108,8 @@ def read_deadline(s: Settings) -> float:
 
 # -- NVML, opened one way for every command ---------------------------------------------------------------------
 def nvml_reader(s: Settings, *, details: bool = False, sim: GpuProbe | None = None, deadline: float | None = None) -> BoundedProbe:
-    """NVML for one run (``sim``: the simulated node's; ``details``: the audit's bus ids, totals, health), opened (at
-    the first reading, or ``begin()`` / ``start()``) and read in a thread, each step within ``deadline``
-    (``read_deadline``). ``close()`` it: a resident NVML client blocks ``nvidia-smi -r`` and shows up as a holder."""
+    """NVML for one run (``sim``: the simulated node's; ``details``: bus ids, totals, health), opened and read in a thread,
+    each step within ``deadline``. ``close()`` it: a resident NVML client blocks ``nvidia-smi -r`` and is a holder."""
     opener: Callable[[], GpuProbe] = (lambda: sim) if sim is not None else (lambda: NvmlProbe(details=details))
     return BoundedProbe(None, read_deadline(s) if deadline is None else deadline, opener=opener)
 
@@ -170,7 +165,7 @@ def api_client(s: Settings, node: str = "") -> ProxmoxerPve | None:
     backend = resolve_backend(s)
     if backend is None:
         return None
-    from pvegpu.adapters.pve import ProxmoxerPve, connect  # the API client: see the comment above GlobalOptions
+    from pvegpu.adapters.pve import ProxmoxerPve, connect  # proxmoxer, requests: never on the hookscript's path
     return ProxmoxerPve(connect(s.api, backend, task_timeout=s.reset.task_timeout), node=node)
 
 
@@ -288,6 +283,12 @@ def world(s: Settings) -> NodeWorld:
 journal_line = journal.log_line  # one line to the system log with ident pvegpu (``journalctl -t pvegpu``)
 
 
+def write_textfile(path: str, doc: Mapping[str, object]) -> None:
+    """``audit --prometheus PATH``: node_exporter's textfile, written safely."""
+    from pvegpu.adapters.textfile import write_textfile as write  # prometheus_client: never on the hookscript's path
+    write(path, doc)
+
+
 def ct_lock(s: Settings, vmid: int, wait: float, on_wait: Callable[[str], None] | None = None, kind: str = "CT") -> locks.ct_lock:
     """The guest's reset lock (``/run/pvegpu/locks/<vmid>.lock``); ``on_wait(text)`` hears of a wait once a second."""
     return locks.ct_lock(s.reset.lock_dir, vmid, wait, on_wait, kind)
@@ -300,21 +301,20 @@ def vm_api(s: Settings) -> VmApi:
     if api is None:
         raise E.UsageError("a VM reset works through the Proxmox API and its guest agent, and none can be used here",
                            "run it as root on a PVE node (pvesh), or set api.host and an API token (README 'VMs')")
-    from pvegpu.adapters.agent import ProxmoxerVm  # the API client: see the comment above GlobalOptions
+    from pvegpu.adapters.agent import ProxmoxerVm  # proxmoxer, requests: never on the hookscript's path
     return ProxmoxerVm(api)
 
 
 def cluster_audits(timeout: float, options: list[str]) -> SshAudits:
     """The other nodes' audits, over the root SSH trust PVE sets up between cluster nodes."""
-    from pvegpu.adapters.ssh import SshAudits  # see the comment above GlobalOptions
+    from pvegpu.adapters.ssh import SshAudits  # concurrent.futures brings logging: not on a reset's or the hook's path
     return SshAudits(timeout=timeout, options=options)
 
 
 # -- hook install | uninstall | status ------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class InstallTarget:
-    """Where ``hook install | uninstall | status`` act: ``/etc/pve``, the node's name, a per-node snippet lister (None:
-    unknown), the runner of ``pct set`` / ``pvesm set`` (``install.Runner``)."""
+    """Where ``hook install | uninstall | status`` act: ``/etc/pve``, node name, snippet lister (None: unknown), ``pct``."""
 
     pve_root: str
     node: str

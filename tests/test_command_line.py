@@ -265,3 +265,24 @@ def test_usage_errors_with_json_still_print_a_pvegpu_error_document(argv):
     doc = json.loads(r.stdout)
     schemas.validate(doc, "error")
     assert doc["exit_code"] == 2
+
+
+@pytest.mark.parametrize("line", [[], ["hook"], ["sim"]])
+def test_a_command_group_alone_shows_its_help(line, capsys):
+    """`pvegpu`, `pvegpu hook` or `pvegpu sim` alone (a new admin's first try) shows that group's help with its
+    commands (exit 2, click's usage error), never nothing at all."""
+    assert run(line) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Usage: pvegpu") and "Commands:" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("line,code,said", [
+    (["hook", "129"], 2, "usage: pvegpu hook VMID PHASE"), (["hook", "129", "pre-start", "extra"], 2, "usage: pvegpu hook VMID PHASE"),
+    (["hook", "-1", "pre-start"], 2, "'-1' is not a container id"), (["hook", "129", "--help"], 0, "Usage: pvegpu hook"),
+])
+def test_odd_calls_of_the_hook_are_said_as_the_hook_sees_them(line, code, said, capsys):
+    """`hook VMID PHASE` with a word missing or extra, or a negative vmid: the hook's own usage error naming what is
+    wrong (exit 2), never typer's "No such option"; with --help: the hook's help (exit 0)."""
+    assert run(line) == code
+    out = capsys.readouterr()
+    assert said in out.out + out.err and "No such option" not in out.err and "Traceback" not in out.err, out

@@ -532,3 +532,43 @@ def test_allow_once_dir_of_another_user_not_trusted(sim_node, guard, shared_tmp)
     r2 = subprocess.run([sys.executable, "-m", "pvegpu", "hook", "allow-once", "129"], capture_output=True, text=True,
                         env=dict(os.environ, PVEGPU_SIMULATE=node.root, PVEGPU_GATE_OVERRIDE_DIR=d), cwd=pvelike.REPO)
     assert r2.returncode == 2 and "allow-once token directory" in r2.stderr and "owned by uid 65534" in r2.stderr, r2.stderr
+
+
+@pytest.mark.parametrize("phase,code", [("pre-start", 10), ("post-start", 0), ("pre-stop", 0), ("post-stop", 0)])
+def test_a_gate_that_cannot_import_nvidia_ml_py_fails_closed_with_the_gates_code(tmp_path, phase, code):
+    """The guard's fast path with nvidia-ml-py's directory gone from its import path (the venv rebuilt elsewhere, the
+    package removed, while pvegpu's checkout stays): pre-start refuses with the gate's code and says why, every other
+    phase exits 0; never a traceback and exit 1 for every phase."""
+    import re
+
+    from pvegpu.cli.install import guard_text, template
+
+    root = pvelike.etc_pve(str(tmp_path / "pve"), "n1", {129: "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"})
+    text = guard_text(template(), str(tmp_path / "no-such-pvegpu"))  # only the fast path can answer
+    text = re.sub(r"(?m)^PVEGPU_PYTHONPATH=.*$", f"PVEGPU_PYTHONPATH={pvelike.REPO}", text)  # pvegpu's directory alone
+    g = tmp_path / "guard"
+    g.write_text(text)
+    g.chmod(0o755)
+    lock = tmp_path / "lock"
+    lock.mkdir(mode=0o700)
+    r = pvelike.run_as_pve(str(g), 129, phase, {"PVEGPU_PVE_ROOT": root, "PVEGPU_RESET_LOCK_DIR": str(lock)})
+    assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
+    if code:
+        assert "refusing to start CT 129" in r.stderr and "nvidia-ml-py" in r.stderr, r.stderr
+
+
+def test_check_of_a_running_container_whose_gpu_cannot_be_read_is_unknown_not_clean(sim_node):
+    """`pvegpu check` of a running CT whose GPU NVML cannot read: it says the CT runs and that the GPU cannot be read,
+    and exits 5 (unknown), never 0: a script's `check 129 && ...` must not read an unreadable GPU as fine."""
+    import json
+    import subprocess
+    import sys
+
+    node = sim_node({"node": "pve-sim", "gpus": [dict(GPU, fail="GPU is lost")], "containers": [
+        {"vmid": 129, "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024}]}]})
+    line = [sys.executable, "-m", "pvegpu", "--simulate", node.root, "check", "129"]
+    r = subprocess.run(line, capture_output=True, text=True, cwd=pvelike.REPO, timeout=60)
+    assert r.returncode == 5 and "is running" in r.stdout and "cannot be read" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([*line, "--json"], capture_output=True, text=True, cwd=pvelike.REPO, timeout=60)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 5 and doc["running"] is True and [g["state"] for g in doc["gpus"]] == ["unknown"]

@@ -12,12 +12,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import pynvml
-
 from pvegpu.core.errors import GpuQueryError
 from pvegpu.core.model import GpuHealth, GpuInfo, GpuSample, NvmlProcess
 
+# nvidia-ml-py that cannot be imported (its directory gone from the guard's fast path, a broken install) is NVML that
+# cannot start: each reading says so (the gate refuses with its code, every other phase passes), not an ImportError
+# that fails every command and every hookscript phase before a word is said
+try:
+    import pynvml
+except Exception as exc:  # noqa: BLE001 - whatever the import raised is the reason given
+    pynvml = None  # type: ignore[assignment]
+    _UNIMPORTABLE: str | None = f"{type(exc).__name__}: {exc}"
+else:
+    _UNIMPORTABLE = None
+
 _HINT = "is the NVIDIA driver loaded on the host? try `nvidia-smi`; pvegpu needs libnvidia-ml.so.1"
+_IMPORT_HINT = ("reinstall pvegpu (nvidia-ml-py is its dependency), then `pvegpu hook install` to write the guard's "
+                "import path again")
 
 
 class NvmlProbe:
@@ -30,6 +41,8 @@ class NvmlProbe:
     def __init__(self, *, details: bool = False) -> None:
         self.N: Any = pynvml  # the module, looked up now: a test puts a stand-in driver in its place
         self.details = details
+        if self.N is None:
+            raise GpuQueryError(f"NVML could not start: nvidia-ml-py (pynvml) cannot be imported ({_UNIMPORTABLE})", _IMPORT_HINT)
         try:
             self.N.nvmlInit()
         except self.N.NVMLError as exc:

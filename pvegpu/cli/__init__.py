@@ -18,9 +18,11 @@ from pvegpu.core import errors as E
 
 
 def is_hook_call(argv: list[str]) -> bool:
-    """``hook VMID PHASE`` as PVE calls it, or a malformed call the hook explains (``hook 12x pre-start``): ``hook``
-    then a word starting with a digit, no help asked. ``hook install`` (or ``hook instal``) is a human command."""
-    return len(argv) > 1 and argv[0] == "hook" and argv[1][:1].isdigit() and not {"-h", "--help"} & set(argv)
+    """``hook VMID PHASE`` as PVE calls it, or a malformed call the hook explains (``hook 12x pre-start``, ``hook -1
+    pre-start``): ``hook`` then a word starting with a digit (or a minus and a digit: a vmid, never an option), no
+    help asked. ``hook install`` (or ``hook instal``) is a human command."""
+    return (len(argv) > 1 and argv[0] == "hook" and argv[1].removeprefix("-")[:1].isdigit()
+            and not {"-h", "--help"} & set(argv))
 
 
 def run(argv: list[str]) -> int:

@@ -193,7 +193,8 @@ def check_cmd(
     wide: bool = typer.Option(False, "--wide", "-v", "--verbose", help="the decision as one line, as the task log shows it"),
 ) -> None:
     """May the guest start now? The start gate's decision, exactly as the hookscript makes it: exit 0 yes (or it
-    runs: no start to decide, what it holds is printed), 10 refused (the reason and the fix are printed)."""
+    runs: no start to decide, what it holds is printed), 10 refused (the reason and the fix are printed), 5 a GPU
+    of a running CT cannot be read."""
     raise typer.Exit(hook.check(vmid, _opts(ctx), json_out=json_out, wide=wide, out=sys.stdout, err=sys.stderr))
 
 
@@ -436,8 +437,9 @@ def main(args: list[str]) -> int:
         return int(app(args=args, prog_name="pvegpu", standalone_mode=False) or 0)
     except typer.Exit as exc:
         return int(exc.exit_code)
-    except click_exc.NoArgsIsHelpError as exc:
-        return int(exc.exit_code) if exc.exit_code else 0
+    except click_exc.NoArgsIsHelpError as exc:  # `pvegpu`, `pvegpu hook`, `pvegpu sim` alone: the help, as click shows it
+        exc.show()
+        return int(exc.exit_code)
     except click_exc.ClickException as exc:  # a bad line; with --json its consumer still gets a pvegpu-error document
         return _fail(_usage_error(exc), args, json_out)
     except SystemExit as exc:  # typer turns a closed stdout pipe (`pvegpu demo | head -1`) into a quiet exit 1

@@ -110,7 +110,9 @@ def check(vmid_text: str, opts: wiring.GlobalOptions, *, json_out: bool, wide: b
         doc = v["json"]  # a running CT: its account on one line, not the pre-start's refusal
         line = "pvegpu: " + "; ".join(doc["reasons"] + [f"fix: {f}" for f in doc["fix"]]) + "." if doc.get("running") else v["text"]
         print("\n".join([line] + [note] * bool(note)) if wide else decision_text(v, vmid, note), file=out)
-    return E.EXIT_OK if v["allow"] or v["json"].get("running") else E.EXIT_REFUSED  # a running CT: an account, not a refusal
+    if v["json"].get("running"):  # a running CT: an account, not a refusal; a GPU it cannot read is unknown, never zero
+        return E.EXIT_GPU_UNKNOWN if any(g.get("state") == "unknown" for g in v["json"].get("gpus", ())) else E.EXIT_OK
+    return E.EXIT_OK if v["allow"] else E.EXIT_REFUSED
 
 
 def decision_text(v: dict[str, Any], vmid: int, note: str | None = None) -> str:

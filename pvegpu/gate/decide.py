@@ -9,7 +9,7 @@ a context there and ``host_users = "refuse"`` (by default it is a sharer), or wh
 read (fail closed unless ``on_unknown = "allow"``). A pvegpu reset in progress on the container also refuses.
 
 A *running* container has no start to decide: its own memory is never leftover, so ``check`` says it runs and what
-it holds (exit 0; ``CheckResult.running``). PVE never calls pre-start for a running container; a hookscript called
+it holds (exit 0, or 5 for a GPU it cannot read; ``CheckResult.running``). PVE never calls pre-start for a running container; a hookscript called
 so anyway (by hand) refuses, with that same account and nothing else to fix: a start of a running guest is no start.
 Manual equivalent: ``nvidia-smi --query-gpu=index,memory.used`` + ``--query-compute-apps=pid,used_memory``.
 """
