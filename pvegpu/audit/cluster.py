@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pvegpu.audit.model import SCHEMA, SCHEMA_VERSION, Flag, FlagKind, NodeAudit
-from pvegpu.audit.prom import render
 from pvegpu.audit.render import node_text
 from pvegpu.core.contract import dumps
 from pvegpu.core.safetext import shown
@@ -111,6 +110,8 @@ def _node_from(answer: Mapping[str, Any] | str, name: str) -> tuple[dict[str, An
 
 def _undrawable(node: dict[str, Any]) -> str | None:
     """Why the table or the textfile could not show this entry (a malformed answer), or None when both can."""
+    from pvegpu.audit.prom import render  # prometheus_client: only for --cluster and --prometheus, not every audit
+
     try:
         node_text(node)
         render({"nodes": [node], "generated_at": 0})
