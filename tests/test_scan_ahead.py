@@ -123,6 +123,8 @@ def test_both_sides_scan_part_of_a_segment(small_shares, tree, monkeypatch):
     real_serial = scanpool._serial
 
     def count(host_, part, deep, end, out, stop=None):
+        if os.getpid() == parent and stop is not None:
+            time.sleep(0.5)  # the forked worker gets a head start even on a loaded machine: each side does part
         n = real_serial(host_, part, deep, end, out, stop)
         if os.getpid() == parent and stop is not None:
             here_before.append(n)
