@@ -155,15 +155,15 @@ def test_a_target_pid_reused_by_a_neighbours_gpu_job_is_never_the_targets_leftov
         assert is_clean(f, 64) and restart_would_not_help({0: f}) is not None
 
 
-@pytest.mark.xfail(strict=True, reason="open: a session a tenant makes at a freed dead pid's number is taken for that pid's "
-                   "own (no record of where the pid was seen alive reaches the gate); see the review report")
 def test_a_session_made_at_a_dead_pids_number_after_it_died_is_no_link():
     """A stopped CT's dead listed pid holds 8 GiB and no group or session keeps its number: CT 130's tenant cycles
     pids until one of its processes gets that number, calls setsid() there, forks a child that maps the device and
     lets the leader exit. The child's session id is the dead pid's, but the session was made after the owner died, in
-    another container: no link, so the start of CT 129 onto the 8 GiB is refused and nothing is credited to CT 130."""
+    another container: no link, so the start of CT 129 onto the 8 GiB is refused and nothing is credited to CT 130
+    (CT 129's post-stop check saw the pid listed and dead: the record says since when)."""
     host, probe, pve = _node()
     ghost = _stopped_cts_leak(host, probe)
+    evaluate(129, GatePorts(pve, probe, host), GatePolicy())  # the post-stop hook's check
     host.clock.sleep(60.0)  # the tenant's pid cycling takes a while
     leader = _take_pid(host, ghost, 130)
     child = host.add(130, minors={0}, sid=leader.pid, pgid=leader.pid)  # setsid() at the dead pid's number, then fork
@@ -176,14 +176,14 @@ def test_a_session_made_at_a_dead_pids_number_after_it_died_is_no_link():
     assert h.inherited_from is None and h.memory_bytes == 0
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 30 item 8, the gate): a pid recycled before the gate's first reading is taken "
-                   "for its NVML entry's owner; no record of the (pid, start time) pvegpu saw reaches the gate; see the review report")
 def test_process_that_took_a_dead_listed_pid_before_the_reading_and_maps_the_gpu_is_not_its_owner():
     """A stopped CT's dead listed pid holds 8 GiB; a minute later CT 130's tenant gets that pid (pid cycling) and opens
     and maps the device, all before the gate reads NVML: it is the dead one's successor, not the owner of its entry,
-    so the start of CT 129 onto the 8 GiB is refused and CT 130 is not charged with them."""
+    so the start of CT 129 onto the 8 GiB is refused and CT 130 is not charged with them (CT 129's post-stop check
+    saw the pid listed and dead: the record says since when)."""
     host, probe, pve = _node()
     ghost = _stopped_cts_leak(host, probe)
+    evaluate(129, GatePorts(pve, probe, host), GatePolicy())  # the post-stop hook's check
     host.clock.sleep(60.0)
     _take_pid(host, ghost, 130, minors={0})
     res = evaluate(129, GatePorts(pve, probe, host), GatePolicy())
