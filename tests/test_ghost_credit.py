@@ -5,8 +5,6 @@ process's own (issue 30, item 8; the decision: ``holders._credit_ghosts``,
 
 from __future__ import annotations
 
-import pytest
-
 from pvegpu.audit.run import run_audit
 from pvegpu.core.holders import FirstReading, inspect_gpus
 from pvegpu.core.leftover import LeftoverRule, baseline
@@ -190,3 +188,37 @@ def test_process_that_took_a_dead_listed_pid_before_the_reading_and_maps_the_gpu
     f = res.facts[0]
     assert not res.decision.allow and res.decision.per_gpu[0] is GateState.REFUSED, res.decision.reasons
     assert f.recycled == [ghost] and f.foreign_bytes == 0
+
+
+def test_a_fresh_node_without_a_record_decides_as_before():
+    """No record (the first run after boot): the gate decides on this reading alone, as it did before the record
+    existed (a pid taken before any run saw it listed is the horizon), and then keeps the record for the next run."""
+    host, probe, pve = _node()
+    ghost = _stopped_cts_leak(host, probe)
+    host.clock.sleep(60.0)
+    _take_pid(host, ghost, 130, minors={0})
+    assert host.seen is None
+    before = inspect_gpus(129, GPU, host=host, probe=probe)[0]
+    f = evaluate(129, GatePorts(pve, probe, host), GatePolicy()).facts[0]
+    assert (f.recycled, f.heirs, f.unexplained_ghosts, f.foreign_bytes) == \
+        (before.recycled, before.heirs, before.unexplained_ghosts, before.foreign_bytes)
+    assert host.seen is not None and set(host.seen) == {ghost}
+
+
+def test_a_real_heirs_session_stays_a_link_with_the_record():
+    """CT 130's service led its session, forked a child that maps the device, and died after a gate run saw it
+    listed there: the child started before its leader was seen dead, in the leader's container, so it stays the
+    proven heir and the start of CT 129 is allowed as a shared one."""
+    host, probe, pve = _node()
+    leader = host.add(130, minors={0})
+    leader.sid = leader.pgid = leader.pid
+    child = host.add(130, minors={0}, maps=True, sid=leader.pid, pgid=leader.pid)
+    probe.context(0, 2048, leader, child, pinned=True)
+    evaluate(129, GatePorts(pve, probe, host), GatePolicy())  # saw the leader alive and listed in CT 130
+    del host.procs[leader.pid]
+    evaluate(129, GatePorts(pve, probe, host), GatePolicy())  # saw it dead
+    host.clock.sleep(60.0)
+    res = evaluate(129, GatePorts(pve, probe, host), GatePolicy())
+    f = res.facts[0]
+    assert f.heirs == {leader.pid: child.pid} and f.unexplained_ghosts == [], f
+    assert res.decision.allow, res.decision.reasons

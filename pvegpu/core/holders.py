@@ -244,7 +244,7 @@ def seen_now(before: dict[int, SeenPid], samples: dict[int, GpuSample], facts: d
 
 
 def _successor(first: FirstReading | None, pid: int, i: ProcInfo | None, read_at: int | None,
-               seen: dict[int, SeenPid] | None = None) -> bool:
+               record: dict[int, SeenPid] | None = None) -> bool:
     """The live process at a listed pid is not the one NVML listed: it started after that pid was first seen listed.
 
     NVML names an entry's owner by pid only, so the one fact that tells a later process with that pid (the kernel
@@ -254,7 +254,7 @@ def _successor(first: FirstReading | None, pid: int, i: ProcInfo | None, read_at
     the pid when a reading first listed it), else this reading itself (``read_at``, the boot-time clock in start-time
     ticks, read right after NVML answered). NVML's process list carries no start time of its own (pid, memory, MIG
     instance only; only accounting mode records one, a setting of the GPU pvegpu never turns on). Between runs, the
-    record of earlier runs (``seen``, ``Host.seen_pids``) carries that evidence: a process that started after the one
+    record of earlier runs (``record``, ``Host.seen_pids``) carries that evidence: a process that started after the one
     an earlier run saw listed at that pid, or after an earlier run saw the pid listed but dead, is a successor. A pid
     recycled before any run of pvegpu saw it listed cannot be told from its owner: that is the horizon of the evidence."""
     if not _live(i):
@@ -262,7 +262,7 @@ def _successor(first: FirstReading | None, pid: int, i: ProcInfo | None, read_at
     assert i is not None
     if read_at is not None and i.ident.start_ticks > read_at:
         return True
-    rec = (seen or {}).get(pid)
+    rec = (record or {}).get(pid)
     if rec is not None and any(t is not None and i.ident.start_ticks > t for t in (rec.start_ticks, rec.dead_since)):
         return True
     if first is None or pid not in first.listed:
@@ -283,7 +283,7 @@ def _placed_in(p: Placement, vmid: int | None) -> bool:
 
 
 def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: int | None, first: FirstReading | None,
-                   info: Callable[[int], ProcInfo | None], seen: dict[int, SeenPid] | None = None) -> None:
+                   info: Callable[[int], ProcInfo | None], record: dict[int, SeenPid] | None = None) -> None:
     """Give each ghost's memory to the one process proven to keep its context, if any; else it stays unexplained
     (``unexplained_ghosts``: the gate refuses, audit flags it, reset names it). The target's and foreign ghosts are
     settled already (``FirstReading``), and a ghost first seen in a container can only be that container's.
@@ -301,7 +301,7 @@ def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: in
     newcomer itself is the dead owner's successor, never its heir); not a link once the number is free (no group or
     session keeps it): a tenant that gets the number may make a session there and fork a mapper, so a link whose
     holder started after an earlier run saw the ghost dead, or that sits elsewhere than where an earlier run saw the
-    ghost alive (``seen``), is none. Unlinked, a neighbour's orphan (a job that was no
+    ghost alive (``record``), is none. Unlinked, a neighbour's orphan (a job that was no
     group or session leader) leaves its parent's memory unexplained: the safe side, a refused start, not a credit.
 
     Inside the target (a reset's own container, a running container's check), a ghost may go to one of its heirs
@@ -320,7 +320,7 @@ def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: in
 
     def fits(ghost: int, h: Holder, link: bool = False) -> bool:
         firstly = first.listed.get(ghost) if first is not None else None
-        rec = (seen or {}).get(ghost, SeenPid())
+        rec = (record or {}).get(ghost, SeenPid())
         where = firstly[1] if firstly is not None else rec.placement
         if where is not None and where.place is Place.UNKNOWN and firstly is None:
             where = None  # an earlier run could not place it: no evidence of where it was

@@ -8,7 +8,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from pvegpu.core.model import CtStatus, GpuHealth, GpuInfo, GpuSample, Guest, Holding, ProcIdentity, ProcInfo, SeenPid, SignalResult, TaskResult
+from pvegpu.core.model import (
+    CtStatus,
+    GpuHealth,
+    GpuInfo,
+    GpuSample,
+    Guest,
+    Holding,
+    ProcIdentity,
+    ProcInfo,
+    SeenPid,
+    SignalResult,
+    TaskResult,
+)
 
 
 class EventLog(Protocol):
