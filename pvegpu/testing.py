@@ -42,6 +42,7 @@ from pvegpu.core.model import (
     Placement,
     ProcIdentity,
     ProcInfo,
+    SeenPid,
     SignalResult,
     TaskResult,
     Via,
@@ -100,6 +101,7 @@ class FakeHost:
         self.self_pid = 1
         self.signals: list[tuple[int, str]] = []
         self.pending: list[tuple[float, FakeProc]] = []  # (when, dead original): copies a parent will start
+        self.seen: dict[int, SeenPid] | None = None  # the record of listed pids kept between runs (None: none yet)
         clock.listeners.append(self._tick)
 
     def add(self, vmid: int | None, **kw: Any) -> FakeProc:
@@ -159,6 +161,12 @@ class FakeHost:
         """The fake clock in start-time units: every process added so far started at or before it, any added later
         after it (a start time is the fake time in 1/100 s plus the pid)."""
         return int(self.clock.t * 100) + self.last_pid
+
+    def seen_pids(self) -> dict[int, SeenPid] | None:
+        return None if self.seen is None else dict(self.seen)
+
+    def keep_seen_pids(self, record: dict[int, SeenPid]) -> None:
+        self.seen = dict(record)
 
     def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
         p = self.procs.get(ident.pid)

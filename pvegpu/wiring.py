@@ -58,13 +58,11 @@ class GlobalOptions:
 
 
 def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None) -> Settings:
-    """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides. A
-    simulated node (only its owner may use it) adds its scenario's settings and keeps its state (locks, tokens, any
-    ``*_dir``) in its own directory, with no settings snapshot."""
+    """Settings from ``--config`` (or PVEGPU_CONFIG, or /etc/pvegpu/pvegpu.toml), PVEGPU_* and flag overrides. A simulated node
+    (only its owner may use it) adds its scenario's settings and keeps its state (any ``*_dir``) in its own directory, with no settings snapshot."""
     sim = opts.simulate or os.environ.get("PVEGPU_SIMULATE")
     extra = node_settings(sim, overrides or {}, named=f"--simulate {sim}" if opts.simulate else f"PVEGPU_SIMULATE={sim}")
-    if opts.simulate:
-        extra["simulate"] = opts.simulate
+    extra |= {"simulate": opts.simulate} if opts.simulate else {}
     s = load(opts.config, overrides=extra, **({"snapshot_dir": None} if opts.simulate else {}))
     return scenario.own_state(s) if s.simulate else s
 
@@ -131,7 +129,7 @@ def gate_ports(s: Settings) -> GatePorts:
     if s.simulate:
         pve, sim, host = _sim_ports(s)
     else:
-        pve, sim, host = gate_pve(s), None, ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3))
+        pve, sim, host = gate_pve(s), None, ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3), record_dir=s.gate.record_dir)
     probe = nvml_reader(s, sim=sim, deadline=s.gate.deadline)
     probe.begin()
     return GatePorts(pve, probe, host, lambda vmid: locks.reset_running(s.reset.lock_dir, vmid))
@@ -148,7 +146,7 @@ def own_start(s: Settings, vmid: int) -> str | None:
 
 
 def _sim_ports(s: Settings) -> tuple[PveApi, GpuProbe, Host]:
-    return scenario.SimNode(s.simulate).ports()
+    return scenario.SimNode(s.simulate).ports(s.gate.record_dir)  # the gate's and audit's record of listed pids, as on a node
 
 
 # -- reset and audit: one node world per run ------------------------------------------------------------------
@@ -271,6 +269,8 @@ def world(s: Settings) -> NodeWorld:
         files: NodeFiles = simfiles.SimNodeFiles(s.simulate)
     else:
         pve, sim, host, files = pve_port(s), None, proc_host(), nodefiles.LocalNodeFiles(s.pve_root)
+        if isinstance(host, ProcHost):  # the gate's and audit's record of NVML-listed pids, kept between runs
+            host.record_dir = s.gate.record_dir
 
     def audit_probe() -> GpuProbe:
         probe = nvml_reader(s, details=True, sim=sim)

@@ -5,8 +5,6 @@ process's own (issue 30, item 8; the decision: ``holders._credit_ghosts``,
 
 from __future__ import annotations
 
-import pytest
-
 from pvegpu.audit.run import run_audit
 from pvegpu.core.holders import FirstReading, inspect_gpus
 from pvegpu.core.leftover import LeftoverRule, baseline
@@ -155,15 +153,15 @@ def test_a_target_pid_reused_by_a_neighbours_gpu_job_is_never_the_targets_leftov
         assert is_clean(f, 64) and restart_would_not_help({0: f}) is not None
 
 
-@pytest.mark.xfail(strict=True, reason="open: a session a tenant makes at a freed dead pid's number is taken for that pid's "
-                   "own (no record of where the pid was seen alive reaches the gate); see the review report")
 def test_a_session_made_at_a_dead_pids_number_after_it_died_is_no_link():
     """A stopped CT's dead listed pid holds 8 GiB and no group or session keeps its number: CT 130's tenant cycles
     pids until one of its processes gets that number, calls setsid() there, forks a child that maps the device and
     lets the leader exit. The child's session id is the dead pid's, but the session was made after the owner died, in
-    another container: no link, so the start of CT 129 onto the 8 GiB is refused and nothing is credited to CT 130."""
+    another container: no link, so the start of CT 129 onto the 8 GiB is refused and nothing is credited to CT 130
+    (CT 129's post-stop check saw the pid listed and dead: the record says since when)."""
     host, probe, pve = _node()
     ghost = _stopped_cts_leak(host, probe)
+    evaluate(129, GatePorts(pve, probe, host), GatePolicy())  # the post-stop hook's check
     host.clock.sleep(60.0)  # the tenant's pid cycling takes a while
     leader = _take_pid(host, ghost, 130)
     child = host.add(130, minors={0}, sid=leader.pid, pgid=leader.pid)  # setsid() at the dead pid's number, then fork
@@ -176,17 +174,51 @@ def test_a_session_made_at_a_dead_pids_number_after_it_died_is_no_link():
     assert h.inherited_from is None and h.memory_bytes == 0
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 30 item 8, the gate): a pid recycled before the gate's first reading is taken "
-                   "for its NVML entry's owner; no record of the (pid, start time) pvegpu saw reaches the gate; see the review report")
 def test_process_that_took_a_dead_listed_pid_before_the_reading_and_maps_the_gpu_is_not_its_owner():
     """A stopped CT's dead listed pid holds 8 GiB; a minute later CT 130's tenant gets that pid (pid cycling) and opens
     and maps the device, all before the gate reads NVML: it is the dead one's successor, not the owner of its entry,
-    so the start of CT 129 onto the 8 GiB is refused and CT 130 is not charged with them."""
+    so the start of CT 129 onto the 8 GiB is refused and CT 130 is not charged with them (CT 129's post-stop check
+    saw the pid listed and dead: the record says since when)."""
     host, probe, pve = _node()
     ghost = _stopped_cts_leak(host, probe)
+    evaluate(129, GatePorts(pve, probe, host), GatePolicy())  # the post-stop hook's check
     host.clock.sleep(60.0)
     _take_pid(host, ghost, 130, minors={0})
     res = evaluate(129, GatePorts(pve, probe, host), GatePolicy())
     f = res.facts[0]
     assert not res.decision.allow and res.decision.per_gpu[0] is GateState.REFUSED, res.decision.reasons
     assert f.recycled == [ghost] and f.foreign_bytes == 0
+
+
+def test_a_fresh_node_without_a_record_decides_as_before():
+    """No record (the first run after boot): the gate decides on this reading alone, as it did before the record
+    existed (a pid taken before any run saw it listed is the horizon), and then keeps the record for the next run."""
+    host, probe, pve = _node()
+    ghost = _stopped_cts_leak(host, probe)
+    host.clock.sleep(60.0)
+    _take_pid(host, ghost, 130, minors={0})
+    assert host.seen is None
+    before = inspect_gpus(129, GPU, host=host, probe=probe)[0]
+    f = evaluate(129, GatePorts(pve, probe, host), GatePolicy()).facts[0]
+    assert (f.recycled, f.heirs, f.unexplained_ghosts, f.foreign_bytes) == \
+        (before.recycled, before.heirs, before.unexplained_ghosts, before.foreign_bytes)
+    assert host.seen is not None and set(host.seen) == {ghost}
+
+
+def test_a_real_heirs_session_stays_a_link_with_the_record():
+    """CT 130's service led its session, forked a child that maps the device, and died after a gate run saw it
+    listed there: the child started before its leader was seen dead, in the leader's container, so it stays the
+    proven heir and the start of CT 129 is allowed as a shared one."""
+    host, probe, pve = _node()
+    leader = host.add(130, minors={0})
+    leader.sid = leader.pgid = leader.pid
+    child = host.add(130, minors={0}, maps=True, sid=leader.pid, pgid=leader.pid)
+    probe.context(0, 2048, leader, child, pinned=True)
+    evaluate(129, GatePorts(pve, probe, host), GatePolicy())  # saw the leader alive and listed in CT 130
+    del host.procs[leader.pid]
+    evaluate(129, GatePorts(pve, probe, host), GatePolicy())  # saw it dead
+    host.clock.sleep(60.0)
+    res = evaluate(129, GatePorts(pve, probe, host), GatePolicy())
+    f = res.facts[0]
+    assert f.heirs == {leader.pid: child.pid} and f.unexplained_ghosts == [], f
+    assert res.decision.allow, res.decision.reasons

@@ -579,18 +579,19 @@ def _forge_session_at(n: Node, ct: int, fifo: str, pid: int, tries: int = 200) -
     raise AssertionError(f"no session with id {pid} after {tries} tries")
 
 
-@pytest.mark.xfail(strict=True, reason="open: a session a tenant makes at a freed dead pid's number is taken for that pid's "
-                   "own (no record of where the pid was seen alive reaches the gate); see the review report")
 def test_a_tenants_session_at_a_dead_pids_number_does_not_absorb_its_memory(tmp_path):
     """A stopped CT's dead listed pid holds 8 GiB and no group or session keeps its number; a neighbour's tenant gets
     that number for a process (pid cycling), calls setsid() there, forks a child that maps the device and lets the
     leader exit: the child's session id is the dead pid's, yet it is no heir (the session was made after the owner
-    died, in another container). The gate refuses the start onto the 8 GiB; audit credits nothing to the tenant."""
+    died, in another container: the stopped CT's post-stop check saw it listed and dead, and the record kept since
+    when). The gate refuses the start onto the 8 GiB; audit credits nothing to the tenant."""
     fifo = str(tmp_path / "tries")
     os.mkfifo(fifo)
     with node() as n:
+        n.host.record_dir = str(tmp_path / "pids")
         ghost = n.dead_pid()
         n.context(8192, ghost, pinned=True)
+        n.gate(_stopped_target())  # the stopped CT's post-stop check
         ct = n.ct("forge", fifo)
         forged = _forge_session_at(n, ct, fifo, ghost[0])
         res = n.gate(_stopped_target())

@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from pvegpu.adapters import scanpool
+from pvegpu.adapters import pidrecord, scanpool
 from pvegpu.adapters.devscan import BUDGET, UNREADABLE, DeviceTable, ProcessScan, ScanBudget, control_majors, stat_nosync
 from pvegpu.adapters.procstat import PF_KTHREAD, Stat, kernel_thread, parse_stat, read_small, read_stat  # noqa: F401 - kernel_thread, PF_KTHREAD: re-exported
 from pvegpu.core.cgroup import UNKNOWN, parse_cgroup
-from pvegpu.core.model import Holding, Place, Placement, ProcIdentity, ProcInfo, SignalResult, Via
+from pvegpu.core.model import Holding, Place, Placement, ProcIdentity, ProcInfo, SeenPid, SignalResult, Via
 from pvegpu.core.safetext import escape
 
 STUCK = Via.STUCK  # via, with unreadable: reading this process's fds or mappings blocked in the kernel (a hung mount)
@@ -318,7 +318,9 @@ class ProcHost:
         stat_of: Callable[[str], tuple[int, int]] = stat_nosync,
         scan: type[ProcessScan] = ProcessScan,
         workers: int | None = None,
+        record_dir: str | None = None,
     ) -> None:
+        self.record_dir = record_dir  # where the record of NVML-listed pids lasts between runs (None: none kept)
         self.devices = devices or DeviceTable()
         self._stat_of = stat_of  # tests pass a plain os.stat to reproduce a scan that blocks
         self._scan_type = scan  # how one process is scanned (the simulated node passes its own; see sim/host.py)
@@ -670,6 +672,14 @@ class ProcHost:
         if self.proc != "/proc":
             return None
         return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+    def seen_pids(self) -> dict[int, SeenPid] | None:
+        """The record of NVML-listed pids kept by earlier runs (``pidrecord``), None without one."""
+        return pidrecord.read(self.record_dir) if self.record_dir else None
+
+    def keep_seen_pids(self, record: dict[int, SeenPid]) -> None:
+        if self.record_dir:
+            pidrecord.write(self.record_dir, record)
 
     def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:
         """Send ``sig`` to ``ident`` through a pidfd: the adapter half of who may be signalled (the core half,

@@ -90,7 +90,7 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
         return
     lost = dict(getattr(probe, "lost", {}))  # GPUs NVML could not name, by index (read now: later reads may redo gpus())
     ahead = _HealthAhead(probe)
-    facts = inspect_gpus(None, gpus, host=host, probe=ahead, whole_host=True)
+    facts = inspect_gpus(None, gpus, host=host, probe=ahead, whole_host=True, remember=True)
     health_of = getattr(probe, "health", None)
     for gpu in gpus:
         row = _gpu_row(gpu, facts[gpu.minor], host.self_pid, scan, threshold, rep.flags)

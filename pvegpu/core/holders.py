@@ -9,9 +9,9 @@ its cgroup. Manual equivalent: ``nvidia-smi --query-compute-apps=pid,used_memory
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from pvegpu.core.model import CONTROL, GpuInfo, GpuSample, Holder, Holding, Place, Placement, ProcInfo, Via
+from pvegpu.core.model import CONTROL, GpuInfo, GpuSample, Holder, Holding, Place, Placement, ProcInfo, SeenPid, Via
 from pvegpu.core.ports import GpuProbe, Host
 
 
@@ -103,6 +103,7 @@ def inspect_gpus(
     ct_pids: list[int] | None = None,
     heir_pids: Callable[[], Iterable[int]] | None = None,
     first: FirstReading | None = None,
+    remember: bool = False,
 ) -> dict[int, GpuFacts]:
     """Facts per GPU minor for container ``vmid`` (None: no container is the target, as in audit).
 
@@ -113,12 +114,16 @@ def inspect_gpus(
     goes to one heir at most, and outside the target only to one proven to keep it (``_credit_ghosts``); a listed
     pid whose live process holds neither an fd nor a mapping of the GPU, or started after the pid was first seen
     listed (``_successor``), is a recycled pid, so a ghost. ``first`` (one reset): the listed pids are remembered
-    from reading to reading, and a ghost that was the target's is its leftover (``target_ghosts``).
+    from reading to reading, and a ghost that was the target's is its leftover (``target_ghosts``). ``remember`` (the
+    gate, post-stop, audit): what earlier runs saw of the listed pids (``Host.seen_pids``) is evidence too, and this
+    reading's is kept for the next run (``seen_now``); without a record (a node's first run after boot, a record not to
+    be trusted) nothing is known of earlier runs and the decision is this reading's alone.
     """
     gpus = list(gpus)
     minors = [g.minor for g in gpus]
     samples = probe.sample(minors)
     read_at = host.boot_ticks()  # after the reading: a process that started later is not one NVML listed in it
+    record = (host.seen_pids() or {}) if remember else {}
     listed = {p.pid for s in samples.values() for p in (s.processes or ())}
     scan: set[int] | None = None
     if not whole_host:
@@ -133,7 +138,7 @@ def inspect_gpus(
         return infos[pid]
 
     new = first.remember(samples, listed, info) if first is not None else set(listed)
-    widen = scan is not None and any((not _live(info(pid)) or _successor(first, pid, info(pid), read_at))
+    widen = scan is not None and any((not _live(info(pid)) or _successor(first, pid, info(pid), read_at, record))
                                      and not _was_target(first, pid, vmid) for pid in listed)
     if widen and scan is not None:  # a dead pid is listed: its memory may be held by an unlisted fork child
         scan = None if heir_pids is None else scan | set(heir_pids())
@@ -184,7 +189,7 @@ def inspect_gpus(
             holds = hold is not None and gpu.minor in hold.minors
             # a process that is not the one NVML listed (it started after the pid was first seen listed) is a successor,
             # whatever it holds: the entry is the earlier process's; one that holds no GPU at all is no owner either
-            recycled = _live(i) and (_successor(first, proc.pid, i, read_at)
+            recycled = _live(i) and (_successor(first, proc.pid, i, read_at, record)
                                      or (not holds and (hold is None or Via.UNREADABLE not in hold.via)))
             if not _live(i) or recycled:  # describe() just read it: no second look
                 facts.ghosts.append(proc.pid)
@@ -213,14 +218,33 @@ def inspect_gpus(
             holder = Holder(i, frozenset({gpu.minor}), frozenset(via))
             (facts.ct_holders if _in_ct(i, vmid) else facts.other_holders).append(holder)
         if facts.ghosts:
-            _credit_ghosts(facts, ghost_bytes, vmid, first, info)
+            _credit_ghosts(facts, ghost_bytes, vmid, first, info, record)
         out[gpu.minor] = facts
     if first is not None:
         first.done = True
+    if remember:
+        host.keep_seen_pids(seen_now(record, samples, out, info, read_at))
     return out
 
 
-def _successor(first: FirstReading | None, pid: int, i: ProcInfo | None, read_at: int | None) -> bool:
+def seen_now(before: dict[int, SeenPid], samples: dict[int, GpuSample], facts: dict[int, GpuFacts],
+             info: Callable[[int], ProcInfo | None], now: int | None) -> dict[int, SeenPid]:
+    """The record after this reading: per pid NVML lists now, its process's start time and placement while it is
+    alive and its entry's owner, else the last ones seen and when it was first seen dead (``now``). Pids no longer
+    listed are dropped (only a complete reading tells that), so the record is as large as NVML's lists."""
+    ghosts = {g for f in facts.values() for g in f.ghosts}
+    record = {} if all(s.processes is not None for s in samples.values()) else dict(before)
+    for pid in {p.pid for s in samples.values() for p in (s.processes or ())}:
+        i, prev = info(pid), before.get(pid, SeenPid())
+        if pid not in ghosts and _live(i) and i is not None:
+            record[pid] = SeenPid(i.ident.start_ticks, i.placement)
+        else:
+            record[pid] = replace(prev, dead_since=now if prev.dead_since is None else prev.dead_since)
+    return record
+
+
+def _successor(first: FirstReading | None, pid: int, i: ProcInfo | None, read_at: int | None,
+               record: dict[int, SeenPid] | None = None) -> bool:
     """The live process at a listed pid is not the one NVML listed: it started after that pid was first seen listed.
 
     NVML names an entry's owner by pid only, so the one fact that tells a later process with that pid (the kernel
@@ -229,12 +253,17 @@ def _successor(first: FirstReading | None, pid: int, i: ProcInfo | None, read_at
     first time: the reset's earlier readings (``first``: the start time, or None for dead, of the process that had
     the pid when a reading first listed it), else this reading itself (``read_at``, the boot-time clock in start-time
     ticks, read right after NVML answered). NVML's process list carries no start time of its own (pid, memory, MIG
-    instance only; only accounting mode records one, a setting of the GPU pvegpu never turns on), so a pid recycled
-    before pvegpu's first reading of it cannot be told from its owner: that is the horizon of the evidence."""
+    instance only; only accounting mode records one, a setting of the GPU pvegpu never turns on). Between runs, the
+    record of earlier runs (``record``, ``Host.seen_pids``) carries that evidence: a process that started after the one
+    an earlier run saw listed at that pid, or after an earlier run saw the pid listed but dead, is a successor. A pid
+    recycled before any run of pvegpu saw it listed cannot be told from its owner: that is the horizon of the evidence."""
     if not _live(i):
         return False
     assert i is not None
     if read_at is not None and i.ident.start_ticks > read_at:
+        return True
+    rec = (record or {}).get(pid)
+    if rec is not None and any(t is not None and i.ident.start_ticks > t for t in (rec.start_ticks, rec.dead_since)):
         return True
     if first is None or pid not in first.listed:
         return False
@@ -254,7 +283,7 @@ def _placed_in(p: Placement, vmid: int | None) -> bool:
 
 
 def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: int | None, first: FirstReading | None,
-                   info: Callable[[int], ProcInfo | None]) -> None:
+                   info: Callable[[int], ProcInfo | None], record: dict[int, SeenPid] | None = None) -> None:
     """Give each ghost's memory to the one process proven to keep its context, if any; else it stays unexplained
     (``unexplained_ghosts``: the gate refuses, audit flags it, reset names it). The target's and foreign ghosts are
     settled already (``FirstReading``), and a ghost first seen in a container can only be that container's.
@@ -269,7 +298,10 @@ def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: in
     while that parent lives, and a live listed pid that holds nothing cannot be told from a later process that took a
     dead owner's pid); not a link through a pid now used by a live process (a recycled pid, ``_successor``: the kernel
     gave it out only once no group or session had it, so any group or session with that id is the newcomer's, and the
-    newcomer itself is the dead owner's successor, never its heir). Unlinked, a neighbour's orphan (a job that was no
+    newcomer itself is the dead owner's successor, never its heir); not a link once the number is free (no group or
+    session keeps it): a tenant that gets the number may make a session there and fork a mapper, so a link whose
+    holder started after an earlier run saw the ghost dead, or that sits elsewhere than where an earlier run saw the
+    ghost alive (``record``), is none. Unlinked, a neighbour's orphan (a job that was no
     group or session leader) leaves its parent's memory unexplained: the safe side, a refused start, not a credit.
 
     Inside the target (a reset's own container, a running container's check), a ghost may go to one of its heirs
@@ -286,9 +318,14 @@ def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: in
     open_ghosts = [g for g in facts.ghosts if g not in facts.target_ghosts and g not in facts.foreign_ghosts]
     used: set[int] = set()
 
-    def fits(ghost: int, h: Holder) -> bool:
-        seen = first.listed.get(ghost) if first is not None else None
-        where = seen[1] if seen is not None else None
+    def fits(ghost: int, h: Holder, link: bool = False) -> bool:
+        firstly = first.listed.get(ghost) if first is not None else None
+        rec = (record or {}).get(ghost, SeenPid())
+        where = firstly[1] if firstly is not None else rec.placement
+        if where is not None and where.place is Place.UNKNOWN and firstly is None:
+            where = None  # an earlier run could not place it: no evidence of where it was
+        if link and rec.dead_since is not None and h.info.ident.start_ticks > rec.dead_since:
+            return False  # made after the ghost's owner was seen dead: its number was free, the group or session a newcomer's
         return h.pid not in used and (where is None or (where.place is Place.CONTAINER and h.info.placement == where))
 
     def credit(ghost: int, heir: Holder, unproven: bool) -> None:
@@ -307,7 +344,7 @@ def _credit_ghosts(facts: GpuFacts, ghost_bytes: dict[int, int | None], vmid: in
     for ghost in open_ghosts:
         if ghost in facts.recycled:  # its pid is a live newcomer's: a group or session of that id is the newcomer's
             continue
-        linked = [h for h in keepers if fits(ghost, h) and ghost in (h.info.pgid, h.info.sid)]
+        linked = [h for h in keepers if fits(ghost, h, link=True) and ghost in (h.info.pgid, h.info.sid)]
         if linked:
             facts.linked.append(ghost)
             credit(ghost, linked[0], False)

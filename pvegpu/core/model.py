@@ -154,6 +154,17 @@ class ProcInfo:
         return self.ident.pid
 
 
+@dataclass(frozen=True)
+class SeenPid:
+    """What pvegpu's earlier runs saw of one NVML-listed pid (the record that lasts between runs, ``Host.seen_pids``):
+    the start time and placement of its process when last seen alive and listed (None: never seen so), and when it
+    was first seen listed but dead (boot-time ticks, the unit of a start time; None: not seen dead)."""
+
+    start_ticks: int | None = None
+    placement: Placement | None = None
+    dead_since: int | None = None
+
+
 class Via:
     """How a holder was seen: the closed vocabulary of ``Holding.via`` and ``Holder.via`` (the words are the JSON's)."""
 

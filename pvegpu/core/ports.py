@@ -8,7 +8,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from pvegpu.core.model import CtStatus, GpuHealth, GpuInfo, GpuSample, Guest, Holding, ProcIdentity, ProcInfo, SignalResult, TaskResult
+from pvegpu.core.model import (
+    CtStatus,
+    GpuHealth,
+    GpuInfo,
+    GpuSample,
+    Guest,
+    Holding,
+    ProcIdentity,
+    ProcInfo,
+    SeenPid,
+    SignalResult,
+    TaskResult,
+)
 
 
 class EventLog(Protocol):
@@ -145,6 +157,15 @@ class Host(Protocol):
         """The boot-time clock now, in the unit of a process's start time (``/proc/<pid>/stat`` field 22: clock ticks
         since boot; ``cat /proc/uptime``): a process whose start time is later started after this call. None when
         it cannot be told."""
+        ...
+
+    def seen_pids(self) -> dict[int, SeenPid] | None:
+        """The record of NVML-listed pids earlier runs kept (``cat /run/pvegpu/pids/seen.json``); None when there is
+        none this boot or it cannot be trusted (unreadable, not root's): then nothing is known of earlier runs."""
+        ...
+
+    def keep_seen_pids(self, record: dict[int, SeenPid]) -> None:
+        """Replace the record with ``record`` (best effort: a record that cannot be written is no error)."""
         ...
 
     def signal(self, ident: ProcIdentity, sig: int, vmid: int) -> SignalResult:

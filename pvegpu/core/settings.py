@@ -54,6 +54,7 @@ class GateSettings:
     post_stop_reclaim: bool = False  # post-stop: also stop stray holders of the container
     override_dir: str = "/run/pvegpu/allow-once"  # `pvegpu hook allow-once VMID` drops a one-start token here
     override_ttl: float = 900.0  # seconds a token stays valid
+    record_dir: str = "/run/pvegpu/pids"  # where the gate and audit keep what they saw of NVML-listed pids (root-owned, mode 700)
 
 
 @dataclass(frozen=True)

@@ -266,7 +266,7 @@ def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:
         facts = {g.minor: GpuFacts(g, GpuSample(g.minor, None, None, exc.message)) for g in unknown}
     else:
         facts = inspect_gpus(vmid, granted, host=ports.host, probe=ports.probe, ct_pids=pids,
-                             heir_pids=lambda: _granted_pids(vmid, {g.minor for g in granted}, ports))
+                             heir_pids=lambda: _granted_pids(vmid, {g.minor for g in granted}, ports), remember=True)
         failed = list(getattr(ports.probe, "failed", ()))
         lost = list(_missing) + ([CONTROL] if conf.gpus.all_gpus else [])  # every GPU granted: a lost one is its too
         for m in lost if failed else ():  # a granted GPU NVML could not list: unknown, never clean

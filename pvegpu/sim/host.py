@@ -147,6 +147,6 @@ def _private_stat(private: dict[tuple[int, int], int], paths: frozenset[str],
 class SessionHost(ProcHost):
     """ProcHost over the simulated node's stand-in devices, with the SessionBoundary and the StandInScan."""
 
-    def __init__(self, state: SimState) -> None:
-        super().__init__(StandInTable(state.gpus()), boundary=SessionBoundary(state), scan=StandInScan)
+    def __init__(self, state: SimState, record_dir: str | None = None) -> None:
+        super().__init__(StandInTable(state.gpus()), boundary=SessionBoundary(state), scan=StandInScan, record_dir=record_dir)
         self.state = state

@@ -177,8 +177,9 @@ class SimNode:
     def root(self) -> str:
         return self.state.root
 
-    def ports(self) -> tuple[SimPve, SimNvml, SessionHost]:
-        return SimPve(self.state, self.node), SimNvml(self.state), SessionHost(self.state)
+    def ports(self, record_dir: str | None = None) -> tuple[SimPve, SimNvml, SessionHost]:
+        """The node's PVE, NVML and host (keeping its record of NVML-listed pids in ``record_dir``: ``gate.record_dir``)."""
+        return SimPve(self.state, self.node), SimNvml(self.state), SessionHost(self.state, record_dir)
 
     def teardown(self) -> int:
         """Kill every container's session whose init is provably this node's (``sessions.own_init``: a state file
