@@ -128,7 +128,8 @@ def test_an_interrupted_finish_leaves_no_worker(small_shares, tree, monkeypatch)
 
 
 SCRIPT = textwrap.dedent("""
-    import os, sys, time
+    import os, signal, sys, time
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a hangup ends it, as for a service, also when the tests run under nohup
     from pvegpu.adapters import procfs, scanpool
     from pvegpu.adapters.procfs import DeviceTable, ProcHost
     scanpool.MIN_PER_WORKER = 5
