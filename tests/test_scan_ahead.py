@@ -116,6 +116,10 @@ def test_both_sides_scan_part_of_a_segment(small_shares, tree, monkeypatch):
     real_serial = scanpool._serial
 
     def count(host_, part, deep, end, out, stop=None):
+        if os.getpid() == parent and stop is not None:  # the worker under way first (on a busy machine a fork may start
+            wait = time.monotonic() + 10              # after this side has scanned the whole segment)
+            while scanpool._SLOT.unpack_from(split.hints, 0)[0] == 0 and time.monotonic() < wait:
+                time.sleep(0.001)
         n = real_serial(host_, part, deep, end, out, stop)
         if os.getpid() == parent and stop is not None:
             here_before.append(n)
@@ -123,7 +127,8 @@ def test_both_sides_scan_part_of_a_segment(small_shares, tree, monkeypatch):
 
     parent = os.getpid()
     monkeypatch.setattr(scanpool, "_serial", count)
-    scanpool.Split(host, todo, False, time.monotonic() + 60, 1).finish()
+    split = scanpool.Split(host, todo, False, time.monotonic() + 60, 1)
+    split.finish()
     assert seen and 0 < seen[0] <= len(todo) and here_before and here_before[0] >= 0
 
 
