@@ -133,6 +133,7 @@ class GpuNode:
         self.config = os.path.join(self.tmp, "pvegpu.toml")
         with open(self.config, "w") as f:
             f.write(f'pve_root = "{root}"\nnode = "{NODE}"\n')
+        os.chmod(self.config, 0o644)  # a settings file is refused when others may write it: never the umask's choice
         self.audit = [*pvegpu, "--config", self.config, "audit"]
         self.fuser = ["fuser", "-v", *sorted(glob.glob("/dev/nvidia*"))]
         self.devices = self.gpus

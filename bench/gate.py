@@ -86,6 +86,7 @@ class GpuCase:
         self.config = os.path.join(self.tmp, "pvegpu.toml")
         with open(self.config, "w") as f:
             f.write(f'pve_root = "{root}"\nnode = "{NODE}"\n')
+        os.chmod(self.config, 0o644)  # a settings file is refused when others may write it: never the umask's choice
         bindir = os.path.join(self.tmp, "bin")
         os.makedirs(bindir)
         for name in ("pct", "pvesm"):

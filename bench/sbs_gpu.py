@@ -71,6 +71,7 @@ class Bench:
         self.config = os.path.join(self.tmp, "pvegpu.toml")
         with open(self.config, "w") as f:
             f.write(f'pve_root = "{self.pve_root}"\nnode = "{NODE}"\n[api]\nbackend = "local"\n[reset]\ngrace = {grace}\n')
+        os.chmod(self.config, 0o644)  # a settings file is refused when others may write it: never the umask's choice
         shim_dir = os.path.join(self.tmp, "bin")
         os.makedirs(shim_dir)
         pvesh_launcher(shim_dir, REPO, python)

@@ -251,6 +251,7 @@ def test_simulate_variable_naming_no_simulated_node_is_one_line_and_exit_2(tmp_p
     assert f"PVEGPU_SIMULATE={tmp_path}/nonexistent" in err and "pvegpu sim create" in hint
 
 
+@pytest.mark.root(reason="needs root: root's simulated node, which a user may not use, is made by root (a user's own node is theirs)")
 @pytest.mark.parametrize("how", ["--simulate", "PVEGPU_SIMULATE"])
 def test_another_users_simulated_node_is_refused_with_a_hint_not_an_internal_error(shared_tmp, how):
     """A user using root's simulated node: exit 2, one line naming it with a hint, not an internal error."""

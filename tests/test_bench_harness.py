@@ -488,6 +488,7 @@ def test_gate_on_the_simulated_node_measures_the_installed_guard(capsys):
     assert "exits: {'allowed (exit 0)': 2}" in out and "- node: simulated node" in out
 
 
+@pytest.mark.root(reason="needs root: the GPU node's case installs the guard with `pvegpu hook install`, which a user is refused")
 @pytest.mark.skipif(C.has_gpu(), reason="checks the GPU node's setup where no GPU answers (the guard must fail closed)")
 def test_gate_gpu_case_installs_the_guard_through_hook_install_with_pve_stand_ins():
     """The GPU node's case writes the guard with `pvegpu --config F hook install 301` (pct logged); here, with no NVML, the

@@ -14,6 +14,16 @@ from pvegpu.core.errors import GpuQueryError
 from pvegpu.core.model import GpuInfo, GpuSample
 
 
+@pytest.fixture(autouse=True)
+def no_thread_left():
+    """A read a test left hung is released by that test; its thread is waited for here, so none runs on into the next
+    test (scanpool.forkable() counts the live threads)."""
+    yield
+    for t in threading.enumerate():
+        if t.name == "pvegpu-nvml":
+            t.join(5)
+
+
 class Probe:
     """A GpuProbe whose reads block until ``release`` is set (or answer at once when it is set)."""
 

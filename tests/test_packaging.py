@@ -216,7 +216,7 @@ def test_maintainer_scripts_parse():
         assert os.stat(path).st_mode & stat.S_IXUSR
         sh = shutil.which("dash") or "sh"
         assert subprocess.run([sh, "-n", path], capture_output=True, timeout=30).returncode == 0, name
-    for name in ("build-deb", "ci-deb"):
+    for name in ("build-deb", "ci-deb", "ci-user-run", "ci-lib.sh"):
         assert subprocess.run(["bash", "-n", os.path.join(PACKAGING, name)], capture_output=True, timeout=30).returncode == 0, name
 
 

@@ -31,6 +31,7 @@ def test_reset_options_reach_the_reset(monkeypatch, tmp_path, line, flags, setti
     settings they override (the last of a repeated one wins); the rest keep their defaults."""
     cfg = tmp_path / "empty.toml"
     cfg.write_text("")
+    cfg.chmod(0o644)  # a settings file is refused when others may write it: never the umask's choice
     for k in [k for k in os.environ if k.startswith("PVEGPU_")]:
         monkeypatch.delenv(k)
     seen: list[tuple] = []

@@ -123,8 +123,10 @@ def test_both_sides_scan_part_of_a_segment(small_shares, tree, monkeypatch):
     real_serial = scanpool._serial
 
     def count(host_, part, deep, end, out, stop=None):
-        if os.getpid() == parent and stop is not None:
-            time.sleep(0.5)  # the forked worker gets a head start even on a loaded machine: each side does part
+        if os.getpid() == parent and stop is not None:  # the worker under way first (on a busy machine a fork may start
+            wait = time.monotonic() + 10              # after this side has scanned the whole segment)
+            while scanpool._SLOT.unpack_from(split.hints, 0)[0] == 0 and time.monotonic() < wait:
+                time.sleep(0.001)
         n = real_serial(host_, part, deep, end, out, stop)
         if os.getpid() == parent and stop is not None:
             here_before.append(n)
@@ -132,7 +134,8 @@ def test_both_sides_scan_part_of_a_segment(small_shares, tree, monkeypatch):
 
     parent = os.getpid()
     monkeypatch.setattr(scanpool, "_serial", count)
-    scanpool.Split(host, todo, False, time.monotonic() + 60, 1).finish()
+    split = scanpool.Split(host, todo, False, time.monotonic() + 60, 1)
+    split.finish()
     assert seen and 0 < seen[0] <= len(todo) and here_before and here_before[0] >= 0
 
 
@@ -519,7 +522,8 @@ def test_an_interrupt_while_the_workers_are_forked_leaves_none(small_shares, tre
 
 
 _PREFETCH_AND_WAIT = textwrap.dedent("""
-    import os, sys, time
+    import os, signal, sys, time
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a hangup ends it, as for a service, also when the tests run under nohup
     from pvegpu.adapters import procfs, scanpool
     from pvegpu.adapters.procfs import DeviceTable, ProcHost
     scanpool.MIN_PER_WORKER = 5

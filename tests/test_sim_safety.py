@@ -18,7 +18,7 @@ import pytest
 
 from pvegpu import wiring
 from pvegpu.core.errors import PveApiError, UsageError
-from pvegpu.core.model import MIB
+from pvegpu.core.model import MIB, Guest
 from pvegpu.sim import lifecycle, pve
 from pvegpu.sim import scenario as sc
 from pvegpu.sim.state import SimState
@@ -291,3 +291,21 @@ def test_a_scenarios_settings_yield_to_an_option_and_a_variable(sim_node, monkey
     assert wiring.settings(opts, {"reset.timeout": 7, "reset.grace": None}).reset.timeout == 7
     monkeypatch.setenv("PVEGPU_RESET_GRACE", "3")
     assert wiring.settings(opts).reset.grace == 3
+
+
+def test_a_stop_and_the_teardown_end_a_job_that_leads_its_own_process_group(tmp_path):
+    """A simulated stop, and the node's teardown, end every process of the container, as `lxc-stop --kill` does: also
+    the orphan workload's holder, which leads a process group of its own (a shell job) below the container's init."""
+    orphan = [{"kind": "orphan", "gpu": 0, "mib": 256}]
+    node = sc.build({"node": "s", "gpus": [{"minor": 0, "index": 0}], "containers": [
+        {"vmid": 129, "status": "running", "gpus": [0], "workloads": orphan},
+        {"vmid": 130, "status": "running", "gpus": [0], "workloads": orphan}]}, str(tmp_path / "node"))
+    try:
+        sids = {ct["vmid"]: ct["sid"] for ct in node.state.cts()}
+        holder = {vmid: next(h["pid"] for h in node.state.holders() if os.getsid(h["pid"]) == sid) for vmid, sid in sids.items()}
+        assert all(_alive(p) and os.getpgid(p) not in sids.values() for p in holder.values())
+        pve.SimPve(node.state, "s").ct_stop(Guest(129, "s", "lxc"))
+        assert not _alive(holder[129]) and _alive(holder[130])
+    finally:
+        node.teardown()
+    assert not _alive(holder[130])

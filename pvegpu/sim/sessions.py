@@ -76,28 +76,35 @@ def members(sid: int) -> list[int]:
 
 
 def kill_session(root: str, ct: dict[str, Any], deadline: float = 5.0) -> int:
-    """``lxc-stop --kill``: SIGKILL the container's session, only while its init is provably this node's
-    (``own_init``), and wait (bounded) until it is gone. Returns how many processes it had (0: none killed)."""
+    """``lxc-stop --kill``: SIGKILL every process of the container, only while its init is provably this node's
+    (``own_init``), and wait (bounded) until they are gone. Returns how many processes it had (0: none killed).
+
+    Every process group of the session goes, not only the one the init leads: a job that leads its own group (a
+    shell job, the ``orphan`` workload) is the container's too, and a real stop ends it with the container. The
+    groups are read before the init dies (its orphans are below it only while it lives); a group of the session holds
+    only processes forked inside it."""
     init = own_init(root, ct)
     if init is None:
         return 0
     sid = init[0]
-    count = len([p for p in members(sid) if descends(p, sid)])
+    own = [p for p in members(sid) if descends(p, sid)]
+    groups = {st.pgid for p in own if (st := read_stat(p)) is not None and st.sid == sid} - {sid}
     try:
-        os.killpg(sid, signal.SIGKILL)  # the group the init leads: only processes forked inside its session can join it
+        os.killpg(sid, signal.SIGKILL)  # the group the init leads first: only processes forked inside its session can join it
     except (ProcessLookupError, PermissionError):
         return 0
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     end = time.monotonic() + deadline
     while time.monotonic() < end:
         try:
             os.waitpid(sid, os.WNOHANG)
         except ChildProcessError:
             pass
-        try:
-            os.killpg(sid, 0)
-        except ProcessLookupError:
-            break
         if not members(sid):
             break
         time.sleep(0.005)
-    return count
+    return len(own)
