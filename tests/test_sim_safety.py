@@ -301,6 +301,9 @@ def test_a_stop_and_the_teardown_end_a_job_that_leads_its_own_process_group(tmp_
         {"vmid": 129, "status": "running", "gpus": [0], "workloads": orphan},
         {"vmid": 130, "status": "running", "gpus": [0], "workloads": orphan}]}, str(tmp_path / "node"))
     try:
+        end = time.monotonic() + 10  # a container is up once its contexts are; each orphan's holder registers right after
+        while len(node.state.holders()) < 2 and time.monotonic() < end:
+            time.sleep(0.01)
         sids = {ct["vmid"]: ct["sid"] for ct in node.state.cts()}
         holder = {vmid: next(h["pid"] for h in node.state.holders() if os.getsid(h["pid"]) == sid) for vmid, sid in sids.items()}
         assert all(_alive(p) and os.getpgid(p) not in sids.values() for p in holder.values())
