@@ -185,6 +185,57 @@ def test_nvml_health_reads_and_not_supported_is_unknown(monkeypatch):
     assert fake.calls == ["init", "shutdown"]
 
 
+def _field(value, ret=0, vtype=1):
+    return [types.SimpleNamespace(nvmlReturn=ret, valueType=vtype, value=types.SimpleNamespace(
+        dVal=float(value), uiVal=value, ulVal=value, ullVal=value, sllVal=value, siVal=value))]
+
+
+def test_nvml_health_reads_recovery_action_ecc_and_persistence(monkeypatch):
+    """NvmlProbe.health names NVML's recovery action, counts volatile uncorrected ECC errors and reads persistence mode."""
+    from pvegpu.adapters import nvml
+    from pvegpu.adapters.nvml import NvmlProbe
+
+    fake = fake_pynvml(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION=230, nvmlDeviceGetFieldValues=lambda h, ids: _field(2),
+                       nvmlDeviceGetTotalEccErrors=lambda h, kind, counter: 3, nvmlDeviceGetPersistenceMode=lambda h: 1)
+    monkeypatch.setattr(nvml, "pynvml", fake)
+    with NvmlProbe() as p:
+        p.gpus()
+        h = p.health(0)
+    assert (h.recovery_action, h.ecc_volatile_uncorrected, h.persistence_mode, h.lost) == ("node-reboot", 3, True, None)
+
+
+def test_nvml_health_unknown_recovery_action_is_named_unknown_and_a_failed_field_is_none(monkeypatch):
+    """A recovery action value NVML did not have when pvegpu was written is "unknown-N"; a field NVML failed is None."""
+    from pvegpu.adapters import nvml
+    from pvegpu.adapters.nvml import NvmlProbe
+
+    for answer, want in ((_field(42), "unknown-42"), (_field(0, ret=3), None), (_field(0), "none")):
+        fake = fake_pynvml(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION=230, nvmlDeviceGetFieldValues=lambda h, ids, a=answer: a)
+        monkeypatch.setattr(nvml, "pynvml", fake)
+        with NvmlProbe() as p:
+            p.gpus()
+            assert p.health(0).recovery_action == want
+
+
+def test_nvml_health_marks_a_gpu_the_driver_calls_lost(monkeypatch):
+    """A health read the driver answers with GPU_IS_LOST makes the reading lost=True, never a healthy unknown."""
+    from pvegpu.adapters import nvml
+    from pvegpu.adapters.nvml import NvmlProbe
+
+    fake = fake_pynvml(NVML_ERROR_GPU_IS_LOST=15)
+
+    def lost(*a):
+        e = fake.NVMLError("GPU is lost")
+        e.value = 15
+        raise e
+
+    fake.nvmlDeviceGetRemappedRows = lost
+    monkeypatch.setattr(nvml, "pynvml", fake)
+    with NvmlProbe() as p:
+        p.gpus()
+        assert p.health(0).lost is True
+
+
 def pvegpu(*args, root):
     return subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", root, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
 

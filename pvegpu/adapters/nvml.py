@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pvegpu.core.errors import GpuQueryError
-from pvegpu.core.model import GpuHealth, GpuInfo, GpuSample, NvmlProcess
+from pvegpu.core.model import RECOVERY_ACTIONS, GpuHealth, GpuInfo, GpuSample, NvmlProcess
 
 # nvidia-ml-py that cannot be imported (its directory gone from the guard's fast path, a broken install) is NVML that
 # cannot start: each reading says so (the gate refuses with its code, every other phase passes), not an ImportError
@@ -160,12 +160,28 @@ class NvmlProbe:
                 out[minor] = GpuSample(minor, None, None, f"NVML: {getattr(exc, 'message', None) or exc or type(exc).__name__}")
         return out
 
-    def _try(self, fn: str, *args: Any) -> Any:
-        """One NVML call; None when the GPU or driver cannot tell (NotSupported, any NVML error): unknown, never 0."""
+    def _try(self, fn: str, *args: Any, lost: list[bool] | None = None) -> Any:
+        """One NVML call; None when the GPU or driver cannot tell (NotSupported, any NVML error): unknown, never 0.
+        ``lost`` gets True appended when the driver answered that the GPU is lost."""
         try:
             return getattr(self.N, fn)(*args)
-        except (self.N.NVMLError, AttributeError):
+        except self.N.NVMLError as exc:
+            if lost is not None and getattr(exc, "value", None) == getattr(self.N, "NVML_ERROR_GPU_IS_LOST", 15):
+                lost.append(True)
             return None
+        except AttributeError:
+            return None
+
+    def _recovery_action(self, h: Any, lost: list[bool]) -> str | None:
+        """``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` by name; None where the driver has no such field (older than R565)."""
+        N = self.N
+        field_id = getattr(N, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        got = None if field_id is None else self._try("nvmlDeviceGetFieldValues", h, [field_id], lost=lost)
+        if not got or getattr(got[0], "nvmlReturn", 1) != getattr(N, "NVML_SUCCESS", 0):
+            return None
+        v = got[0].value
+        raw = {0: v.dVal, 1: v.uiVal, 2: v.ulVal, 3: v.ullVal, 4: v.sllVal, 5: v.siVal}.get(int(got[0].valueType), v.uiVal)
+        return RECOVERY_ACTIONS.get(int(raw), f"unknown-{int(raw)}")
 
     def health(self, minor: int) -> GpuHealth:
         """``nvidia-smi -q -i <minor> -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` + ``--query-gpu=mig.mode.current``; for the audit."""
@@ -179,12 +195,17 @@ class NvmlProbe:
             h = self._handles.get(minor)
             if h is None:
                 return GpuHealth()
-        mem = self._try("nvmlDeviceGetMemoryInfo", h, N.nvmlMemory_v2) if self._v2 else None
+        lost: list[bool] = []
+        mem = self._try("nvmlDeviceGetMemoryInfo", h, N.nvmlMemory_v2, lost=lost) if self._v2 else None
         reserved = getattr(mem, "reserved", None)
-        remap = self._try("nvmlDeviceGetRemappedRows", h)  # (corrected, uncorrected, isPending, failureOccurred)
-        retired = self._try("nvmlDeviceGetRetiredPagesPendingStatus", h)
-        mig = self._try("nvmlDeviceGetMigMode", h)  # [current, pending]
+        remap = self._try("nvmlDeviceGetRemappedRows", h, lost=lost)  # (corrected, uncorrected, isPending, failureOccurred)
+        retired = self._try("nvmlDeviceGetRetiredPagesPendingStatus", h, lost=lost)
+        mig = self._try("nvmlDeviceGetMigMode", h, lost=lost)  # [current, pending]
         driver = self._try("nvmlSystemGetDriverVersion")
+        ecc = self._try("nvmlDeviceGetTotalEccErrors", h, getattr(N, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+                        getattr(N, "NVML_VOLATILE_ECC", 0), lost=lost)
+        persistence = self._try("nvmlDeviceGetPersistenceMode", h, lost=lost)
+        action = self._recovery_action(h, lost)
         return GpuHealth(
             reserved_bytes=None if reserved is None else int(reserved),
             retired_pages_pending=None if retired is None else bool(retired),
@@ -192,6 +213,10 @@ class NvmlProbe:
             remap_failed=None if remap is None else bool(remap[3]),
             mig_enabled=None if mig is None else bool(mig[0] == getattr(N, "NVML_DEVICE_MIG_ENABLE", 1)),
             driver_version=None if driver is None else _s(driver),
+            recovery_action=action,
+            ecc_volatile_uncorrected=None if ecc is None else int(ecc),
+            persistence_mode=None if persistence is None else bool(persistence == getattr(N, "NVML_FEATURE_ENABLED", 1)),
+            lost=True if lost else None,
         )
 
 

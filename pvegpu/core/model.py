@@ -55,6 +55,15 @@ class GpuHealth:
     remap_failed: bool | None = None  # a row remapping failed (GPU should be serviced)
     mig_enabled: bool | None = None  # MIG mode (current)
     driver_version: str | None = None
+    recovery_action: str | None = None  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION by name (RECOVERY_ACTIONS); None: not read
+    ecc_volatile_uncorrected: int | None = None  # uncorrected ECC errors since the driver loaded (volatile)
+    persistence_mode: bool | None = None
+    lost: bool | None = None  # NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus (Xid 79)
+
+
+# NVML_GPU_RECOVERY_ACTION_* by value (nvml.h), as pvegpu names them; a value not listed is read as "unknown-N"
+RECOVERY_ACTIONS = {0: "none", 1: "gpu-reset", 2: "node-reboot", 3: "drain-p2p", 4: "drain-and-reset",
+                    5: "recover-imex-domain", 6: "bus-reset", 7: "system-reboot"}
 
 
 @dataclass(frozen=True)

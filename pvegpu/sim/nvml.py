@@ -102,5 +102,9 @@ class SimNvml:
             return None if g.get(name) is None else bool(g[name])
 
         reserved = g.get("reserved_mib")
+        ecc = g.get("ecc_volatile_uncorrected")
         return GpuHealth(None if reserved is None else int(reserved) * MIB, flag("retired_pages_pending"), flag("remap_pending"),
-                         flag("remap_failed"), flag("mig_enabled"), None if g.get("driver_version") is None else str(g["driver_version"]))
+                         flag("remap_failed"), flag("mig_enabled"), None if g.get("driver_version") is None else str(g["driver_version"]),
+                         recovery_action=None if g.get("recovery_action") is None else str(g["recovery_action"]),
+                         ecc_volatile_uncorrected=None if ecc is None else int(ecc), persistence_mode=flag("persistence_mode"),
+                         lost=True if g.get("lost") else None)
