@@ -22,7 +22,9 @@ and ``shared`` (CT 302, running, holds memory on the same GPU: the gate attribut
 from __future__ import annotations
 
 import argparse
+import io
 import os
+import pstats
 import shutil
 import subprocess
 import sys
@@ -188,6 +190,32 @@ def measure(case: object, rounds: int, gpu: bool) -> tuple[dict[str, list[float]
     return C.paired(methods, rounds), exits
 
 
+def profile(case: object, out: str) -> None:
+    """One more gate run with ``-X importtime`` and one under cProfile, into ``out``: where a missed budget goes."""
+    guard, env = case.guard, case.env  # type: ignore[attr-defined]
+    text = open(guard).read()
+    stats = os.path.join(out, "gate.prof")
+    variants = {"importtime": text.replace(" -I -S -c ", " -I -S -X importtime -c "),
+                "cprofile": text.replace("from pvegpu.__main__ import main; main()",
+                                         f"from pvegpu.cli import run; import cProfile; cProfile.run(\"run(sys.argv[1:])\", \"{stats}\")")}
+    for name, body in variants.items():
+        if body == text:
+            print(f"gate profile: the guard has no direct-interpreter line; {name} skipped", file=sys.stderr)
+            continue
+        path = os.path.join(out, f"guard-{name}")
+        with open(path, "w") as f:
+            f.write(body)
+        os.chmod(path, 0o755)
+        p = subprocess.run([path, str(TARGET), "pre-start"], env=env, capture_output=True, text=True, timeout=120)
+        with open(os.path.join(out, f"gate-{name}.txt"), "w") as f:
+            f.write(p.stderr)
+    if os.path.exists(stats):
+        buf = io.StringIO()
+        pstats.Stats(stats, stream=buf).sort_stats("cumulative").print_stats(45)
+        with open(os.path.join(out, "gate-cprofile.txt"), "a") as f:
+            f.write(buf.getvalue())
+
+
 def row(case: str, times: dict[str, list[float]], exits: Counter[str], gpu: bool) -> C.Row:
     """The case's line: the gate beside nvidia-smi (on a simulated node: n/a, and its stand-in bench/sim_smi.py)."""
     failures = [f"{n} × {what}" for what, n in exits.items() if not what.startswith("allowed")]
@@ -207,6 +235,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--node", choices=("auto", "gpu", "sim"), default="auto", help="auto: the GPU node when a GPU answers here")
     ap.add_argument("--pvegpu", default="", help="the pvegpu command (default: the entry point beside this python, else PATH's)")
     ap.add_argument("--out", default="", help="directory for <date>-gate.md (e.g. bench/results)")
+    ap.add_argument("--profile", default="", help="directory: after the rounds, one gate run with -X importtime and one under cProfile")
     a = ap.parse_args(argv)
     cases = [c for c in a.cases.split(",") if c]
     if bad := [c for c in cases if c not in CASES]:
@@ -227,6 +256,8 @@ def main(argv: list[str]) -> int:
         c = (GpuCase if gpu else SimCase)(pvegpu, case)
         try:
             times, exits = measure(c, a.rounds, gpu)
+            if a.profile and case == cases[0]:
+                profile(c, a.profile)
         finally:
             c.close()
         rows.append(row(case, times, exits, gpu))

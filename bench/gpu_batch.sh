@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU tests and the three budgets of bench/ on a GPU node in one go, as root, from the repo root:
 #   OUT=/tmp/pvegpu-gpu bash bench/gpu_batch.sh
-# PARTS="tests gate reset audit" (the default: all) runs only the sections named, e.g. in two calls of a 10-minute limit.
+# PARTS="tests gate reset audit" (the default: all) runs only the sections named, e.g. in two calls of a 10-minute limit;
+# GATE_PROFILE=1 adds one gate run under -X importtime and one under cProfile (gate-*.txt).
 # Each budget writes OUT/<date>-<budget>.md; copy them into bench/results/.
 # On a machine without a package registry, put the wheels in .whl/ first (BENCHMARKS.md says how).
 set -u
@@ -38,7 +39,8 @@ if want tests; then echo "== GPU tests"; date +%s
 PVEGPU_RESULTS="$OUT/gpu.jsonl" timeout "${T_TESTS:-300}" $PY -m pytest -q -p no:cacheprovider -rA -m gpu tests/ 2>&1 | tail -40 | tee "$OUT/gpu-tests.log"
 fi
 if want gate; then echo "== gate beside nvidia-smi"; date +%s
-timeout "${T_GATE:-120}" $PY bench/gate.py --node gpu --rounds "${GATE_N:-40}" ${PVEGPU:+--pvegpu "$PVEGPU"} --out "$OUT" 2>&1 | tail -20
+timeout "${T_GATE:-120}" $PY bench/gate.py --node gpu --rounds "${GATE_N:-40}" ${PVEGPU:+--pvegpu "$PVEGPU"} --out "$OUT" \
+  ${GATE_PROFILE:+--profile "$OUT"} 2>&1 | tail -20
 fi
 if want reset; then echo "== reset against the floor and the manual routine"; date +%s
 timeout "${T_RESET:-300}" $PY bench/reset.py --node gpu --reps "${RESET_REPS:-5}" --scenarios "${RESET_SCENARIOS:-hold-20,ignore-term,two-cts}" \
