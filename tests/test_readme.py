@@ -39,13 +39,13 @@ def test_ci_runs_the_readme_test_command_verbatim_without_sudo_shim():
 
 def test_ci_runs_both_readme_commands_as_a_user():
     """CI's one extraction (packaging/ci-lib.sh readme_command) yields exactly the README's two set-up commands, and
-    .ci/run runs both as a user on this machine (packaging/ci-user-run --here)."""
+    .ci/run runs both as a user on this machine and in a fresh trixie chroot (packaging/ci-user-run)."""
     lib = os.path.join(REPO, "packaging", "ci-lib.sh")
     got = [subprocess.run(["bash", "-c", f'. "$0"; readme_command {which}', lib], capture_output=True, text=True, timeout=30)
            for which in ("demo", "test")]
     assert [g.returncode for g in got] == [0, 0] and [g.stdout.rstrip("\n") for g in got] == readme_commands()
     ci = open(os.path.join(REPO, ".ci", "run"), encoding="utf-8").read().splitlines()
-    assert "$S packaging/ci-user-run --here" in ci
+    assert "$S packaging/ci-user-run --here" in ci and "$S packaging/ci-user-run trixie" in ci
 
 
 @pytest.fixture
