@@ -82,6 +82,15 @@ def test_install_guards_gpu_containers_and_refuses_foreign_hookscript(tree):
     assert "node pve2 lacks pvegpu-guard" in r.stderr
 
 
+def test_install_escapes_a_foreign_hookscript_name_with_terminal_controls(tree):
+    """A hookscript name in /etc/pve carrying terminal control bytes reaches the admin's terminal escaped."""
+    pve, vz, cli, log = tree
+    with open(os.path.join(pve, "nodes", "pve1", "lxc", "130.conf"), "w") as f:
+        f.write(GPU_CONF + "hookscript: local:snippets/m\x1b]0;owned\x07.pl\n")
+    r = cli("install", "130")
+    assert r.returncode == 8 and "\x1b" not in r.stderr and "\x07" not in r.stderr and "\\x1b" in r.stderr
+
+
 def test_chain_then_uninstall_restores_original(tree):
     """--chain runs the guard before the existing script; uninstall puts the original back and removes files."""
     pve, vz, cli, log = tree

@@ -34,6 +34,7 @@ from pvegpu.cli.reset import do_reset
 from pvegpu.core import contract
 from pvegpu.core import errors as E
 from pvegpu.core.locate import check_vmid, find_guest
+from pvegpu.core.safetext import escape
 from pvegpu.core.settings import ResetSettings
 from pvegpu.core.textfit import said
 from pvegpu.sim import scenario as sc
@@ -306,12 +307,13 @@ def sim_remove(directory: str = typer.Argument(..., metavar="DIR", help="a simul
 
 
 def _print_plan(plan: Any) -> None:
+    """The install plan's lines; they carry storage paths and hookscript names from /etc/pve: escaped."""
     for line in plan.done:
-        typer.echo(f"done: {line}")
+        typer.echo(f"done: {escape(line)}")
     for line in plan.refused:
-        typer.echo(f"refused: {line}", err=True)
+        typer.echo(f"refused: {escape(line)}", err=True)
     for line in plan.warnings:
-        typer.echo(f"warning: {line}", err=True)
+        typer.echo(f"warning: {escape(line)}", err=True)
 
 
 STORAGE = typer.Option("local", "--storage", metavar="NAME", help="snippets storage (default: local)", show_default=False)

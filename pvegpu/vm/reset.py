@@ -18,11 +18,12 @@ from typing import Any
 
 from pvegpu.core import errors as E
 from pvegpu.core.deadline import Deadline, deadline_in
-from pvegpu.core.model import Guest, Step
+from pvegpu.core.model import MIB, Guest, Step
 from pvegpu.core.ports import Interrupted, Interrupts, NoInterrupts
 from pvegpu.core.qemuconf import parse_hostpci
 from pvegpu.core.safetext import escape
 from pvegpu.core.textfit import said
+from pvegpu.core.units import mib
 from pvegpu.reset.interruption import interruption
 from pvegpu.reset.poll import until
 from pvegpu.reset.restart import HA_STUCK
@@ -646,4 +647,5 @@ def vm_human(r: VmReport, wide: bool = False) -> str:
 
 
 def _mib(v: Any) -> str:
-    return "?" if v is None else f"{v:,} MiB"
+    """A guest's figure in whole MiB, shown as every reset screen shows memory (core/units.py)."""
+    return mib(None if v is None else v * MIB, "?", grouped=True)
