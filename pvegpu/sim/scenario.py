@@ -19,7 +19,9 @@ A scenario is JSON (or the equivalent dict)::
 ``pci`` is the simulated node's sysfs: PCI bus id -> the driver bound to it ("" none), for the VM gate and audit.
 ``settings`` (optional) are settings for runs on this node (``{"reset.timeout": 2}``: a demo's short waits); they
 stand in for the settings file there, and an option on the line or a ``PVEGPU_*`` variable still wins.
-Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn`` (see ``pvegpu.sim.workload``).
+Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn``, ``init`` (see ``pvegpu.sim.workload``;
+``init``: the container's PID 1 is that GPU job, as in an application container, whose config then names its
+``"entrypoint"``: the command PVE 9.1 writes from an OCI image).
 A GPU plays ``/dev/nvidia<minor>`` with a stand-in the workload processes open: by default the node's own empty
 file ``DIR/dev/nvidia<minor>``, matched by its inode, so no other node (nor anything else on the machine) holds
 it; ``"mappable": true`` makes it one page the workloads also map, as CUDA maps the device. ``stand_in`` names
@@ -46,7 +48,7 @@ from pvegpu.sim.sessions import kill_session
 from pvegpu.sim.state import DIR_FLAGS, DIR_MODE, SimState, read_json
 from pvegpu.sim.trust import SCENARIO, check_node
 
-KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn")
+KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn", "init")
 
 DEMO: dict[str, Any] = {
     "node": "pve-sim",
@@ -78,7 +80,17 @@ LEAK: dict[str, Any] = {  # CT 129's job leaves 1 GiB behind when it dies: reset
                     "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024, "leak": True}]}],
 }
 
-SCENARIOS: dict[str, dict[str, Any]] = {"demo": DEMO, "idle": IDLE, "leak": LEAK}  # `pvegpu sim create DIR --scenario NAME`
+APP: dict[str, Any] = {  # PVE 9.1 application container: CT 129's PID 1 is its GPU job (its OCI image's entrypoint)
+    "node": "pve-sim",
+    "settings": {"reset.timeout": 5},
+    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771}],
+    "containers": [{"vmid": 129, "name": "vllm129", "status": "running", "gpus": [0],
+                    "entrypoint": "vllm serve /models/llama --tensor-parallel-size 1",
+                    "workloads": [{"kind": "init", "gpu": 0, "mib": 4096}],
+                    "on_restart": [{"kind": "init", "gpu": 0, "mib": 4096}]}],  # its restart starts the server again
+}
+
+SCENARIOS: dict[str, dict[str, Any]] = {"demo": DEMO, "idle": IDLE, "leak": LEAK, "app": APP}  # `pvegpu sim create DIR --scenario NAME`
 
 
 def ct_conf(ct: dict[str, Any]) -> str:
@@ -90,6 +102,8 @@ def ct_conf(ct: dict[str, Any]) -> str:
     lines += [f"dev{i}: {p},gid=44" for i, p in enumerate(devs)]
     if ct.get("hookscript"):
         lines.append(f"hookscript: {ct['hookscript']}")
+    if ct.get("entrypoint"):  # an application container, as pve-container writes one (with cmode console)
+        lines += [f"entrypoint: {ct['entrypoint']}", "cmode: console"]
     if ct.get("lock"):
         lines.append(f"lock: {ct['lock']}")
     return "\n".join(sorted(lines)) + "\n"
@@ -155,6 +169,12 @@ def validate(sc: dict[str, Any]) -> None:
                 problems.append(f"CT {vmid}: workload on GPU {w.get('gpu')!r}, which is not defined in gpus")
             if not _is_int(w.get("mib", 0)) or w.get("mib", 0) < 0:
                 problems.append(f"CT {vmid}: workload mib {w.get('mib')!r} must be a whole number >= 0")
+        ep = guest.get("entrypoint")
+        if ep is not None and (not isinstance(ep, str) or not ep or any(ord(c) < 32 and c != "\t" for c in ep)):
+            problems.append(f"CT {vmid}: entrypoint must be one line of text (a command)")
+        for key in ("workloads", "on_restart"):
+            if sum(1 for w in guest.get(key, []) or [] if isinstance(w, dict) and w.get("kind") == "init") > 1:
+                problems.append(f"CT {vmid}: more than one {key} of kind init (a container has one PID 1)")
     if problems:
         raise UsageError("invalid scenario: " + "; ".join(problems), "see `pydoc pvegpu.sim.scenario` for the format")
 
