@@ -16,6 +16,8 @@ A scenario is JSON (or the equivalent dict)::
       "pci": {"0000:41:00.0": "nvidia"}
     }
 
+``ha`` (optional) holds the node's HA files (``/etc/pve/ha/``): file name (resources.cfg, groups.cfg, rules.cfg) ->
+text; without a resources.cfg there, one is written for the containers with ``"ha_managed": true`` (PVE's defaults).
 ``pci`` is the simulated node's sysfs: PCI bus id -> the driver bound to it ("" none), for the VM gate and audit.
 ``settings`` (optional) are settings for runs on this node (``{"reset.timeout": 2}``: a demo's short waits); they
 stand in for the settings file there, and an option on the line or a ``PVEGPU_*`` variable still wins.
@@ -41,6 +43,7 @@ import tempfile
 from typing import Any
 
 from pvegpu.core.errors import UsageError
+from pvegpu.core.ha import FILES as HA_FILES
 from pvegpu.sim.host import SessionHost
 from pvegpu.sim.nvml import SimNvml
 from pvegpu.sim.pve import SimPve, start_init
@@ -126,6 +129,9 @@ def validate(sc: dict[str, Any]) -> None:
     if not isinstance(pci, dict) or not all(isinstance(b, str) and BUS_ID.fullmatch(b) and isinstance(d, str) and (not d or NAME.fullmatch(d))
                                             for b, d in pci.items()):
         problems.append("pci: must map PCI bus ids (0000:41:00.0) to a driver name or \"\"")
+    ha = sc.get("ha") or {}
+    if not isinstance(ha, dict) or not all(k in HA_FILES and isinstance(v, str) for k, v in ha.items()):
+        problems.append(f"ha: must map HA file names ({', '.join(HA_FILES)}) to their text")
     settings = sc.get("settings") or {}
     if not isinstance(settings, dict) or not all(isinstance(k, str) and isinstance(v, str | int | float | bool) for k, v in settings.items()):
         problems.append('settings: must map setting names ("reset.timeout") to plain values')
@@ -299,6 +305,12 @@ def _lay_out(scenario: dict[str, Any], state: SimState, files: dict[str, tuple[b
             state.mkdirs(f"sys/bus/pci/drivers/{driver}")
             state.symlink(os.path.join(state.root, "sys", "bus", "pci", "drivers", driver), f"{dev}/driver")
     state.write_json("etc-pve/.vmlist", {"version": 1, "ids": ids})
+    ha = dict(scenario.get("ha") or {})
+    managed = [c["vmid"] for c in scenario.get("containers", []) if c.get("ha_managed")]
+    if managed and "resources.cfg" not in ha:  # HA's own record of what it manages, as `ha-manager add ct:N` writes it
+        ha["resources.cfg"] = "".join(f"ct: {v}\n\tstate started\n\n" for v in managed)
+    for name, text in ha.items():
+        state.write(f"etc-pve/ha/{name}", text.encode("utf-8"))
     state.write("etc-pve/storage.cfg", f"dir: local\n\tpath {state.root}\n\tcontent iso,vztmpl,backup\n".encode())  # `local` is this directory
     for rel, (data, mode) in files.items():
         state.write(rel, data, mode)
