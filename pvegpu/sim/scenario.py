@@ -18,6 +18,8 @@ A scenario is JSON (or the equivalent dict)::
 
 ``ha`` (optional) holds the node's HA files (``/etc/pve/ha/``): file name (resources.cfg, groups.cfg, rules.cfg) ->
 text; without a resources.cfg there, one is written for the containers with ``"ha_managed": true`` (PVE's defaults).
+``kernel_driver`` (optional) is the host's NVIDIA kernel module version (the node's ``proc/driver/nvidia/version``);
+a container's ``user_libs`` is the version of the NVIDIA libraries in its root (``ct-root/<vmid>/usr/lib/x86_64-linux-gnu``).
 ``pci`` is the simulated node's sysfs: PCI bus id -> the driver bound to it ("" none), for the VM gate and audit.
 ``settings`` (optional) are settings for runs on this node (``{"reset.timeout": 2}``: a demo's short waits); they
 stand in for the settings file there, and an option on the line or a ``PVEGPU_*`` variable still wins.
@@ -117,6 +119,7 @@ def _is_int(value: Any) -> bool:
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # a node's or a driver's name: one path component, never ".."
+VERSION = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,3}")
 BUS_ID = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
@@ -129,6 +132,9 @@ def validate(sc: dict[str, Any]) -> None:
     if not isinstance(pci, dict) or not all(isinstance(b, str) and BUS_ID.fullmatch(b) and isinstance(d, str) and (not d or NAME.fullmatch(d))
                                             for b, d in pci.items()):
         problems.append("pci: must map PCI bus ids (0000:41:00.0) to a driver name or \"\"")
+    versions = [sc.get("kernel_driver")] + [c.get("user_libs") for c in sc.get("containers", []) or [] if isinstance(c, dict)]
+    if not all(v is None or (isinstance(v, str) and VERSION.fullmatch(v)) for v in versions):
+        problems.append("kernel_driver / user_libs: must be a driver version (550.54.15)")
     ha = sc.get("ha") or {}
     if not isinstance(ha, dict) or not all(k in HA_FILES and isinstance(v, str) for k, v in ha.items()):
         problems.append(f"ha: must map HA file names ({', '.join(HA_FILES)}) to their text")
@@ -311,6 +317,14 @@ def _lay_out(scenario: dict[str, Any], state: SimState, files: dict[str, tuple[b
         ha["resources.cfg"] = "".join(f"ct: {v}\n\tstate started\n\n" for v in managed)
     for name, text in ha.items():
         state.write(f"etc-pve/ha/{name}", text.encode("utf-8"))
+    if scenario.get("kernel_driver"):
+        state.write("proc/driver/nvidia/version", (f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {scenario['kernel_driver']}  "
+                                                   "Release Build  (simulated)\nGCC version:  gcc version 12.2.0\n").encode())
+    for ct in scenario.get("containers", []):
+        if ct.get("user_libs"):  # the files `NVIDIA-Linux-*.run --no-kernel-module` installs, by name (empty here)
+            lib = f"ct-root/{ct['vmid']}/usr/lib/x86_64-linux-gnu"
+            for name in (f"libnvidia-ml.so.{ct['user_libs']}", f"libcuda.so.{ct['user_libs']}"):
+                state.write(f"{lib}/{name}", b"")
     state.write("etc-pve/storage.cfg", f"dir: local\n\tpath {state.root}\n\tcontent iso,vztmpl,backup\n".encode())  # `local` is this directory
     for rel, (data, mode) in files.items():
         state.write(rel, data, mode)
