@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from pvegpu.adapters import journal, locks, nodefiles, storagecfg
+from pvegpu.adapters import etcpve, journal, locks, nodefiles, storagecfg
 from pvegpu.adapters.bounded import BoundedProbe
 from pvegpu.adapters.clock import SystemClock as system_clock
 from pvegpu.adapters.etcpve import EtcPve, NodePve, no_pve
@@ -31,6 +31,7 @@ from pvegpu.adapters.pvecli import run_command
 from pvegpu.adapters.settingsfile import load
 from pvegpu.adapters.users import user_name
 from pvegpu.core import errors as E
+from pvegpu.core.ha import HaFiles
 from pvegpu.core.leftover import LeftoverRule
 from pvegpu.core.model import MIB
 from pvegpu.core.ports import EventLog, GpuProbe, Host, NodeFiles, NullLog, PveApi, PveReader, WallClock
@@ -40,6 +41,7 @@ from pvegpu.reset.report import Ports, ResetPolicy
 from pvegpu.sim import nodefiles as simfiles
 from pvegpu.sim import scenario
 from pvegpu.sim.pvecli import SimPveCli
+from pvegpu.sim.state import SimState
 from pvegpu.sim.trust import node_settings
 from pvegpu.vm.guest import VmApi
 from pvegpu.vm.reset import VmPolicy
@@ -281,6 +283,16 @@ def world(s: Settings) -> NodeWorld:
 
 
 journal_line = journal.log_line  # one line to the system log with ident pvegpu (``journalctl -t pvegpu``)
+
+
+def system_log(s: Settings) -> Callable[[str], bool]:
+    """Where the gate's lines for the system log go: ``journal_line``, or a simulated node's own ``journal.log``."""
+    return SimState(s.simulate).log_line if s.simulate else journal_line
+
+
+def ha_files(s: Settings) -> HaFiles:
+    """The HA files (``/etc/pve/ha/*.cfg``) of this node, or of the simulated node."""
+    return etcpve.ha_files(SimState(s.simulate).etc_pve if s.simulate else s.pve_root)
 
 
 def write_textfile(path: str, doc: Mapping[str, object]) -> None:

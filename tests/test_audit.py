@@ -41,6 +41,12 @@ class FakeFiles:
     def pci_vendor(self, bus_id):
         return self.pci[bus_id][1] if bus_id in self.pci else None
 
+    def driver_version(self):
+        return None  # unreadable: every container's driver check is unknown
+
+    def ct_lib_versions(self, vmid, init_pid):
+        return None
+
 
 NODES = {"/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"}
 

@@ -1,7 +1,7 @@
 """Read a PVE node's own view from ``/etc/pve`` (pmxcfs) without the API: fast, no credentials.
 
 The one reader of ``/etc/pve``: ``EtcPve`` (the PveApi reads), ``read_pve`` / ``read_pve_or_none`` (any file
-below the root: ``storage.cfg``, ``.members``, ``mapping/pci.cfg``), ``node_names`` and ``ct_confs`` (every
+below the root: ``storage.cfg``, ``.members``, ``mapping/pci.cfg``), ``ha_files`` (``ha/*.cfg``), ``node_names`` and ``ct_confs`` (every
 container's config, for ``hook install | status``). Used by the start gate (which must never call the API while
 PVE holds the config lock) and by reset/audit/install on the node. Manual equivalent: ``cat /etc/pve/.vmlist``,
 ``cat /etc/pve/lxc/<vmid>.conf``, ``ls /etc/pve/nodes/*/lxc/``.
@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pvegpu.core.errors import NeedsRootError, NotFoundError, NotPveNodeError, PmxcfsDownError, PveApiError, PvegpuError
+from pvegpu.core.ha import FILES as HA_FILES
+from pvegpu.core.ha import HaFiles
 from pvegpu.core.lxcconf import parse_config
 from pvegpu.core.model import CtStatus, Guest, TaskResult
 
@@ -45,6 +47,23 @@ def read_pve_or_none(root: str, relpath: str) -> str | None:
         return read_pve(root, relpath)
     except (OSError, UnicodeDecodeError, NeedsRootError):
         return None
+
+
+def ha_files(root: str) -> HaFiles:
+    """``ha/resources.cfg``, ``ha/groups.cfg``, ``ha/rules.cfg`` under ``root``: each one's text, None when it is
+    absent (nothing of that kind configured), or why it could not be read (then HA state is unknown, never guessed)."""
+    texts: dict[str, str | None] = {}
+    unreadable: dict[str, str] = {}
+    for name in HA_FILES:
+        try:
+            texts[name] = read_pve(root, os.path.join("ha", name))
+        except FileNotFoundError:
+            texts[name] = None
+        except NeedsRootError as exc:
+            unreadable[name] = exc.message
+        except (OSError, UnicodeDecodeError) as exc:
+            unreadable[name] = str(getattr(exc, "strerror", None) or exc)
+    return HaFiles(texts, unreadable)
 
 
 def node_names(root: str) -> list[str]:

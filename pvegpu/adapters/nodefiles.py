@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 
 from pvegpu.adapters.etcpve import read_pve_or_none
+from pvegpu.adapters.safefile import read_regular
 from pvegpu.adapters.storagecfg import read_storage
+from pvegpu.core.driver import LIB_DIRS, kernel_version, lib_versions
 from pvegpu.core.errors import UsageError
 
 CGROUP_TOPS = ("", "unified", "pids", "memory", "cpu", "systemd")  # v2 root, hybrid's unified, v1 hierarchies
@@ -85,6 +87,45 @@ class LocalNodeFiles:
         except (OSError, UnicodeDecodeError):
             return None
 
+    def driver_version(self) -> str | None:
+        """The host's NVIDIA kernel module version (``cat /proc/driver/nvidia/version``); None when unreadable."""
+        data = read_regular(os.path.join(self.proc, "driver", "nvidia", "version"), limit=MAX_VERSION_FILE)
+        return None if data is None else kernel_version(data.decode("utf-8", "replace"))
+
+    def ct_root(self, vmid: int, init_pid: int) -> str:
+        """The container's root as the host sees it: its init's ``/proc/<pid>/root``."""
+        return os.path.join(self.proc, str(init_pid), "root")
+
+    def ct_lib_versions(self, vmid: int, init_pid: int) -> frozenset[str] | None:
+        """The NVIDIA driver versions named by library files in the container's usual lib directories (file names only,
+        at most ``MAX_LIB_ENTRIES`` entries each); every directory below its root is opened without following a link, so
+        a tenant's link never leads out of it. None when its root cannot be opened."""
+        try:
+            root = os.open(self.ct_root(vmid, init_pid), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        found: set[str] = set()
+        try:
+            for rel in LIB_DIRS:
+                fd = _open_below(root, rel)
+                if fd is None:
+                    continue
+                try:
+                    names: list[str] = []
+                    with os.scandir(fd) as it:
+                        for entry in it:
+                            names.append(entry.name)
+                            if len(names) >= MAX_LIB_ENTRIES:
+                                break
+                    found |= lib_versions(names)
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(root)
+        return frozenset(found)
+
 
 def _populated(cg: str) -> bool:
     """Whether cgroup directory ``cg`` has a process anywhere below it."""
@@ -107,3 +148,21 @@ def _populated(cg: str) -> bool:
             except OSError:
                 continue
     return False
+
+MAX_VERSION_FILE = 64 * 1024  # /proc/driver/nvidia/version is one or two lines
+MAX_LIB_ENTRIES = 20_000  # a lib directory holds a few thousand files; past this it is not read further
+
+
+def _open_below(root: int, rel: str) -> int | None:
+    """A descriptor of the directory ``rel`` below ``root``, each component opened with O_NOFOLLOW (a link, e.g. a
+    merged-/usr ``lib -> usr/lib``, is skipped: the real directory is read under its own name); None when absent."""
+    fd = os.dup(root)
+    try:
+        for name in rel.split("/"):
+            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        return fd
+    except OSError:
+        os.close(fd)
+        return None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pvegpu.core.driver import DriverCheck
 from pvegpu.core.model import GpuHealth, Via
 from pvegpu.core.units import whole_mib as _mib
 
@@ -42,6 +43,7 @@ class FlagKind(StrEnum):
     CONFIG_UNREADABLE = "config-unreadable"
     NODE_UNREACHABLE = "node-unreachable"
     VM_AND_CT = "vm-and-container"
+    DRIVER_MISMATCH = "driver-mismatch"
 
     @property
     def attention(self) -> bool:
@@ -69,6 +71,8 @@ ADVICE: dict[FlagKind, str] = {
     FlagKind.HEALTH: "a reset is pending for row remapping / page retirement: reset the GPU once no process uses it",
     FlagKind.CONFIG_UNREADABLE: "the guest's config could not be read: `pct config <vmid>`",
     FlagKind.NODE_UNREACHABLE: "no live audit from this node: `ssh root@<node> pvegpu audit --json`",
+    FlagKind.DRIVER_MISMATCH: ("the container's NVIDIA libraries are not the host's kernel module's version: its next CUDA start fails "
+                               "with 'Driver/library version mismatch'; install the host's version in it with --no-kernel-module"),
     FlagKind.VM_AND_CT: ("a VM takes this GPU to vfio-pci at its start while containers use it through nvidia: the VM's start "
                          "blocks or the containers lose it (guard the VM: `qm set <vmid> --hookscript local:snippets/pvegpu-guard`)"),
 }
@@ -150,6 +154,7 @@ class GuestRow:
     all_gpus: bool = False
     bus_ids: tuple[str, ...] = ()  # VMs: hostpci ids (mappings resolved for this node)
     notes: tuple[str, ...] = ()
+    driver: DriverCheck | None = None  # running containers: its NVIDIA libraries against the host's kernel module
 
     @property
     def id(self) -> str:
@@ -157,7 +162,8 @@ class GuestRow:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "vmid": self.vmid, "type": self.type, "node": self.node, "name": self.name, "status": self.status,
-                "minors": list(self.minors), "all_gpus": self.all_gpus, "bus_ids": list(self.bus_ids), "notes": list(self.notes)}
+                "minors": list(self.minors), "all_gpus": self.all_gpus, "bus_ids": list(self.bus_ids), "notes": list(self.notes),
+                "driver": None if self.driver is None else self.driver.to_json()}
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,12 @@ class AuditCollector:
                 procs.add_metric([node, gid, *key], float(count))
                 if total is not None:
                     mem.add_metric([node, gid, *key], float(total))
+        drift = g("pvegpu_guest_driver_mismatch", "1 when a running container's NVIDIA user-space libraries are not the host kernel "
+                  "module's version (its next CUDA start fails), 0 when they are; absent when unknown", ["node", "id"])
+        for c in n.get("guests", []):
+            state = (c.get("driver") or {}).get("state")
+            if state in ("match", "mismatch"):
+                drift.add_metric([node, str(c["id"])], 1.0 if state == "mismatch" else 0.0)
         for p in n.get("passthrough", []):
             pci.add_metric([node, str(p["id"]), str(p["bus_id"]), "unknown" if p.get("driver") is None else str(p["driver"] or "none")], 1.0)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from pvegpu.audit.guests import GuestScan, scan_guests
 from pvegpu.audit.model import Flag, FlagKind, GpuRow, HolderRow, NodeAudit, document
+from pvegpu.core.driver import DriverCheck, DriverMatch
 from pvegpu.core.errors import PvegpuError
 from pvegpu.core.holders import GpuFacts, inspect_gpus
 from pvegpu.core.leftover import LeftoverRule, gpu_reset_advice, gpu_users, leftover, users_text
@@ -44,6 +45,8 @@ def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: 
     scan = scan_guests(pve, host, files, node, cluster=cluster)
     rep.guests, rep.passthrough = scan.guests, scan.passthrough
     rep.flags.extend(scan.flags)
+    if host is not None and files is not None:
+        _drivers(rep, host, files)
     if probe is None or host is None:
         rep.error = probe_error or "GPUs not read"
         rep.flags.append(Flag(FlagKind.UNREADABLE, "all GPUs", rep.error))
@@ -51,6 +54,28 @@ def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: 
         _runtime(rep, probe, host, scan, rule, users)
     rep.duration_seconds = round(clock.monotonic() - started, 4) if clock is not None else 0.0
     return rep
+
+
+def _drivers(rep: NodeAudit, host: Host, files: NodeFiles) -> None:
+    """Each running GPU container's NVIDIA libraries against the host's kernel module (``core.driver``): a mismatch is
+    flagged with the fix; what cannot be read is unknown, never a mismatch."""
+    running = [g for g in rep.guests if g.type == "lxc" and g.status == "running" and (g.minors or g.all_gpus)]
+    if not running:
+        return
+    host_version = files.driver_version()
+    for i, g in enumerate(rep.guests):
+        if g not in running:
+            continue
+        init = next((p for p in host.ct_pids(g.vmid) if (d := host.describe(p)) is not None and d.is_ct_init), None)
+        libs = None if init is None else files.ct_lib_versions(g.vmid, init)
+        why = ("the host's /proc/driver/nvidia/version cannot be read" if host_version is None else
+               "its init cannot be found" if init is None else "its root cannot be read" if libs is None else
+               "no libnvidia-ml.so.<version> / libcuda.so.<version> in its lib directories" if not libs else None)
+        check = DriverCheck(host_version, libs, why)
+        rep.guests[i] = replace(g, driver=check)
+        if check.state is DriverMatch.MISMATCH:
+            rep.flags.append(Flag(FlagKind.DRIVER_MISMATCH, g.id, f"its NVIDIA libraries are {', '.join(sorted(libs or ()))}, the host's "
+                                  f"kernel module is {host_version}", check.fix(g.vmid)))
 
 
 audit = run_audit  # the name the demo and older callers use

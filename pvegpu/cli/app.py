@@ -238,7 +238,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def demo_cmd(
     ctx: typer.Context,
     scenario: str = typer.Option("demo", "--scenario", metavar="NAME", show_default=False,
-                                 help="a built-in scenario (demo (default), idle, leak) or a scenario JSON file"),
+                                 help="a built-in scenario (demo (default), idle, leak, app) or a scenario JSON file"),
     grace: float = typer.Option(1.0, "--grace", metavar="SECONDS", show_default=False,
                                 help="SIGTERM grace in the demo (default 1: short, so the demo is quick)"),
 ) -> None:
@@ -285,7 +285,7 @@ def sim_create(
     directory: str = typer.Argument(..., metavar="DIR", help="a new directory for the simulated node (made here, mode 700)",
                                     show_default=False),
     scenario: str = typer.Option("demo", "--scenario", metavar="NAME", show_default=False,
-                                 help="a built-in scenario (demo (default), idle, leak) or a scenario JSON file"),
+                                 help="a built-in scenario (demo (default), idle, leak, app) or a scenario JSON file"),
 ) -> None:
     """Build a simulated node in DIR and start its containers (real processes); no Proxmox, GPU or root needed."""
     typer.echo(created(create(directory, scenario, (ins.GUARD, ins.guard_text(ins.template())))))

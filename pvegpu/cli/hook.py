@@ -20,6 +20,7 @@ from pvegpu.adapters.child import Child
 from pvegpu.adapters.override import pending, take
 from pvegpu.core import errors as E
 from pvegpu.core.contract import check_error_document, document, dumps
+from pvegpu.core.ha import managed
 from pvegpu.core.locate import check_vmid
 from pvegpu.core.textfit import fit
 from pvegpu.gate.decide import evaluate, paragraph
@@ -193,7 +194,25 @@ def _pre_start(vmid: int, s: Settings, child: Child, out: TextIO, err: TextIO) -
         print(f"pvegpu: {kind} {vmid} allowed to start ONCE by an override ({override})" + (f"; it would have refused: {why}" if why else ""), file=out)
         return E.EXIT_OK
     print(text, file=out if allow else err)
+    if not allow:
+        _tell_system_log(vmid, kind, s, text.removeprefix(f"pvegpu: refusing to start {kind} {vmid}: "))
     return E.EXIT_OK if allow else E.EXIT_REFUSED
+
+
+def _tell_system_log(vmid: int, kind: str, s: Settings, reason: str) -> None:
+    """A refused start of an HA-managed guest also goes to the system log, with the guest and the reason: the task the
+    admin started (``hastart``) ends OK and shows nothing; this refusal is only in HA's own start task. A guest whose
+    HA state cannot be read is logged too (never guessed unmanaged)."""
+    sid = f"{'vm' if kind == 'VM' else 'ct'}:{vmid}"
+    try:
+        ha = managed(sid, wiring.ha_files(s))
+    except E.PvegpuError:
+        ha = None
+    if ha is False:
+        return
+    what = "HA-managed" if ha else "possibly HA-managed (HA state unknown)"
+    wiring.system_log(s)(f"start gate refused the start of {what} {kind} {vmid} ({sid}): {reason}; HA retries it, may relocate "
+                         f"it, then leaves it in 'error' (`ha-manager status`; `pvegpu hook status` names the settings to use)")
 
 
 def _post_stop(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:

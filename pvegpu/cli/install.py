@@ -23,11 +23,12 @@ from typing import Any, TextIO
 
 from pvegpu.adapters import safefile
 from pvegpu.adapters.child import call_in_child
-from pvegpu.adapters.etcpve import ct_confs, node_names, vm_confs
+from pvegpu.adapters.etcpve import ct_confs, ha_files, node_names, vm_confs
 from pvegpu.adapters.pvecli import run_command
 from pvegpu.adapters.storagecfg import Storage, read_storage
 from pvegpu.core import errors as E
 from pvegpu.core.errors import PvegpuError, UsageError
+from pvegpu.core.ha import HaVerdict, judge
 from pvegpu.core.lxcconf import parse_config
 from pvegpu.core.safetext import escape
 
@@ -341,6 +342,7 @@ def install(vmids: list[int], *, pve_root: str, node: str, storage_name: str = "
         argv = ["pct", "set", str(vmid), "--hookscript", want]
         rc, out = run(argv)
         (plan.done if rc == 0 else plan.refused).append(" ".join(argv) + ("" if rc == 0 else f" failed: {out}"))
+    plan.warnings.extend(v.line() for v in ha_verdicts(pve_root, node, [v for v in targets if v in confs]) if v.flagged)
     if not st.shared:
         _check_nodes(pve_root, node, names, lister, plan)
     return plan
@@ -420,6 +422,13 @@ def uninstall(vmids: list[int], *, pve_root: str, node: str, storage_name: str =
     return plan
 
 
+def ha_verdicts(pve_root: str, node: str, vmids: list[int]) -> list[HaVerdict]:
+    """What HA would do with each of ``vmids`` after a start the gate refuses (``core.ha``; unknown when its files
+    cannot be read)."""
+    files = ha_files(pve_root)
+    return [judge(vmid, node, files) for vmid in vmids]
+
+
 class GuardState(enum.StrEnum):
     GUARDED = "guarded"
     SWAPPED = "not guarded: guard changed"  # the hookscript names pvegpu's guard, but the file is not what pvegpu wrote
@@ -454,6 +463,7 @@ class GuardStatus:
     problems: list[str]
     installed: bool = True
     notes: list[str] = field(default_factory=list)
+    ha: list[HaVerdict] = field(default_factory=list)  # the guarded containers HA manages (or whose HA state is unknown)
 
     @property
     def ok(self) -> bool:
@@ -461,7 +471,8 @@ class GuardStatus:
 
     def to_json(self) -> dict[str, object]:
         return {"node": self.node, "installed": self.installed, "problems": self.problems,
-                "containers": [{"vmid": r.vmid, "state": r.state.value, "hookscript": r.hookscript} for r in self.containers]}
+                "containers": [{"vmid": r.vmid, "state": r.state.value, "hookscript": r.hookscript} for r in self.containers],
+                "ha": [v.to_json() for v in self.ha]}
 
 
 def status(*, pve_root: str, node: str, storage_name: str = "local", lister: SnippetLister | None = None,
@@ -502,7 +513,9 @@ def status(*, pve_root: str, node: str, storage_name: str = "local", lister: Sni
         plan.warnings.append(f"this node ({node}) lacks an executable {local}")
     if not st.shared:
         _check_nodes(pve_root, node, {GUARD}, lister, plan)
-    return GuardStatus(node, rows, plan.warnings)
+    ha = [v for v in ha_verdicts(pve_root, node, [r.vmid for r in rows if r.state is GuardState.GUARDED]) if v.managed is not False]
+    plan.warnings.extend(v.line() for v in ha if v.flagged)
+    return GuardStatus(node, rows, plan.warnings, ha=ha)
 
 
 def _snippet_state(path: str) -> list[bool]:

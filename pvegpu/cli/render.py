@@ -44,7 +44,7 @@ def _diagnosis_json(d: Diagnosis) -> dict[str, Any]:
 def reset_json(r: ResetReport) -> dict[str, Any]:
     return {
         "vmid": r.vmid, "node": r.node, "outcome": r.outcome.value, "outcome_kind": r.outcome.slug, "exit_code": r.exit_code,
-        "elapsed_s": round(r.elapsed, 3), "restarted": r.restarted, "left_stopped": r.left_stopped,
+        "elapsed_s": round(r.elapsed, 3), "restarted": r.restarted, "left_stopped": r.left_stopped, "app_container": r.app_container,
         "ct_state": r.ct_state, "task_log": r.task_log, "respawns": [x.as_json() for x in r.respawns], "interrupted": r.interrupted,
         "gpus": r.gpus,
         "before": [_facts_json(f) for _, f in sorted(r.before.items())],

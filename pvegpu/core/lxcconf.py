@@ -7,6 +7,7 @@ running container: ``[pve:pending]`` and snapshot sections are reported as notes
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,31 @@ class CtConfig:
     tags: frozenset[str] = frozenset()
     hookscript: str | None = None
     hostname: str | None = None
+    entrypoint: tuple[str, ...] | None = None  # the command LXC runs as the container's PID 1, when the config names one
+
+    @property
+    def app(self) -> bool:
+        """An application container (PVE 9.1 OCI): its PID 1 is the workload, not a system init."""
+        return self.entrypoint is not None and self.entrypoint[0] not in SYSTEM_INITS
+
+
+# PID 1 commands that are a system init (PVE's default entrypoint is /sbin/init, pve-container src/PVE/LXC/Config.pm);
+# any other command is the workload itself (an OCI image's Entrypoint+Cmd, src/PVE/LXC/Create.pm).
+SYSTEM_INITS = frozenset({"/sbin/init", "/usr/sbin/init", "/bin/init", "/usr/bin/init", "/lib/systemd/systemd",
+                          "/usr/lib/systemd/systemd"})
+# Where a config names PID 1's command: PVE 9.1's ``entrypoint`` (written as ``lxc.init.cmd``), then raw keys, which
+# pve-container appends after it (src/PVE/LXC.pm), so the last raw one is what LXC runs; ``lxc.init_cmd`` is LXC's old name.
+INIT_KEYS = ("entrypoint", "lxc.init.cmd", "lxc.init_cmd")
+
+
+def _init_cmd(value: str) -> tuple[str, ...] | None:
+    """PID 1's argv from an entrypoint value (shell-quoted, as pve-container writes it: ``PVE::Tools::cmd2string``);
+    None when it cannot be split into a command (an open quote, nothing)."""
+    try:
+        argv = shlex.split(value)
+    except ValueError:
+        return None
+    return tuple(argv) or None
 
 
 def _dev_path(value: str) -> str:
@@ -203,6 +229,8 @@ def _from_pairs(pairs: list[tuple[str, str]], notes: list[str]) -> CtConfig:
     wildcard = False
     named_nodes = False
     lock = tags = hookscript = hostname = None
+    init: str | None = None
+    init_key = ""
     for key, value in pairs:
         if dev_key(key):
             path = _dev_path(value)
@@ -237,9 +265,14 @@ def _from_pairs(pairs: list[tuple[str, str]], notes: list[str]) -> CtConfig:
             hookscript = value
         elif key == "hostname":
             hostname = value
+        elif key in INIT_KEYS and (key != "entrypoint" or not init_key.startswith("lxc.")):
+            init, init_key = value, key
     all_gpus = wildcard and not named_nodes
     if lock:
         notes.append(f"config is locked ({lock})")
     tagset = frozenset((tags or "").replace(";", " ").replace(",", " ").split())  # re.split(r"[;,\s]+"), no empties
+    entrypoint = None if init is None else _init_cmd(init)
+    if init is not None and entrypoint is None:
+        notes.append(f"{init_key} cannot be parsed as a command; treated as a plain container (system init)")
     gpus = CtGpus(frozenset(minors), all_gpus, tuple(sources), tuple(dict.fromkeys(notes)))
-    return CtConfig(gpus=gpus, lock=lock, tags=tagset, hookscript=hookscript, hostname=hostname)
+    return CtConfig(gpus=gpus, lock=lock, tags=tagset, hookscript=hookscript, hostname=hostname, entrypoint=entrypoint)

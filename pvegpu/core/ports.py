@@ -257,6 +257,15 @@ class NodeFiles(Protocol):
         """Running containers by PVE's own test, one read for all (``grep /var/lib/lxc/ /proc/net/unix``); None = cannot tell."""
         ...
 
+    def driver_version(self) -> str | None:
+        """The host's NVIDIA kernel module version (``cat /proc/driver/nvidia/version``); None when unreadable."""
+        ...
+
+    def ct_lib_versions(self, vmid: int, init_pid: int) -> frozenset[str] | None:
+        """NVIDIA driver versions of the library files in a running container's root, through its init (file names
+        only, never following its links); None when its root cannot be read."""
+        ...
+
     def pci_vendor(self, bus_id: str) -> str | None:
         """``cat /sys/bus/pci/devices/<bus_id>/vendor`` (``0x10de`` is NVIDIA); None when unreadable."""
         ...

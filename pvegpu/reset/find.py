@@ -9,8 +9,9 @@ from __future__ import annotations
 from pvegpu.core import errors as E
 from pvegpu.core.holders import GpuFacts
 from pvegpu.core.locate import locate
+from pvegpu.reset.appct import PLAN
 from pvegpu.reset.run import ResetRun
-from pvegpu.reset.targets import describe, planned_action
+from pvegpu.reset.targets import Spared, describe, planned_action
 from pvegpu.reset.vocab import Diagnosis, Kind, StepName, StepOutcome
 
 
@@ -39,11 +40,19 @@ def find(run: ResetRun) -> dict[int, GpuFacts]:
     return facts
 
 
-def plan(run: ResetRun, facts: dict[int, GpuFacts]) -> None:
+def plan(run: ResetRun, facts: dict[int, GpuFacts], *, app: bool = False) -> None:
     """--dry-run: what each holder would get, and why; nothing is signalled. The list is ``targets.targets``'s, the
-    one the stop loop signals from."""
+    one the stop loop signals from; for a container whose reset is its restart (``app``), every holder goes with it."""
     r = run.report
     decided = run.targets(facts)
+    if app:
+        for h in decided.signalled:
+            r.plan.append(describe(h) | {"action": PLAN})
+        for h, why in decided.spared:
+            r.plan.append(describe(h) | {"action": PLAN if why is Spared.CT_INIT else why.action(run.vmid), "spared": why.value})
+        run.step(StepName.DRY_RUN, StepOutcome.OK, f"CT {run.vmid} is {r.app_container}: its reset is its verified restart "
+                 "(stop through the API, verify while stopped, start through its gate, verify again); nothing was signalled or stopped")
+        return
     for h in decided.signalled:
         r.plan.append(describe(h) | {"action": planned_action(h)})
     for h, why in decided.spared:

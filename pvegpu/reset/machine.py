@@ -15,6 +15,7 @@ from pvegpu.core.holders import GpuFacts
 from pvegpu.core.model import Step
 from pvegpu.core.ports import Interrupted
 from pvegpu.core.units import mib
+from pvegpu.reset.appct import NO_RESTART, app_reason, holds
 from pvegpu.reset.conclude import Conclusion, conclude
 from pvegpu.reset.diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, foreign_leftover, restart_would_not_help
 from pvegpu.reset.find import find, note_earlier, plan
@@ -70,14 +71,49 @@ def record(run: ResetRun, ended: Ended, c: Conclusion) -> ResetReport:
 def _reset(run: ResetRun) -> Ended:
     facts = find(run)
     note_earlier(run)
+    app = restart_is_reset(run, facts)
     if run.policy.dry_run:
-        plan(run, facts)
+        plan(run, facts, app=app)
         return Ended(None, facts, dry_run=True)
+    if app:
+        return app_restart(run, facts)
     stopped = stop_and_verify(run, facts)
     facts, verdict = stopped.facts, stopped.verdict
     if verdict is Verified.NOT_CLEAN and may_restart(run):
         restarted = restart(run, facts)
         facts, verdict = restarted.facts, restarted.verdict or verdict
+    return finish(run, facts, verdict)
+
+
+def restart_is_reset(run: ResetRun, facts: dict[int, GpuFacts]) -> bool:
+    """Is this container's reset its verified restart (``appct``: an application container, or PID 1 holds its GPU)?
+    Only while something in it holds the GPU and restarts are allowed; the reason goes into the report either way."""
+    assert run.located is not None
+    why = app_reason(run.located.config, facts)
+    run.report.app_container = why
+    if why is None:
+        return False
+    if not run.policy.restart:
+        run.report.notes.append(f"CT {run.vmid} is {why}. {NO_RESTART}")
+        return False
+    return holds(facts)
+
+
+def app_restart(run: ResetRun, facts: dict[int, GpuFacts]) -> Ended:
+    """The reset of an application container: straight to its restart (no signal rounds against its PID 1, no grace),
+    verified while stopped, started (through its gate), read again once it runs."""
+    why = run.report.app_container
+    run.step(StepName.RESTART, StepOutcome.START, f"CT {run.vmid} is {why}: its reset is its verified restart, no signal rounds")
+    if not may_restart(run):
+        return finish(run, facts, Verified.NOT_CLEAN)
+    restarted = restart(run, facts, why="its reset is its restart")
+    facts, verdict = restarted.facts, restarted.verdict or Verified.NOT_CLEAN
+    if run.ct.restarted:
+        again = run.inspect()
+        held = sum(len(f.ct_holders) for f in again.values())
+        run.step(StepName.VERIFY, StepOutcome.OK, f"after its start CT {run.vmid} runs again: {held} holder(s) of its own on its GPU(s), "
+                 "its workload started again" if held else f"after its start CT {run.vmid} runs again; nothing holds its GPU(s) yet",
+                 holders=held)
     return finish(run, facts, verdict)
 
 

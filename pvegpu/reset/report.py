@@ -99,6 +99,7 @@ class ResetReport:
     interrupted: dict[str, object] | None = None  # a signal during the reset: its name, what pvegpu did, where the CT is
     stop_requested: bool = False  # this reset asked PVE to stop the CT (the critical section began)
     start_requested: bool = False  # ... and to start it again
+    app_container: str | None = None  # why its reset is its verified restart (``appct.app_reason``); None: signal rounds
     elapsed: float = 0.0
 
 

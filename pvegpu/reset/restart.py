@@ -22,7 +22,7 @@ SETTLE_POLL = 0.2  # seconds between status reads while a started CT settles
 HA_STUCK = ("error", "fence", "recovery", "freeze", "ignored")  # HA states in which HA will not bring the CT anywhere soon
 
 
-def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> RestartResult:
+def restart(run: ResetRun, facts: dict[int, GpuFacts], why: str = "GPU not clean") -> RestartResult:
     """Stop, verify while stopped, start. Returns the facts and the verdict taken while the CT was
     stopped (None: no stop took effect, the earlier verdict stands); where the CT went is in ``run.ct``."""
     pve, guest, ct = run.p.pve, run.guest, run.ct
@@ -40,7 +40,7 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts]) -> RestartResult:
         failed(run, E.PveApiError(f"CT {run.vmid} is locked ({status.lock}); restart refused",
                                   f"wait for the {status.lock} to finish, or `pct unlock {run.vmid}` if it is stale"))
         return RestartResult(facts)
-    run.step(StepName.RESTART, StepOutcome.STOP, f"stopping CT {run.vmid} through the API (GPU not clean)")
+    run.step(StepName.RESTART, StepOutcome.STOP, f"stopping CT {run.vmid} through the API ({why})")
     run.p.interrupts.critical()  # from the stop request on, a signal never leaves the CT stopped without a word
     run.p.lock.stop_requested()  # kept in the lock file until the CT runs again: a killed reset is found by the next one
     ct.stop_requested = True

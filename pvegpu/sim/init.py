@@ -1,4 +1,5 @@
-"""PID 1 of a simulated container: starts its workloads, reaps children, respawns ``respawn`` ones.
+"""PID 1 of a simulated container: starts its workloads, reaps children, respawns ``respawn`` ones; with an
+``init`` workload it is the GPU job itself (an application container's PID 1).
 
 Run as ``python -m pvegpu.sim.init STATE_DIR VMID`` in a new session; the session is the container.
 """
@@ -12,7 +13,7 @@ import sys
 import time
 
 from pvegpu.sim.state import SimState
-from pvegpu.sim.workload import run, start_ticks
+from pvegpu.sim.workload import hold, run, start_ticks
 
 
 def _spawn(state: SimState, w: dict[str, object]) -> int:
@@ -40,7 +41,10 @@ def main(argv: list[str]) -> None:
     state, vmid = SimState(argv[0]), int(argv[1])
     ct = state.ct(vmid)
     workloads = list(ct.get("workloads", []))
-    children = {_spawn(state, w): w for w in workloads}
+    children = {_spawn(state, w): w for w in workloads if w.get("kind") != "init"}
+    for w in workloads:  # an application container: PID 1 is the GPU job itself (its server), after the forks above
+        if w.get("kind") == "init":
+            hold(state, int(w.get("gpu", 0)), int(w.get("mib", 1024)), leak=bool(w.get("leak")))
     me = os.getpid()
     ct.update(status="running", init_pid=me, init_start=start_ticks(), sid=os.getsid(0))
     state.set_ct(vmid, ct)

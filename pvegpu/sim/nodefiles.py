@@ -21,7 +21,12 @@ class SimNodeFiles(LocalNodeFiles):
         dev_map = {f"/dev/nvidia{g['minor']}": (str(g["stand_in"]) if g in ready else "/nonexistent") for g in gpus}
         dev_map |= {p: (str(ready[0]["stand_in"]) if ready else "/nonexistent") for p in CONTROL_NODES}
         super().__init__(self.state.etc_pve, dev_map=dev_map, snippets_dir=self.state.snippets,
-                         sysfs=os.path.join(root, "sys"))  # the scenario's "pci" devices, never this machine's
+                         sysfs=os.path.join(root, "sys"),  # the scenario's "pci" devices, never this machine's
+                         proc=os.path.join(root, "proc"))  # its /proc/driver/nvidia/version; processes are read in /proc by SessionHost
+
+    def ct_root(self, vmid: int, init_pid: int) -> str:
+        """A simulated container shares this machine's root: its own root is the node's ``ct-root/<vmid>``."""
+        return os.path.join(self.state.root, "ct-root", str(vmid))
 
     def running_cts(self) -> frozenset[int] | None:
         return frozenset(int(c["vmid"]) for c in self.state.cts() if c.get("status") == "running")

@@ -16,10 +16,16 @@ A scenario is JSON (or the equivalent dict)::
       "pci": {"0000:41:00.0": "nvidia"}
     }
 
+``ha`` (optional) holds the node's HA files (``/etc/pve/ha/``): file name (resources.cfg, groups.cfg, rules.cfg) ->
+text; without a resources.cfg there, one is written for the containers with ``"ha_managed": true`` (PVE's defaults).
+``kernel_driver`` (optional) is the host's NVIDIA kernel module version (the node's ``proc/driver/nvidia/version``);
+a container's ``user_libs`` is the version of the NVIDIA libraries in its root (``ct-root/<vmid>/usr/lib/x86_64-linux-gnu``).
 ``pci`` is the simulated node's sysfs: PCI bus id -> the driver bound to it ("" none), for the VM gate and audit.
 ``settings`` (optional) are settings for runs on this node (``{"reset.timeout": 2}``: a demo's short waits); they
 stand in for the settings file there, and an option on the line or a ``PVEGPU_*`` variable still wins.
-Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn`` (see ``pvegpu.sim.workload``).
+Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn``, ``init`` (see ``pvegpu.sim.workload``;
+``init``: the container's PID 1 is that GPU job, as in an application container, whose config then names its
+``"entrypoint"``: the command PVE 9.1 writes from an OCI image).
 A GPU plays ``/dev/nvidia<minor>`` with a stand-in the workload processes open: by default the node's own empty
 file ``DIR/dev/nvidia<minor>``, matched by its inode, so no other node (nor anything else on the machine) holds
 it; ``"mappable": true`` makes it one page the workloads also map, as CUDA maps the device. ``stand_in`` names
@@ -39,6 +45,7 @@ import tempfile
 from typing import Any
 
 from pvegpu.core.errors import UsageError
+from pvegpu.core.ha import FILES as HA_FILES
 from pvegpu.sim.host import SessionHost
 from pvegpu.sim.nvml import SimNvml
 from pvegpu.sim.pve import SimPve, start_init
@@ -46,7 +53,7 @@ from pvegpu.sim.sessions import kill_session
 from pvegpu.sim.state import DIR_FLAGS, DIR_MODE, SimState, read_json
 from pvegpu.sim.trust import SCENARIO, check_node
 
-KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn")
+KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn", "init")
 
 DEMO: dict[str, Any] = {
     "node": "pve-sim",
@@ -78,7 +85,17 @@ LEAK: dict[str, Any] = {  # CT 129's job leaves 1 GiB behind when it dies: reset
                     "workloads": [{"kind": "simple", "gpu": 0, "mib": 1024, "leak": True}]}],
 }
 
-SCENARIOS: dict[str, dict[str, Any]] = {"demo": DEMO, "idle": IDLE, "leak": LEAK}  # `pvegpu sim create DIR --scenario NAME`
+APP: dict[str, Any] = {  # PVE 9.1 application container: CT 129's PID 1 is its GPU job (its OCI image's entrypoint)
+    "node": "pve-sim",
+    "settings": {"reset.timeout": 5},
+    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771}],
+    "containers": [{"vmid": 129, "name": "vllm129", "status": "running", "gpus": [0],
+                    "entrypoint": "vllm serve /models/llama --tensor-parallel-size 1",
+                    "workloads": [{"kind": "init", "gpu": 0, "mib": 4096}],
+                    "on_restart": [{"kind": "init", "gpu": 0, "mib": 4096}]}],  # its restart starts the server again
+}
+
+SCENARIOS: dict[str, dict[str, Any]] = {"demo": DEMO, "idle": IDLE, "leak": LEAK, "app": APP}  # `pvegpu sim create DIR --scenario NAME`
 
 
 def ct_conf(ct: dict[str, Any]) -> str:
@@ -90,6 +107,8 @@ def ct_conf(ct: dict[str, Any]) -> str:
     lines += [f"dev{i}: {p},gid=44" for i, p in enumerate(devs)]
     if ct.get("hookscript"):
         lines.append(f"hookscript: {ct['hookscript']}")
+    if ct.get("entrypoint"):  # an application container, as pve-container writes one (with cmode console)
+        lines += [f"entrypoint: {ct['entrypoint']}", "cmode: console"]
     if ct.get("lock"):
         lines.append(f"lock: {ct['lock']}")
     return "\n".join(sorted(lines)) + "\n"
@@ -100,6 +119,7 @@ def _is_int(value: Any) -> bool:
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # a node's or a driver's name: one path component, never ".."
+VERSION = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,3}")
 BUS_ID = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
@@ -112,6 +132,12 @@ def validate(sc: dict[str, Any]) -> None:
     if not isinstance(pci, dict) or not all(isinstance(b, str) and BUS_ID.fullmatch(b) and isinstance(d, str) and (not d or NAME.fullmatch(d))
                                             for b, d in pci.items()):
         problems.append("pci: must map PCI bus ids (0000:41:00.0) to a driver name or \"\"")
+    versions = [sc.get("kernel_driver")] + [c.get("user_libs") for c in sc.get("containers", []) or [] if isinstance(c, dict)]
+    if not all(v is None or (isinstance(v, str) and VERSION.fullmatch(v)) for v in versions):
+        problems.append("kernel_driver / user_libs: must be a driver version (550.54.15)")
+    ha = sc.get("ha") or {}
+    if not isinstance(ha, dict) or not all(k in HA_FILES and isinstance(v, str) for k, v in ha.items()):
+        problems.append(f"ha: must map HA file names ({', '.join(HA_FILES)}) to their text")
     settings = sc.get("settings") or {}
     if not isinstance(settings, dict) or not all(isinstance(k, str) and isinstance(v, str | int | float | bool) for k, v in settings.items()):
         problems.append('settings: must map setting names ("reset.timeout") to plain values')
@@ -155,6 +181,12 @@ def validate(sc: dict[str, Any]) -> None:
                 problems.append(f"CT {vmid}: workload on GPU {w.get('gpu')!r}, which is not defined in gpus")
             if not _is_int(w.get("mib", 0)) or w.get("mib", 0) < 0:
                 problems.append(f"CT {vmid}: workload mib {w.get('mib')!r} must be a whole number >= 0")
+        ep = guest.get("entrypoint")
+        if ep is not None and (not isinstance(ep, str) or not ep or any(ord(c) < 32 and c != "\t" for c in ep)):
+            problems.append(f"CT {vmid}: entrypoint must be one line of text (a command)")
+        for key in ("workloads", "on_restart"):
+            if sum(1 for w in guest.get(key, []) or [] if isinstance(w, dict) and w.get("kind") == "init") > 1:
+                problems.append(f"CT {vmid}: more than one {key} of kind init (a container has one PID 1)")
     if problems:
         raise UsageError("invalid scenario: " + "; ".join(problems), "see `pydoc pvegpu.sim.scenario` for the format")
 
@@ -279,6 +311,20 @@ def _lay_out(scenario: dict[str, Any], state: SimState, files: dict[str, tuple[b
             state.mkdirs(f"sys/bus/pci/drivers/{driver}")
             state.symlink(os.path.join(state.root, "sys", "bus", "pci", "drivers", driver), f"{dev}/driver")
     state.write_json("etc-pve/.vmlist", {"version": 1, "ids": ids})
+    ha = dict(scenario.get("ha") or {})
+    managed = [c["vmid"] for c in scenario.get("containers", []) if c.get("ha_managed")]
+    if managed and "resources.cfg" not in ha:  # HA's own record of what it manages, as `ha-manager add ct:N` writes it
+        ha["resources.cfg"] = "".join(f"ct: {v}\n\tstate started\n\n" for v in managed)
+    for name, text in ha.items():
+        state.write(f"etc-pve/ha/{name}", text.encode("utf-8"))
+    if scenario.get("kernel_driver"):
+        state.write("proc/driver/nvidia/version", (f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {scenario['kernel_driver']}  "
+                                                   "Release Build  (simulated)\nGCC version:  gcc version 12.2.0\n").encode())
+    for ct in scenario.get("containers", []):
+        if ct.get("user_libs"):  # the files `NVIDIA-Linux-*.run --no-kernel-module` installs, by name (empty here)
+            lib = f"ct-root/{ct['vmid']}/usr/lib/x86_64-linux-gnu"
+            for name in (f"libnvidia-ml.so.{ct['user_libs']}", f"libcuda.so.{ct['user_libs']}"):
+                state.write(f"{lib}/{name}", b"")
     state.write("etc-pve/storage.cfg", f"dir: local\n\tpath {state.root}\n\tcontent iso,vztmpl,backup\n".encode())  # `local` is this directory
     for rel, (data, mode) in files.items():
         state.write(rel, data, mode)

@@ -17,6 +17,7 @@ from typing import Any
 
 from pvegpu.adapters.safefile import read_regular, write_atomic
 from pvegpu.core.contract import dumps
+from pvegpu.core.safetext import escape
 
 DIR_MODE = 0o700  # a node's directories: only its owner enters them
 FILE_MODE = 0o600  # its files: only its owner reads them
@@ -119,6 +120,25 @@ class SimState:
 
     def write_json(self, rel: str, data: Any) -> None:
         self.write(rel, dumps(data).encode("utf-8"))
+
+    def log_line(self, line: str) -> bool:
+        """The simulated node's system log: ``line`` (escaped, as ``journal.log_line`` sends it) appended to
+        ``journal.log`` in the node, never through a link; True when it was written."""
+        try:
+            fd = self._open("", create=False)
+        except OSError:
+            return False
+        try:
+            out = os.open("journal.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=fd)
+            try:
+                os.write(out, f"pvegpu[{os.getpid()}]: {escape(line)[:1024]}\n".encode("utf-8", "replace"))
+            finally:
+                os.close(out)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
 
     def symlink(self, target: str, rel: str) -> None:
         """A symbolic link ``rel`` -> ``target`` made in the node (never where a link above it points)."""
