@@ -276,7 +276,7 @@ def _demo_node(ctx: typer.Context, data: dict[str, Any], grace: float, results: 
         sim = create(None, data, (ins.GUARD, ins.guard_text(ins.template())))
         s = wiring.settings(wiring.GlobalOptions(_opts(ctx).config, sim.root), {"reset.grace": grace})
         gpus = len(data.get("gpus", []))
-        typer.echo(said(f"Simulated node {sim.node} in {sim.root} ({gpus} GPU{'s' if gpus > 1 else ''}): containers are real "
+        typer.echo(said(f"Simulated node {sim.node} in {sim.root}: {f'{gpus} GPUs; ' if gpus > 1 else ''}containers are real "
                         "processes, NVML and the API are simulated.", rest="") + "\n")
         typer.echo("$ pvegpu audit")
         typer.echo(_audit_table(s))

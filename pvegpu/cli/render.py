@@ -81,6 +81,19 @@ def _state(r: ResetReport, minor: int) -> str:
     return "clean" if r.clean[minor] else "NOT clean"
 
 
+def _items(text: str, width: int) -> list[str]:
+    """A ", "-separated list in lines of ``width``, never breaking an item ("CT 131") across two lines."""
+    lines: list[str] = []
+    for item in text.split(", "):
+        if lines and len(lines[-1]) + 2 + len(item) <= width:
+            lines[-1] += ", " + item
+        else:
+            if lines:
+                lines[-1] += ","
+            lines.append(item)
+    return lines
+
+
 def reset_table(r: ResetReport, wide: bool = False) -> str:
     """One row per GPU (8 of a tensor-parallel job read in 80 columns): its memory before and after, how many of the
     target's processes held it (``holders``, an open fd is enough) and whose memory it was (``owner``: the pid NVML
@@ -99,7 +112,7 @@ def reset_table(r: ResetReport, wide: bool = False) -> str:
         widths[OTHERS] = min(widths[OTHERS], max(room, len(rows[0][OTHERS])))
     out = []
     for row in rows:
-        cells = [[c] if len(c) <= w else fit(c, "", "", w) for c, w in zip(row, widths)]
+        cells = [[c] if len(c) <= w else _items(c, w) if i == OTHERS else fit(c, "", "", w) for i, (c, w) in enumerate(zip(row, widths))]
         for k in range(max(len(c) for c in cells)):
             out.append("  ".join((c[k] if k < len(c) else "").ljust(w) for c, w in zip(cells, widths)).rstrip())
     return "\n".join(out)
