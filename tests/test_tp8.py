@@ -131,7 +131,8 @@ def test_ranks_killed_by_hand_leave_gpu_1_to_the_fork_child_and_reset_frees_it(s
 
 def test_rank_memory_the_driver_keeps_ends_in_a_restart_then_exit_7_naming_the_gpu_reset(sim_node):
     """driver_keeps_rank 1: after the signals GPU 1 still holds rank 1's memory; the restart does not help either:
-    exit 7, GPU 1 alone not clean, diagnosed as a driver leak whose fix is a reset of GPU 1 (or a reboot)."""
+    exit 7, GPU 1 alone not clean, diagnosed as a driver leak whose fix is a reset of GPU 1 (or a reboot); the gate
+    then refuses CT 129's start for GPU 1 alone (CT 130's memory on GPU 3 is allowed)."""
     node = sim_node(tp8_variant(driver_keeps_rank=1))
     r = pvegpu("reset", "129", "--json", "--grace", "0.5", "--timeout", "1", sim=node)
     assert r.returncode == 7, r.stdout + r.stderr
@@ -142,6 +143,9 @@ def test_rank_memory_the_driver_keeps_ends_in_a_restart_then_exit_7_naming_the_g
     leaks = [d for d in rep["diagnosis"] if d["kind"] == "driver-leak"]
     assert len(leaks) == 1 and re.search(r"GPU minor 1\b", leaks[0]["problem"])
     assert re.search(r"(-r -i 1\b|gpu-reset 1\b)", leaks[0]["action"]) and "reboot" in leaks[0]["action"]
+    gate = pvegpu("check", "129", "--json", sim=node)  # the gate's verdict per GPU: GPU 1 alone refuses the start
+    states = {g["minor"]: g["state"] for g in json.loads(gate.stdout)["gpus"]}
+    assert gate.returncode == 10 and states == {m: "refused" if m == 1 else "shared" if m == 3 else "clean" for m in range(8)}
 
 
 @pytest.mark.parametrize("knobs", [{"gpus": [0, 0]}, {"gpus": [9]}, {"gpus": []}, {"fork_child_of_rank": 8},
