@@ -63,10 +63,12 @@ def test_audit_json_places_holders(sim_node):
 
 def test_demo_runs_clean():
     """`pvegpu demo` (the README's first command) resets both demo containers and exits 0; one needs the restart,
-    and its start passes pvegpu's guard (installed as its hookscript, run by the simulated start)."""
+    and its start passes pvegpu's guard (installed as its hookscript, run by the simulated start); then the 8-GPU
+    node's CT 129 (a TP=8 job), clean too."""
     r = subprocess.run([sys.executable, "-m", "pvegpu", "demo"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("GPU memory verified free") == 2 and "(after a restart)" in r.stdout
+    assert r.stdout.count("GPU memory verified free") == 3 and "(after a restart)" in r.stdout
+    assert "CT 129 (8 GPUs) clean" in " ".join(r.stdout.split())
     assert "start task OK" in r.stdout and "missing-hookscript" not in r.stdout
 
 

@@ -306,6 +306,7 @@ class ProcessScan:
         none): a kernel thread holds nothing, and a leader that exited while its threads run is scanned through them."""
         minors: set[int] = set()
         via: set[str] = set()
+        mapped: set[int] | None = None
         self._deadline = self._now() + self._seconds
         self._fds = 0
         self.proven = _NOTHING
@@ -332,7 +333,9 @@ class ProcessScan:
             if deep or not minors or max(minors) < 0:  # no GPU (CONTROL is -1) by fd yet
                 if minors:  # what the fds proved, for a watcher that gives this process up while its maps are read
                     self.proven = (pid, frozenset(minors))
-                unproven = self._scan_maps(proc, pid, bool(leader_zombie), minors, via)
+                mapped = set()
+                unproven = self._scan_maps(proc, pid, bool(leader_zombie), mapped, via)
+                minors |= mapped
                 if unproven:
                     via.add(UNREADABLE)
         except (ProcessLookupError, FileNotFoundError):  # exited mid-scan (ESRCH on a read of maps)
@@ -343,7 +346,7 @@ class ProcessScan:
             via.update((UNREADABLE, BUDGET))
         if not minors and UNREADABLE not in via:
             return None
-        return Holding(pid, frozenset(minors), frozenset(via))
+        return Holding(pid, frozenset(minors), frozenset(via), None if mapped is None else frozenset(mapped))
 
     def _check(self) -> None:
         if self._now() > self._deadline:

@@ -175,7 +175,8 @@ def _merge(out: dict[int, Holding], more: dict[int, Holding]) -> None:
         if old is None or (BUDGET in old.via and BUDGET not in h.via):
             out[p] = h
         elif BUDGET in h.via and BUDGET in old.via:
-            out[p] = Holding(p, old.minors | h.minors, old.via | h.via)
+            out[p] = Holding(p, old.minors | h.minors, old.via | h.via,
+                             None if old.mapped is None or h.mapped is None else old.mapped | h.mapped)
         elif BUDGET not in h.via:
             out[p] = h
 
@@ -295,7 +296,7 @@ def _worker(host: Scanner, part: list[int], deep: bool, end: float, w: int, r: i
     os.closerange(w + 1, 1 << 20)
     out: dict[int, Holding] = {}
     done = _serial(host, part, deep, end, out, stop)
-    rows = [(h.pid, sorted(h.minors), sorted(h.via)) for h in out.values()]
+    rows = [(h.pid, sorted(h.minors), sorted(h.via), None if h.mapped is None else sorted(h.mapped)) for h in out.values()]
     data = marshal.dumps((rows, sorted(host._stuck), done, host._described_rows()))
     view = memoryview(data)
     while view:
@@ -326,8 +327,9 @@ def _collect(host: Scanner, worker: tuple[int, int], deadline: float, first: int
         return None
     try:
         rows, stuck, done, described = marshal.loads(b"".join(chunks))
-        got = {int(p): Holding(int(p), frozenset(int(m) for m in minors), frozenset(str(v) for v in via))
-               for p, minors, via in rows}
+        got = {int(p): Holding(int(p), frozenset(int(m) for m in minors), frozenset(str(v) for v in via),
+                               None if mapped is None else frozenset(int(m) for m in mapped))
+               for p, minors, via, mapped in rows}
         stuck_ids = {(int(a), int(b)) for a, b in stuck}
         upto = first + int(done)
     except (EOFError, ValueError, TypeError):  # it died before or while writing: nothing it says is taken

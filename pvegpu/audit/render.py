@@ -59,6 +59,31 @@ def _holder_lines(h: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _fd_only(h: Mapping[str, Any]) -> bool:
+    """A guest's process with the device open and nothing more (not listed, no mapping, no context): no memory here,
+    as every rank of a tensor-parallel job has every GPU's device node open but allocates on its own GPU only."""
+    return list(h.get("via", [])) == ["fd"] and not h.get("may_own_context") and h.get("place") in ("lxc", "qemu")
+
+
+def _folded(holders: list[Mapping[str, Any]]) -> list[list[str]]:
+    """The holders' lines in 80 columns, a guest's fd-only processes (two or more) folded into one entry where the
+    first of them stands: on an 8-GPU job every GPU would otherwise list every rank of it."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for h in holders:
+        if _fd_only(h):
+            groups.setdefault(h["owner"], []).append(h)
+    out: list[list[str]] = []
+    for h in holders:
+        group = groups.get(h["owner"], []) if _fd_only(h) else []
+        if len(group) < 2:
+            out.append(_holder_lines(h))
+        elif h is group[0]:
+            who = h["owner"] + (f" ({elide(_safe(h['hostname']), 16)})" if h.get("hostname") else "")
+            pids = ", ".join(str(g["pid"]) for g in group)
+            out.append(fit(f"{who:<18}  {len(group)} processes with the device open, no memory on it (fd): pids {pids}", "    ", "      "))
+    return out
+
+
 def node_text(n: Mapping[str, Any], wide: bool = False) -> list[str]:
     """One node's part of the table: in 80 columns, or (``wide``) one line per item with every detail."""
     def put(text: str, hang: str = "    ") -> None:
@@ -87,8 +112,10 @@ def node_text(n: Mapping[str, Any], wide: bool = False) -> list[str]:
             put(memory)
             put(f"  {health}")
         put(f"  configured for: {', '.join(g.get('granted_to', [])) or '-'}" + (f"   [{', '.join(g['flags'])}]" if g.get("flags") else ""))
-        for h in g.get("holders", []):
-            lines.extend([_holder(h)] if wide else _holder_lines(h))
+        if wide:
+            lines.extend(_holder(h) for h in g.get("holders", []))
+        else:
+            lines.extend(line for entry in _folded(list(g.get("holders", []))) for line in entry)
         for pid in g.get("dead_pids", []):
             put(f"    NVML lists pid {pid}, which no longer exists")
     for p in n.get("passthrough", []):

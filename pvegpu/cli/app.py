@@ -238,43 +238,63 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def demo_cmd(
     ctx: typer.Context,
     scenario: str = typer.Option("demo", "--scenario", metavar="NAME", show_default=False,
-                                 help="a built-in scenario (demo (default), idle, leak, app) or a scenario JSON file"),
+                                 help="a built-in scenario (demo (default), idle, leak, app, tp8) or a scenario JSON file; "
+                                      "the default also shows tp8 after it"),
     grace: float = typer.Option(1.0, "--grace", metavar="SECONDS", show_default=False,
                                 help="SIGTERM grace in the demo (default 1: short, so the demo is quick)"),
 ) -> None:
     """Run the real reset code against a built-in simulated node: no Proxmox, GPU or root needed."""
     data = sc.named(scenario)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)  # a killed demo still takes its workloads with it
-    sim = None
     results: list[str] = []
     code = 0
     try:
-        sim = create(None, data, (ins.GUARD, ins.guard_text(ins.template())))
-        s = wiring.settings(wiring.GlobalOptions(_opts(ctx).config, sim.root), {"reset.grace": grace})
-        typer.echo(said(f"Simulated node {sim.node} in {sim.root}: containers are real processes, NVML and the API are simulated.",
-                        rest="") + "\n")
-        typer.echo("$ pvegpu audit")
-        typer.echo(_audit_table(s))
-        targets = [int(c["vmid"]) for c in data.get("containers", []) if c.get("workloads") and c.get("status", "running") == "running"]
-        for vmid in targets[:-1] if len(targets) > 2 else targets:
-            typer.echo(f"\n$ pvegpu reset {vmid}")
-            rc = do_reset(s, vmid, dry_run=False, json_out=False, verbose=False)
-            results.append(f"CT {vmid} {'clean' if rc == 0 else f'exit {rc}'}")
-            code = max(code, rc)
-            if rc >= 128:  # interrupted by a signal (the reset finished what it had started): stop the demo
-                break
-        typer.echo("\n$ pvegpu audit")
-        typer.echo(_audit_table(s))
+        code = _demo_node(ctx, data, grace, results, _demo_targets(data), audit_after=True)
+        if scenario == "demo" and code < 128:  # then the multi-GPU incident: a TP=8 job, one rank's fork child on GPU 1
+            code = max(code, _demo_node(ctx, sc.TP8, grace, results, [129], audit_after=False))
     except (_Terminated, E.SignalledError) as exc:  # a reset's own handlers turn SIGTERM into SignalledError
         typer.echo("demo: terminated; simulated containers stopped and removed", err=True)
         code = getattr(exc, "exit_code", 143)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        if sim is not None:
-            sim.teardown()
     if code < 128:
         typer.echo("\n" + said(f"{', '.join(results) or 'nothing to reset'}; simulated node removed (exit {code})", "demo: ", "      "))
     raise typer.Exit(code)
+
+
+def _demo_targets(data: dict[str, Any]) -> list[int]:
+    """The containers the demo resets: each running one with workloads, but the last of three or more (a neighbour)."""
+    targets = [int(c["vmid"]) for c in data.get("containers", []) if c.get("workloads") and c.get("status", "running") == "running"]
+    return targets[:-1] if len(targets) > 2 else targets
+
+
+def _demo_node(ctx: typer.Context, data: dict[str, Any], grace: float, results: list[str], targets: list[int], *,
+               audit_after: bool) -> int:
+    """Build the node of ``data``, audit it, reset ``targets`` (a result each in ``results``), remove it; the worst exit."""
+    sim = None
+    code = 0
+    try:
+        sim = create(None, data, (ins.GUARD, ins.guard_text(ins.template())))
+        s = wiring.settings(wiring.GlobalOptions(_opts(ctx).config, sim.root), {"reset.grace": grace})
+        gpus = len(data.get("gpus", []))
+        typer.echo(said(f"Simulated node {sim.node} in {sim.root}: {f'{gpus} GPUs; ' if gpus > 1 else ''}containers are real "
+                        "processes, NVML and the API are simulated.", rest="") + "\n")
+        typer.echo("$ pvegpu audit")
+        typer.echo(_audit_table(s))
+        for vmid in targets:
+            typer.echo(f"\n$ pvegpu reset {vmid}")
+            rc = do_reset(s, vmid, dry_run=False, json_out=False, verbose=False)
+            results.append(f"CT {vmid}{f' ({gpus} GPUs)' if gpus > 1 else ''} {'clean' if rc == 0 else f'exit {rc}'}")
+            code = max(code, rc)
+            if rc >= 128:  # interrupted by a signal (the reset finished what it had started): stop the demo
+                return code
+        if audit_after:
+            typer.echo("\n$ pvegpu audit")
+            typer.echo(_audit_table(s))
+    finally:
+        if sim is not None:
+            sim.teardown()
+    return code
 
 
 # -- sim create | remove --------------------------------------------------------------------------------------
@@ -285,7 +305,7 @@ def sim_create(
     directory: str = typer.Argument(..., metavar="DIR", help="a new directory for the simulated node (made here, mode 700)",
                                     show_default=False),
     scenario: str = typer.Option("demo", "--scenario", metavar="NAME", show_default=False,
-                                 help="a built-in scenario (demo (default), idle, leak, app) or a scenario JSON file"),
+                                 help="a built-in scenario (demo (default), idle, leak, app, tp8) or a scenario JSON file"),
 ) -> None:
     """Build a simulated node in DIR and start its containers (real processes); no Proxmox, GPU or root needed."""
     typer.echo(created(create(directory, scenario, (ins.GUARD, ins.guard_text(ins.template())))))

@@ -181,7 +181,7 @@ def inspect_gpus(
             # a container process on a control node (nvidiactl, nvidia-uvm) uses the container's GPUs;
             # elsewhere such holders (persistenced, DCGM) hold no GPU memory and are not listed
             if gpu.minor in held.minors or (CONTROL in held.minors and _in_ct(i, vmid)):
-                by_pid[pid] = (set(held.via), i)
+                by_pid[pid] = (via_on(held, gpu.minor), i)
         ghost_bytes: dict[int, int | None] = {}
         for proc in sample.processes or ():
             i = info(proc.pid)
@@ -224,6 +224,28 @@ def inspect_gpus(
         first.done = True
     if remember:
         host.keep_seen_pids(seen_now(record, samples, out, info, read_at))
+    return out
+
+
+def via_on(held: Holding, minor: int) -> set[str]:
+    """How ``held`` holds this one GPU: a mapping counts only on the GPUs whose node it maps, when that was read per
+    GPU (an fd on every GPU's node, as each rank of a tensor-parallel job has, maps none of them). A process that maps
+    only control nodes (``nvidiactl``, ``nvidia-uvm``) cannot be told apart per GPU: its mapping counts on each."""
+    via = set(held.via)
+    if Via.MAPS in via and held.mapped is not None and minor not in held.mapped and any(m >= 0 for m in held.mapped):
+        via.discard(Via.MAPS)
+    return via
+
+
+def memory_by_pid(facts: GpuFacts) -> dict[int, int | None]:
+    """Whose this GPU's memory is, per live process: the process NVML lists on this GPU, with its figure there, and
+    the heir credited with a dead listed pid's figure (``heirs``). A process with only an fd (or a mapping) of the
+    device holds no memory on it and is not here: a rank of a tensor-parallel job opens every GPU's device node but
+    allocates on its own GPU only, the one NVML lists it on. None: NVML does not report the figure (MIG)."""
+    listed = {p.pid: p.used_bytes for p in facts.sample.processes or ()}
+    out: dict[int, int | None] = {h.pid: listed.get(h.pid) for h in facts.ct_holders + facts.other_holders if Via.NVML in h.via}
+    for ghost, heir in facts.heirs.items():
+        out[heir] = _add(out.get(heir, 0), listed.get(ghost))
     return out
 
 

@@ -193,6 +193,9 @@ class Holding:
     pid: int
     minors: frozenset[int]
     via: frozenset[str]  # words of ``Via``
+    # the minors whose device node it maps, when its mappings were read (None: not told per GPU, so a mapping counts
+    # for each of ``minors``): a rank of a tensor-parallel job opens every GPU's node but maps its own GPU's only
+    mapped: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pvegpu.reset.restart import interrupted, restart
 from pvegpu.reset.results import Ended, Verified
 from pvegpu.reset.run import ResetRun
 from pvegpu.reset.stop import stop_and_verify
+from pvegpu.reset.verify import is_clean
 from pvegpu.reset.vocab import StepName, StepOutcome
 
 
@@ -65,6 +66,8 @@ def record(run: ResetRun, ended: Ended, c: Conclusion) -> ResetReport:
     r.left_stopped, r.restarted, r.pve_error = ct.left_stopped, ct.restarted, ct.pve_error
     if ended.verdict is not None or ended.dry_run:
         r.after = ended.facts
+    if ended.verdict is not None:  # a verdict per GPU: on several GPUs, which of them kept the target's memory
+        r.clean = {m: is_clean(f, run.policy.rule) for m, f in ended.facts.items()}
     return r
 
 

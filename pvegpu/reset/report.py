@@ -83,6 +83,7 @@ class ResetReport:
     gpus: list[int] = field(default_factory=list)  # minors
     before: dict[int, GpuFacts] = field(default_factory=dict)
     after: dict[int, GpuFacts] = field(default_factory=dict)
+    clean: dict[int, bool] = field(default_factory=dict)  # per GPU minor: the target's own memory is gone (verify.is_clean), at the end
     steps: list[Step] = field(default_factory=list)
     signalled: list[dict[str, object]] = field(default_factory=list)
     plan: list[dict[str, Any]] = field(default_factory=list)  # --dry-run

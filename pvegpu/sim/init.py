@@ -11,21 +11,30 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 
 from pvegpu.sim.state import SimState
-from pvegpu.sim.workload import hold, run, start_ticks
+from pvegpu.sim.workload import hold, rank, run, start_ticks
 
 
-def _spawn(state: SimState, w: dict[str, object]) -> int:
+def _spawn(state: SimState, w: dict[str, Any], i: int = 0) -> int:
+    """Fork one process of workload ``w`` (``i``: which rank of a ``tp`` job)."""
     pid = os.fork()
     if pid == 0:
         try:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            run(state, int(w.get("gpu", 0)), int(w.get("mib", 1024)), str(w.get("kind", "simple")),  # type: ignore[call-overload]
-                leak=bool(w.get("leak")))
+            if w.get("kind") == "tp":
+                rank(state, [int(g) for g in w["gpus"]], i, int(w.get("mib", 1024)),
+                     fork_child=w.get("fork_child_of_rank") == i, leak=w.get("driver_keeps_rank") == i)
+            run(state, int(w.get("gpu", 0)), int(w.get("mib", 1024)), str(w.get("kind", "simple")), leak=bool(w.get("leak")))
         finally:
             os._exit(1)
     return pid
+
+
+def processes(w: dict[str, Any]) -> int:
+    """How many processes the init starts for workload ``w`` (each registers one context): a ``tp`` job's ranks."""
+    return len(w.get("gpus") or []) if w.get("kind") == "tp" else 1
 
 
 def _subreaper() -> None:
@@ -41,7 +50,7 @@ def main(argv: list[str]) -> None:
     state, vmid = SimState(argv[0]), int(argv[1])
     ct = state.ct(vmid)
     workloads = list(ct.get("workloads", []))
-    children = {_spawn(state, w): w for w in workloads if w.get("kind") != "init"}
+    children = {_spawn(state, w, i): w for w in workloads if w.get("kind") != "init" for i in range(processes(w))}
     for w in workloads:  # an application container: PID 1 is the GPU job itself (its server), after the forks above
         if w.get("kind") == "init":
             hold(state, int(w.get("gpu", 0)), int(w.get("mib", 1024)), leak=bool(w.get("leak")))

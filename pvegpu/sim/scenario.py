@@ -25,7 +25,13 @@ a container's ``user_libs`` is the version of the NVIDIA libraries in its root (
 stand in for the settings file there, and an option on the line or a ``PVEGPU_*`` variable still wins.
 Workload kinds: ``simple``, ``fork``, ``orphan``, ``ignore-term``, ``respawn``, ``init`` (see ``pvegpu.sim.workload``;
 ``init``: the container's PID 1 is that GPU job, as in an application container, whose config then names its
-``"entrypoint"``: the command PVE 9.1 writes from an OCI image).
+``"entrypoint"``: the command PVE 9.1 writes from an OCI image), and ``tp``, a tensor-parallel job::
+
+    {"kind": "tp", "gpus": [0, 1, 2, 3, 4, 5, 6, 7], "mib": 76000, "fork_child_of_rank": 1, "driver_keeps_rank": 1}
+
+one rank process per GPU of ``gpus`` (rank i allocates ``mib`` on the i-th only, every rank holds every one's device
+node); ``fork_child_of_rank`` (optional): that rank forks a child that keeps its context after it dies;
+``driver_keeps_rank`` (optional): the driver keeps that rank's memory once its every holder is gone.
 A GPU plays ``/dev/nvidia<minor>`` with a stand-in the workload processes open: by default the node's own empty
 file ``DIR/dev/nvidia<minor>``, matched by its inode, so no other node (nor anything else on the machine) holds
 it; ``"mappable": true`` makes it one page the workloads also map, as CUDA maps the device. ``stand_in`` names
@@ -47,13 +53,14 @@ from typing import Any
 from pvegpu.core.errors import UsageError
 from pvegpu.core.ha import FILES as HA_FILES
 from pvegpu.sim.host import SessionHost
+from pvegpu.sim.init import processes
 from pvegpu.sim.nvml import SimNvml
 from pvegpu.sim.pve import SimPve, start_init
 from pvegpu.sim.sessions import kill_session
 from pvegpu.sim.state import DIR_FLAGS, DIR_MODE, SimState, read_json
 from pvegpu.sim.trust import SCENARIO, check_node
 
-KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn", "init")
+KINDS = ("simple", "fork", "orphan", "ignore-term", "respawn", "init", "tp")
 
 DEMO: dict[str, Any] = {
     "node": "pve-sim",
@@ -95,7 +102,19 @@ APP: dict[str, Any] = {  # PVE 9.1 application container: CT 129's PID 1 is its 
                     "on_restart": [{"kind": "init", "gpu": 0, "mib": 4096}]}],  # its restart starts the server again
 }
 
-SCENARIOS: dict[str, dict[str, Any]] = {"demo": DEMO, "idle": IDLE, "leak": LEAK, "app": APP}  # `pvegpu sim create DIR --scenario NAME`
+_H200 = {"name": "Simulated H200", "total_mib": 143771, "mappable": True}  # mapped, as CUDA maps the device: a fork heir is seen
+TP8: dict[str, Any] = {  # the incident pvegpu exists for: a TP=8 job whose one rank's fork child keeps GPU 1 after the ranks die
+    "node": "pve-sim",
+    "gpus": [{"minor": m, "index": m} | _H200 for m in range(8)],
+    "containers": [
+        {"vmid": 129, "name": "llm129", "status": "running", "gpus": list(range(8)),
+         "workloads": [{"kind": "tp", "gpus": list(range(8)), "mib": 76000, "fork_child_of_rank": 1}]},
+        {"vmid": 130, "name": "embed130", "status": "running", "gpus": [3],  # a neighbour on GPU 3: never touched, never counted
+         "workloads": [{"kind": "simple", "gpu": 3, "mib": 4096}]},
+    ],
+}
+
+SCENARIOS: dict[str, dict[str, Any]] = {"demo": DEMO, "idle": IDLE, "leak": LEAK, "app": APP, "tp8": TP8}  # `pvegpu sim create DIR --scenario NAME`
 
 
 def ct_conf(ct: dict[str, Any]) -> str:
@@ -177,7 +196,9 @@ def validate(sc: dict[str, Any]) -> None:
                 continue
             if w.get("kind", "simple") not in KINDS:
                 problems.append(f"CT {vmid}: unknown workload kind {w.get('kind')!r} (one of {', '.join(KINDS)})")
-            if not _is_int(w.get("gpu", 0)) or w.get("gpu", 0) not in minors:
+            if w.get("kind") == "tp":
+                problems.extend(f"CT {vmid}: {p}" for p in _tp_problems(w, minors))
+            elif not _is_int(w.get("gpu", 0)) or w.get("gpu", 0) not in minors:
                 problems.append(f"CT {vmid}: workload on GPU {w.get('gpu')!r}, which is not defined in gpus")
             if not _is_int(w.get("mib", 0)) or w.get("mib", 0) < 0:
                 problems.append(f"CT {vmid}: workload mib {w.get('mib')!r} must be a whole number >= 0")
@@ -189,6 +210,15 @@ def validate(sc: dict[str, Any]) -> None:
                 problems.append(f"CT {vmid}: more than one {key} of kind init (a container has one PID 1)")
     if problems:
         raise UsageError("invalid scenario: " + "; ".join(problems), "see `pydoc pvegpu.sim.scenario` for the format")
+
+
+def _tp_problems(w: dict[str, Any], minors: set[int]) -> list[str]:
+    """What is wrong with a ``tp`` workload: its GPUs (a non-empty list of distinct defined minors), its variants' ranks."""
+    gpus = w.get("gpus")
+    if not isinstance(gpus, list) or not gpus or not all(_is_int(g) and g in minors for g in gpus) or len(set(gpus)) != len(gpus):
+        return [f"tp workload gpus {gpus!r}: must list distinct GPU minors defined in gpus"]
+    return [f"tp workload {key} {w[key]!r}: must be a rank, 0..{len(gpus) - 1}" for key in ("fork_child_of_rank", "driver_keeps_rank")
+            if key in w and not (_is_int(w[key]) and 0 <= w[key] < len(gpus))]
 
 
 class SimNode:
@@ -331,7 +361,7 @@ def _lay_out(scenario: dict[str, Any], state: SimState, files: dict[str, tuple[b
     expected = 0
     for ct in scenario.get("containers", []):
         if ct.get("status", "running") == "running":
-            expected += len(ct.get("workloads", []))
+            expected += sum(processes(w) for w in ct.get("workloads", []))
             start_init(state, int(ct["vmid"]), expect_contexts=expected)
 
 
