@@ -25,6 +25,7 @@ from pvegpu.adapters import journal, locks, nodefiles, storagecfg
 from pvegpu.adapters.bounded import BoundedProbe
 from pvegpu.adapters.clock import SystemClock as system_clock
 from pvegpu.adapters.etcpve import EtcPve, NodePve, no_pve
+from pvegpu.adapters.kernlog import KMSG, KmsgLog
 from pvegpu.adapters.nvml import NvmlProbe
 from pvegpu.adapters.procfs import ProcHost, ScanBudget
 from pvegpu.adapters.pvecli import run_command
@@ -88,7 +89,7 @@ def post_stop_policy(s: Settings) -> ResetPolicy:
 
 def gate_policy(s: Settings) -> GatePolicy:
     """``[gate]`` as the start gate's policy."""
-    return GatePolicy(leftover_rule(s), s.gate.on_unknown, frozenset(s.gate.exclusive), s.gate.exclusive_tag, s.gate.host_users)
+    return GatePolicy(leftover_rule(s), s.gate.on_unknown, frozenset(s.gate.exclusive), s.gate.exclusive_tag, s.gate.host_users, s.gate.health)
 
 
 def vm_policy(s: Settings, *, dry_run: bool = False) -> VmPolicy:
@@ -130,9 +131,14 @@ def gate_ports(s: Settings) -> GatePorts:
         pve, sim, host = _sim_ports(s)
     else:
         pve, sim, host = gate_pve(s), None, ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3), record_dir=s.gate.record_dir)
-    probe = nvml_reader(s, sim=sim, deadline=s.gate.deadline)
+    probe = nvml_reader(s, details=True, sim=sim, deadline=s.gate.deadline)  # details: bus ids, to match the kernel log's Xids
     probe.begin()
-    return GatePorts(pve, probe, host, lambda vmid: locks.reset_running(s.reset.lock_dir, vmid))
+    return GatePorts(pve, probe, host, lambda vmid: locks.reset_running(s.reset.lock_dir, vmid), kernel_log(s, s.gate.deadline * 0.2))
+
+
+def kernel_log(s: Settings, deadline: float = 1.0) -> KmsgLog:
+    """The kernel log's Xids and GPU resets (``/dev/kmsg``; the simulated node's ``kmsg`` file), read within ``deadline``."""
+    return KmsgLog(os.path.join(s.simulate, "kmsg") if s.simulate else KMSG, deadline=min(1.0, deadline))
 
 
 def gate_files(s: Settings) -> NodeFiles:
