@@ -34,7 +34,7 @@ from pvegpu.adapters.users import user_name
 from pvegpu.core import errors as E
 from pvegpu.core.leftover import LeftoverRule
 from pvegpu.core.model import MIB
-from pvegpu.core.ports import EventLog, GpuProbe, Host, NodeFiles, NullLog, PveApi, PveReader, WallClock
+from pvegpu.core.ports import EventLog, GpuProbe, Host, KernelLog, NodeFiles, NullLog, PveApi, PveReader, WallClock
 from pvegpu.core.settings import Settings
 from pvegpu.gate.decide import GatePolicy, GatePorts
 from pvegpu.reset.report import Ports, ResetPolicy
@@ -224,6 +224,7 @@ class AuditPorts:
     clock: WallClock  # the run's duration and the document's generated_at
     users: Callable[[int], str | None] | None = None  # uid -> the host's user name, or None
     done: Callable[[], None] = lambda: None  # after the run: ends a whole-node scan started ahead that no reading took
+    kernlog: KernelLog | None = None  # the kernel log's Xids and GPU resets (health)
 
 
 @dataclasses.dataclass
@@ -260,7 +261,8 @@ class NodeWorld:
         """Ports for ``pvegpu audit`` (NVML opened for the run only). ``scan_ahead``: the whole-node scan starts now in
         forked workers (``ProcHost.prefetch``) while NVML and the configs are read; ``done()`` after the run."""
         prefetch, cancel = getattr(self.host, "prefetch", None), getattr(self.host, "cancel_prefetch", None)
-        ports = AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock, user_name)
+        ports = AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock, user_name,
+                           kernlog=kernel_log(self.settings))
         if scan_ahead and prefetch is not None and cancel is not None:
             prefetch()
             ports.done = cancel
