@@ -10,11 +10,13 @@ import sys
 import pytest
 
 from pvegpu.adapters.kernlog import KmsgLog
+from pvegpu.audit.prom import render
 from pvegpu.core.model import GpuHealth
 from pvegpu.gate.decide import GatePolicy, Situation, decide
 from pvegpu.health import KernelEvents, Need, State, Verdict, bus_key, classify, judge, parse_lines, reset_record
 from pvegpu.sim.state import SimState
 from tests import pvelike
+from tests.test_audit_outputs import samples
 from tests.test_gate_decide import facts
 
 BUS = "00000000:41:00.0"  # as NVML names it
@@ -228,3 +230,37 @@ def test_real_kernel_log_and_nvml_find_nothing_fatal_on_a_healthy_node():
     with NvmlProbe(details=True) as p:
         verdicts = {g.index: judge(p.health(g.minor), ev, g.bus_id, g.uuid, str(g.index)) for g in p.gpus()}
     assert verdicts and not [v for v in verdicts.values() if v.refuses], verdicts
+
+
+def audit(node, *extra):
+    r = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "audit", "--json", *extra],
+                       capture_output=True, text=True, cwd=pvelike.REPO, timeout=120)
+    return r.returncode, json.loads(r.stdout)
+
+
+def test_audit_flags_health_naming_the_guests_and_exports_it(sim_node):
+    """Xid 79 on GPU 0 and NVML asking a reset of GPU 1: flags xid / needs-reboot / needs-reset name each GPU's guest (exit 8);
+    the textfile carries the verdict per state, the recovery action and the Xid count by code."""
+    node = sim_node(scenario(xids=[{"code": 79, "at": 60}, {"code": 13, "at": 30}]))
+    state = SimState(node.root)
+    state.set_gpus([g | {"recovery_action": "gpu-reset"} if g["minor"] == 1 else g | {"recovery_action": "none"} for g in state.gpus()])
+    code, doc = audit(node)
+    flags = {(f["kind"], f["subject"]) for f in doc["nodes"][0]["flags"]}
+    assert code == 8 and {("xid", "GPU 0"), ("needs-reboot", "GPU 0"), ("needs-reset", "GPU 1")} <= flags
+    assert next(f for f in doc["nodes"][0]["flags"] if f["kind"] == "needs-reset")["detail"].endswith("lxc/130")
+    gpu0 = doc["nodes"][0]["gpus"][0]
+    assert gpu0["health"]["verdict"]["state"] == "needs-reboot" and "xid" in gpu0["flags"]
+    m = samples(render(doc).decode())
+    key0, key1 = {"node": "pve-sim", "uuid": "GPU-sim-0", "minor": "0"}, {"node": "pve-sim", "uuid": "GPU-sim-1", "minor": "1"}
+    assert (key0 | {"state": "needs-reboot"}, 1.0) in m["pvegpu_gpu_health"] and (key0 | {"state": "ok"}, 0.0) in m["pvegpu_gpu_health"]
+    assert (key1 | {"action": "gpu-reset"}, 1.0) in m["pvegpu_gpu_recovery_action"]
+    assert sorted(m["pvegpu_gpu_xids"], key=str) == sorted([(key0 | {"code": "79", "need": "reboot"}, 1.0),
+                                                            (key0 | {"code": "13", "need": "application"}, 1.0)], key=str)
+
+
+def test_healthy_node_raises_no_health_series(sim_node):
+    """A healthy simulated node: every GPU's verdict is ok, no health flag, and no series the health alerts fire on is 1."""
+    code, doc = audit(sim_node(scenario(recovery_action="none")))
+    assert code == 0 and {g["health"]["verdict"]["state"] for g in doc["nodes"][0]["gpus"]} == {"ok"}
+    m = samples(render(doc).decode())
+    assert not [s for s in m["pvegpu_gpu_health"] if s[0]["state"] != "ok" and s[1]] and not m.get("pvegpu_gpu_xids")
