@@ -250,7 +250,7 @@ class NodeWorld:
         """Ports for ``pvegpu reset`` and the post-stop reclaim; NVML is closed when the ``with`` ends (``exiting``: the
         process ends right after, so in a daemon thread, not waited for)."""
         try:
-            yield Ports(self.pve, self.reset_probe, self.host, self.clock, log or NullLog())
+            yield Ports(self.pve, self.reset_probe, self.host, self.clock, log or NullLog(), kernlog=kernel_log(self.settings))
         finally:
             if exiting and not self.simulated:
                 threading.Thread(target=self.reset_probe.close, name="pvegpu-close", daemon=True).start()
@@ -285,7 +285,7 @@ def world(s: Settings) -> NodeWorld:
         probe.start()  # NVML that cannot start is a GpuQueryError here: the audit reports it and still checks the configs
         return probe
 
-    return NodeWorld(s, sim is not None, pve, host, files, system_clock(), nvml_reader(s, sim=sim), audit_probe)
+    return NodeWorld(s, sim is not None, pve, host, files, system_clock(), nvml_reader(s, details=True, sim=sim), audit_probe)
 
 
 journal_line = journal.log_line  # one line to the system log with ident pvegpu (``journalctl -t pvegpu``)

@@ -264,3 +264,23 @@ def test_healthy_node_raises_no_health_series(sim_node):
     assert code == 0 and {g["health"]["verdict"]["state"] for g in doc["nodes"][0]["gpus"]} == {"ok"}
     m = samples(render(doc).decode())
     assert not [s for s in m["pvegpu_gpu_health"] if s[0]["state"] != "ok" and s[1]] and not m.get("pvegpu_gpu_xids")
+
+
+def test_diagnosis_of_a_holder_stuck_after_a_fatal_xid_names_it_and_the_next_step():
+    """A D-state holder on a GPU with Xid 119 logged: the diagnosis names the Xid, that no signal ends it, and gpu-reset as next step;
+    without a health verdict it keeps the generic line."""
+    from dataclasses import replace as dc_replace
+
+    from pvegpu.core.leftover import LeftoverRule
+    from pvegpu.reset.diagnosis import diagnose
+    from pvegpu.reset.vocab import Kind
+    from tests.test_reset_diagnosis import _facts, _holder
+
+    h = _holder(4242, 129)
+    stuck = dc_replace(h, info=dc_replace(h.info, state="D"))
+    f = _facts(ct_holders=[stuck])
+    v = judge(NONE, log(XID119.replace("0000:41:00", "0000:01:00")), f[0].gpu.bus_id, index="0")
+    (d,) = [x for x in diagnose(129, f, LeftoverRule(), {0: v}) if x.kind is Kind.STUCK_IN_DRIVER]
+    assert "Xid 119" in d.problem and "no signal" in d.problem and "pvegpu gpu-reset 0" in d.action
+    (plain,) = [x for x in diagnose(129, f, LeftoverRule()) if x.kind is Kind.STUCK_IN_DRIVER]
+    assert "Xid 119" not in plain.problem
