@@ -25,6 +25,7 @@ from pvegpu.adapters import etcpve, journal, locks, nodefiles, storagecfg
 from pvegpu.adapters.bounded import BoundedProbe
 from pvegpu.adapters.clock import SystemClock as system_clock
 from pvegpu.adapters.etcpve import EtcPve, NodePve, no_pve
+from pvegpu.adapters.kernlog import KMSG, KmsgLog
 from pvegpu.adapters.nvml import NvmlProbe
 from pvegpu.adapters.procfs import ProcHost, ScanBudget
 from pvegpu.adapters.pvecli import run_command
@@ -34,7 +35,7 @@ from pvegpu.core import errors as E
 from pvegpu.core.ha import HaFiles
 from pvegpu.core.leftover import LeftoverRule
 from pvegpu.core.model import MIB
-from pvegpu.core.ports import EventLog, GpuProbe, Host, NodeFiles, NullLog, PveApi, PveReader, WallClock
+from pvegpu.core.ports import EventLog, GpuProbe, Host, KernelLog, NodeFiles, NullLog, PveApi, PveReader, WallClock
 from pvegpu.core.settings import Settings
 from pvegpu.gate.decide import GatePolicy, GatePorts
 from pvegpu.reset.report import Ports, ResetPolicy
@@ -90,7 +91,7 @@ def post_stop_policy(s: Settings) -> ResetPolicy:
 
 def gate_policy(s: Settings) -> GatePolicy:
     """``[gate]`` as the start gate's policy."""
-    return GatePolicy(leftover_rule(s), s.gate.on_unknown, frozenset(s.gate.exclusive), s.gate.exclusive_tag, s.gate.host_users)
+    return GatePolicy(leftover_rule(s), s.gate.on_unknown, frozenset(s.gate.exclusive), s.gate.exclusive_tag, s.gate.host_users, s.gate.health)
 
 
 def vm_policy(s: Settings, *, dry_run: bool = False) -> VmPolicy:
@@ -132,9 +133,14 @@ def gate_ports(s: Settings) -> GatePorts:
         pve, sim, host = _sim_ports(s)
     else:
         pve, sim, host = gate_pve(s), None, ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3), record_dir=s.gate.record_dir)
-    probe = nvml_reader(s, sim=sim, deadline=s.gate.deadline)
+    probe = nvml_reader(s, details=True, sim=sim, deadline=s.gate.deadline)  # details: bus ids, to match the kernel log's Xids
     probe.begin()
-    return GatePorts(pve, probe, host, lambda vmid: locks.reset_running(s.reset.lock_dir, vmid))
+    return GatePorts(pve, probe, host, lambda vmid: locks.reset_running(s.reset.lock_dir, vmid), kernel_log(s, s.gate.deadline * 0.2))
+
+
+def kernel_log(s: Settings, deadline: float = 1.0) -> KmsgLog:
+    """The kernel log's Xids and GPU resets (``/dev/kmsg``; the simulated node's ``kmsg`` file), read within ``deadline``."""
+    return KmsgLog(os.path.join(s.simulate, "kmsg") if s.simulate else KMSG, deadline=min(1.0, deadline))
 
 
 def gate_files(s: Settings) -> NodeFiles:
@@ -220,6 +226,7 @@ class AuditPorts:
     clock: WallClock  # the run's duration and the document's generated_at
     users: Callable[[int], str | None] | None = None  # uid -> the host's user name, or None
     done: Callable[[], None] = lambda: None  # after the run: ends a whole-node scan started ahead that no reading took
+    kernlog: KernelLog | None = None  # the kernel log's Xids and GPU resets (health)
 
 
 @dataclasses.dataclass
@@ -245,7 +252,7 @@ class NodeWorld:
         """Ports for ``pvegpu reset`` and the post-stop reclaim; NVML is closed when the ``with`` ends (``exiting``: the
         process ends right after, so in a daemon thread, not waited for)."""
         try:
-            yield Ports(self.pve, self.reset_probe, self.host, self.clock, log or NullLog())
+            yield Ports(self.pve, self.reset_probe, self.host, self.clock, log or NullLog(), kernlog=kernel_log(self.settings))
         finally:
             if exiting and not self.simulated:
                 threading.Thread(target=self.reset_probe.close, name="pvegpu-close", daemon=True).start()
@@ -256,7 +263,8 @@ class NodeWorld:
         """Ports for ``pvegpu audit`` (NVML opened for the run only). ``scan_ahead``: the whole-node scan starts now in
         forked workers (``ProcHost.prefetch``) while NVML and the configs are read; ``done()`` after the run."""
         prefetch, cancel = getattr(self.host, "prefetch", None), getattr(self.host, "cancel_prefetch", None)
-        ports = AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock, user_name)
+        ports = AuditPorts(self.audit_probe, self.pve, self.host, self.files, leftover_rule(self.settings), self.clock, user_name,
+                           kernlog=kernel_log(self.settings))
         if scan_ahead and prefetch is not None and cancel is not None:
             prefetch()
             ports.done = cancel
@@ -279,7 +287,7 @@ def world(s: Settings) -> NodeWorld:
         probe.start()  # NVML that cannot start is a GpuQueryError here: the audit reports it and still checks the configs
         return probe
 
-    return NodeWorld(s, sim is not None, pve, host, files, system_clock(), nvml_reader(s, sim=sim), audit_probe)
+    return NodeWorld(s, sim is not None, pve, host, files, system_clock(), nvml_reader(s, details=True, sim=sim), audit_probe)
 
 
 journal_line = journal.log_line  # one line to the system log with ident pvegpu (``journalctl -t pvegpu``)

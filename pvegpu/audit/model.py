@@ -20,6 +20,7 @@ from typing import Any
 from pvegpu.core.driver import DriverCheck
 from pvegpu.core.model import GpuHealth, Via
 from pvegpu.core.units import whole_mib as _mib
+from pvegpu.health import Verdict
 
 SCHEMA = "pvegpu-audit"
 SCHEMA_VERSION = 1
@@ -44,10 +45,14 @@ class FlagKind(StrEnum):
     NODE_UNREACHABLE = "node-unreachable"
     VM_AND_CT = "vm-and-container"
     DRIVER_MISMATCH = "driver-mismatch"
+    XID = "xid"
+    NEEDS_RESET = "needs-reset"
+    NEEDS_REBOOT = "needs-reboot"
+    GPU_LOST = "gpu-lost"
 
     @property
     def attention(self) -> bool:
-        return self not in (FlagKind.SHARED, FlagKind.USAGE_UNKNOWN, FlagKind.NVML_CLIENT)
+        return self not in (FlagKind.SHARED, FlagKind.USAGE_UNKNOWN, FlagKind.NVML_CLIENT, FlagKind.XID)
 
     @property
     def advice(self) -> str:
@@ -75,6 +80,10 @@ ADVICE: dict[FlagKind, str] = {
                                "with 'Driver/library version mismatch'; install the host's version in it with --no-kernel-module"),
     FlagKind.VM_AND_CT: ("a VM takes this GPU to vfio-pci at its start while containers use it through nvidia: the VM's start "
                          "blocks or the containers lose it (guard the VM: `qm set <vmid> --hookscript local:snippets/pvegpu-guard`)"),
+    FlagKind.XID: "the driver logged an Xid for this GPU since its last reset (an application error needs nothing of the GPU): docs/health.md",
+    FlagKind.NEEDS_RESET: "the GPU needs a reset (NVML's recovery action or a fatal Xid): the gate refuses starts onto it; stop its guests, then `pvegpu gpu-reset <index>` or reboot",
+    FlagKind.NEEDS_REBOOT: "the GPU needs a reboot of the node (fallen off the bus, or NVML asks for it): the gate refuses starts onto it",
+    FlagKind.GPU_LOST: "NVML says the GPU is lost (fallen off the bus): only a reboot brings it back; the gate refuses starts onto it",
 }
 
 
@@ -209,6 +218,7 @@ class GpuRow:
     contexts: int | None = None  # live CUDA contexts (listed processes, credited heirs)
     threshold_bytes: int | None = None  # unattributed above this is flagged
     health: GpuHealth = field(default_factory=GpuHealth)
+    verdict: Verdict | None = None  # the health verdict (``pvegpu.health``); None: health not read
     holders: list[HolderRow] = field(default_factory=list)
     dead_pids: list[int] = field(default_factory=list)
     granted_to: list[str] = field(default_factory=list)  # guest ids, "lxc/129" / "qemu/200"
@@ -225,7 +235,10 @@ class GpuRow:
                 "residual_bytes": self.residual_bytes, "context_allowance_bytes": self.allowance_bytes,
                 "contexts": self.contexts, "threshold_bytes": self.threshold_bytes,
                 "health": {"retired_pages_pending": h.retired_pages_pending, "remap_pending": h.remap_pending,
-                           "remap_failed": h.remap_failed, "mig_enabled": h.mig_enabled},
+                           "remap_failed": h.remap_failed, "mig_enabled": h.mig_enabled, "recovery_action": h.recovery_action,
+                           "ecc_volatile_uncorrected": h.ecc_volatile_uncorrected, "persistence_mode": h.persistence_mode,
+                           "lost": h.lost,
+                           "verdict": self.verdict.to_json() if self.verdict is not None else None},
                 "driver_version": h.driver_version,
                 "holders": [x.to_json() for x in self.holders], "dead_pids": list(self.dead_pids),
                 "granted_to": list(self.granted_to),

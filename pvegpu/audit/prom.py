@@ -85,6 +85,12 @@ class AuditCollector:
                     "the GPU (NVML lists them, or they map it while a dead listed pid is unexplained)", G)
         clients = g("pvegpu_gpu_nvml_clients", "live processes outside any guest that NVML does not list, with the GPU open (NVML clients: "
                     "nvidia-persistenced, DCGM, exporters; informational)", G)
+        state = g("pvegpu_gpu_health", "1 for the GPU's health verdict (ok, needs-gpu-reset, needs-reboot, lost, unknown; docs/health.md), "
+                  "0 for the others", [*G, "state"])
+        action = g("pvegpu_gpu_recovery_action", "1 for NVML's recovery action (none, gpu-reset, node-reboot, ...); absent where the "
+                   "driver does not report it", [*G, "action"])
+        xids = g("pvegpu_gpu_xids", "Xids the kernel log holds for the GPU since its last reset (or boot), by code and need", [*G, "code", "need"])
+        ecc = g("pvegpu_gpu_ecc_volatile_uncorrected", "uncorrected ECC errors since the driver loaded (volatile)", G)
         dead = g("pvegpu_gpu_dead_pids", "pids NVML lists on the GPU that no longer exist", G)
         granted = g("pvegpu_gpu_granted_guests", "guests whose configuration grants the GPU", G)
         seen: set[tuple[str, ...]] = set()
@@ -109,6 +115,7 @@ class AuditCollector:
                 v = gpu.get("health", {}).get(field_name)
                 if v is not None:
                     fam.add_metric(key, 1.0 if v else 0.0)
+            _health(key, gpu.get("health", {}), state, action, xids, ecc)
             out = [h for h in gpu.get("holders", []) if h.get("place") not in ("lxc", "qemu")]
             owners = sum(1 for h in out if h.get("may_own_context", bool({"nvml", "maps"} & set(h.get("via", [])))))
             outside.add_metric(key, float(owners))
@@ -149,6 +156,28 @@ class AuditCollector:
 
     def describe(self) -> list[GaugeMetricFamily]:
         return []
+
+
+HEALTH_STATES = ("ok", "needs-gpu-reset", "needs-reboot", "lost", "unknown")
+
+
+def _health(key: list[str], h: Mapping[str, Any], state: Any, action: Any, xids: Any, ecc: Any) -> None:
+    """The health verdict (one series per state, 1 for the current), NVML's recovery action, Xid counts by code."""
+    if h.get("recovery_action") is not None:
+        action.add_metric([*key, str(h["recovery_action"])], 1.0)
+    if h.get("ecc_volatile_uncorrected") is not None:
+        ecc.add_metric(key, float(h["ecc_volatile_uncorrected"]))
+    verdict = h.get("verdict")
+    if not verdict:
+        return
+    for name in HEALTH_STATES:
+        state.add_metric([*key, name], 1.0 if verdict.get("state") == name else 0.0)
+    counts: dict[tuple[str, str], int] = {}
+    for x in list(verdict.get("xids", [])) + list(verdict.get("application_xids", [])):
+        k = (str(x.get("code")), str(x.get("need")))
+        counts[k] = counts.get(k, 0) + 1
+    for (code, need), n in sorted(counts.items()):
+        xids.add_metric([*key, code, need], float(n))
 
 
 def _minor(gpu: Mapping[str, Any]) -> str:

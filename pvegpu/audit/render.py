@@ -20,6 +20,9 @@ def _health(h: Mapping[str, Any]) -> str:
                          word(h.get("remap_failed"), "remap failed")) if w and not w.endswith("?")]
     mig = h.get("mig_enabled")
     parts.append("MIG ?" if mig is None else ("MIG on" if mig else "MIG off"))
+    verdict = (h.get("verdict") or {}).get("state")
+    if verdict not in (None, "ok"):
+        parts.insert(0, _safe(verdict))
     return ", ".join(parts)
 
 

@@ -20,16 +20,18 @@ from pvegpu.core.errors import PvegpuError
 from pvegpu.core.holders import GpuFacts, inspect_gpus
 from pvegpu.core.leftover import LeftoverRule, gpu_reset_advice, gpu_users, leftover, users_text
 from pvegpu.core.model import GpuHealth, GpuInfo, GpuSample, Holder, Place, Via
-from pvegpu.core.ports import Clock, GpuProbe, Host, NodeFiles, PveApi, WallClock
+from pvegpu.core.ports import Clock, GpuProbe, Host, KernelLog, NodeFiles, PveApi, WallClock
 from pvegpu.core.qemuconf import same_device
 from pvegpu.core.units import mib_figure
+from pvegpu.health import State, judge, xid_text
 
 DEFAULT_THRESHOLD = LeftoverRule()  # the one leftover rule's defaults (``[leftover]``)
 
 
 def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: NodeFiles | None = None,
               cluster: bool = False, threshold_bytes: LeftoverRule | int = DEFAULT_THRESHOLD, probe_error: str | None = None,
-              clock: Clock | None = None, users: Callable[[int], str | None] | None = None) -> NodeAudit:
+              clock: Clock | None = None, users: Callable[[int], str | None] | None = None,
+              kernlog: KernelLog | None = None) -> NodeAudit:
     """The audit of this node; one unreadable GPU or config never hides the others.
 
     ``probe`` None with ``probe_error``: NVML could not start (driver not loaded yet): an error, the configs still checked.
@@ -37,6 +39,7 @@ def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: 
     ``threshold_bytes``: the leftover rule (a plain number: the threshold with the default per-context allowance).
     ``clock``: times the run (``duration_seconds``; 0 without one).
     ``users``: the host's user name of a uid (an adapter), for the holder rows.
+    ``kernlog``: the kernel log's Xids and GPU resets, for each GPU's health verdict (None: not read, unknown).
     """
     rule = threshold_bytes if isinstance(threshold_bytes, LeftoverRule) else replace(LeftoverRule(), threshold_bytes=threshold_bytes)
     started = clock.monotonic() if clock is not None else 0.0
@@ -51,7 +54,7 @@ def run_audit(*, pve: PveApi, probe: GpuProbe | None, host: Host | None, files: 
         rep.error = probe_error or "GPUs not read"
         rep.flags.append(Flag(FlagKind.UNREADABLE, "all GPUs", rep.error))
     else:
-        _runtime(rep, probe, host, scan, rule, users)
+        _runtime(rep, probe, host, scan, rule, users, kernlog)
     rep.duration_seconds = round(clock.monotonic() - started, 4) if clock is not None else 0.0
     return rep
 
@@ -106,7 +109,7 @@ def audit_document(reports: Iterable[NodeAudit | Mapping[str, Any]], generated_a
 
 
 def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, threshold: LeftoverRule,
-             users: Callable[[int], str | None] | None = None) -> None:
+             users: Callable[[int], str | None] | None = None, kernlog: KernelLog | None = None) -> None:
     try:
         gpus = probe.gpus()
     except PvegpuError as exc:
@@ -117,6 +120,7 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
     ahead = _HealthAhead(probe)
     facts = inspect_gpus(None, gpus, host=host, probe=ahead, whole_host=True, remember=True)
     health_of = getattr(probe, "health", None)
+    log = kernlog.events() if kernlog is not None and health_of is not None else None
     for gpu in gpus:
         row = _gpu_row(gpu, facts[gpu.minor], host.self_pid, scan, threshold, rep.flags)
         if users is not None:
@@ -124,6 +128,8 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
         if health_of is not None and row.error is None:
             row.health = ahead.read[gpu.minor] if gpu.minor in ahead.read else _health(health_of, gpu.minor)
             _health_flags(row, rep.flags, facts[gpu.minor])
+            row.verdict = judge(row.health, log, gpu.bus_id, gpu.uuid, str(gpu.index))
+            _verdict_flags(row, rep.flags)
         rep.gpus.append(row)
     for index, why in sorted(lost.items()):  # NVML could not name it: an error row, never a gap
         rep.gpus.append(GpuRow(index, -1, "?", "?", "", error=why))
@@ -242,3 +248,23 @@ def _health_flags(row: GpuRow, flags: list[Flag], f: GpuFacts) -> None:
         row.flags.append(FlagKind.HEALTH)
         flags.append(Flag(FlagKind.HEALTH, f"GPU {row.index}", f"{row.uuid}: {', '.join(what)}",
                           f"a reset is pending for row remapping / page retirement: {when}"))
+
+
+_VERDICT_FLAGS = {State.NEEDS_RESET: FlagKind.NEEDS_RESET, State.NEEDS_REBOOT: FlagKind.NEEDS_REBOOT, State.LOST: FlagKind.GPU_LOST}
+
+
+def _verdict_flags(row: GpuRow, flags: list[Flag]) -> None:
+    """The health verdict as flags, naming the guests on the GPU (granted it, or holding it now)."""
+    v = row.verdict
+    if v is None:
+        return
+    guests = sorted(set(row.granted_to) | {h.guest_id for h in row.holders if h.guest_id})
+    on = f"; guests on it: {', '.join(guests)}" if guests else "; no guest is granted it"
+    subject = f"GPU {row.index}"
+    logged = v.xids + v.app_xids
+    if logged:
+        row.flags.append(FlagKind.XID)
+        flags.append(Flag(FlagKind.XID, subject, f"{row.uuid}: " + ", ".join(xid_text(x) for x in logged[-5:]) + on))
+    if (kind := _VERDICT_FLAGS.get(v.state)) is not None:
+        row.flags.append(kind)
+        flags.append(Flag(kind, subject, f"{row.uuid}: {v.reason}{on}", f"{v.action}; the gate refuses starts onto it meanwhile"))

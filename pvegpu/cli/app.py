@@ -222,7 +222,7 @@ def audit_cmd(
 
 def _audit_table(s: Any) -> str:
     p = wiring.world(s).audit_ports()
-    rep = audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes, clock=p.clock, users=p.users)
+    rep = audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes, clock=p.clock, users=p.users, kernlog=p.kernlog)
     return audit_text(audit_document([rep], clock=p.clock))
 
 

@@ -33,7 +33,7 @@ def _run(opts: wiring.GlobalOptions, cluster: bool, json_out: bool, prometheus: 
     ports = wiring.world(s).audit_ports(scan_ahead=True)
     try:
         rep = audit_once(ports.open_probe, pve=ports.pve, host=ports.host, files=ports.files, cluster=cluster,
-                         threshold_bytes=ports.threshold_bytes, clock=ports.clock, users=ports.users)
+                         threshold_bytes=ports.threshold_bytes, clock=ports.clock, users=ports.users, kernlog=ports.kernlog)
     finally:
         ports.done()
     if cluster:

@@ -21,6 +21,7 @@ from pvegpu.core.model import (
     SignalResult,
     TaskResult,
 )
+from pvegpu.health.kernlog import KernelEvents
 
 
 class EventLog(Protocol):
@@ -231,6 +232,14 @@ class GpuHealthProbe(Protocol):
 
     def health(self, minor: int) -> GpuHealth:
         """``nvidia-smi -q -i <minor> -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` and ``nvidia-smi --query-gpu=mig.mode.current``."""
+        ...
+
+
+class KernelLog(Protocol):
+    """The kernel log since boot, reduced to the GPUs' Xids and resets (``adapters/kernlog.py``)."""
+
+    def events(self) -> KernelEvents:
+        """``dmesg --raw | grep -e NVRM -e 'GPU reset'``, bounded; never raises: unreadable is ``error`` set (unknown)."""
         ...
 
 

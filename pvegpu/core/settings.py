@@ -55,6 +55,7 @@ class GateSettings:
     override_dir: str = "/run/pvegpu/allow-once"  # `pvegpu hook allow-once VMID` drops a one-start token here
     override_ttl: float = 900.0  # seconds a token stays valid
     record_dir: str = "/run/pvegpu/pids"  # where the gate and audit keep what they saw of NVML-listed pids (root-owned, mode 700)
+    health: str = "refuse"  # refuse | warn: a GPU that needs a reset or a reboot, or is lost (docs/health.md)
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,8 @@ def _validate(s: Settings, problems: list[str]) -> None:
         value = getattr(s.reset, name)
         if not 0 < value <= MAX_SECONDS:
             problems.append(f"reset.{name}: {value:g} must be > 0 and <= {MAX_SECONDS:g}")
+    if s.gate.health not in ("refuse", "warn"):
+        problems.append(f"gate.health: {s.gate.health!r} must be refuse or warn")
     if s.reset.poll > 0.05:
         problems.append("reset.poll: must be <= 0.05 s")
     if s.reset.timeout <= s.reset.settle:

@@ -16,7 +16,7 @@ Manual equivalent: ``nvidia-smi --query-gpu=index,memory.used`` + ``--query-comp
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -26,10 +26,11 @@ from pvegpu.core.holders import GpuFacts, inspect_gpus
 from pvegpu.core.leftover import LeftoverRule, gpu_reset_advice, leftover, place_name
 from pvegpu.core.locate import find_guest, granted_gpus
 from pvegpu.core.lxcconf import parse_config
-from pvegpu.core.model import CONTROL, MIB, GpuInfo, GpuSample, Place, Via
-from pvegpu.core.ports import GpuProbe, Host, PveReader
+from pvegpu.core.model import CONTROL, MIB, GpuHealth, GpuInfo, GpuSample, Place, Via
+from pvegpu.core.ports import GpuProbe, Host, KernelLog, PveReader
 from pvegpu.core.settings import GateSettings
 from pvegpu.core.units import mib
+from pvegpu.health import State, Verdict, judge
 
 
 class GateState(StrEnum):
@@ -54,6 +55,7 @@ class GatePolicy:
     exclusive_vmids: frozenset[int] = frozenset(_G.exclusive)
     exclusive_tag: str = _G.exclusive_tag
     host_users: str = _G.host_users  # share | refuse: a live host process that owns a context on the GPU
+    health: str = _G.health  # refuse | warn: a GPU that needs a reset or a reboot (a lost one always refuses)
 
     def exclusive(self, vmid: int, tags: Collection[str]) -> bool:
         return vmid in self.exclusive_vmids or (bool(self.exclusive_tag) and self.exclusive_tag in tags)
@@ -87,6 +89,7 @@ class Situation:
     exclusive_neighbours: frozenset[int] = frozenset()  # running containers on its GPUs that are exclusive
     reset_running: bool = False  # a pvegpu reset of this container holds its lock
     running_init: int | None = None  # the container's own init is alive: the container is running
+    health: Mapping[int, Verdict] = field(default_factory=dict)  # each granted GPU's health verdict, by minor (pvegpu.health)
 
 
 def _mib(n: int | None) -> str:
@@ -115,6 +118,8 @@ def decide(vmid: int, facts: dict[int, GpuFacts], situation: Situation, policy: 
 
 def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: GateDecision) -> GateState:
     g = gpu_label(f.gpu)
+    if _health(g, sit.health.get(f.gpu.minor), policy, d):
+        return GateState.REFUSED
     if not f.sample.known:
         msg = f"{g} cannot be read: {f.sample.error}"
         if policy.allow_unknown:
@@ -183,6 +188,23 @@ def _decide_gpu(vmid: int, f: GpuFacts, sit: Situation, policy: GatePolicy, d: G
     return GateState.SHARED
 
 
+def _health(g: str, verdict: Verdict | None, policy: GatePolicy, d: GateDecision) -> bool:
+    """The GPU's health (``docs/health.md``): True when it refuses the start. A GPU that needs a reset or a reboot
+    refuses unless gate.health = warn; a lost GPU always refuses; unknown health never refuses on its own (a GPU NVML
+    cannot even name is unknown as before: ``gate.on_unknown``)."""
+    if verdict is not None and verdict.state is State.LOST:
+        d.refuse(f"{g} is lost: {verdict.reason}", verdict.action + "; `dmesg | grep -i -e xid -e 'fallen off'` says when it fell")
+        return True
+    if verdict is None or not verdict.refuses:
+        return False
+    msg = f"{g} {verdict.state.said}: {verdict.reason}"
+    if policy.health == "warn":
+        d.reasons.append(msg + " (allowed: gate.health = warn)")
+        return False
+    d.refuse(msg, verdict.action + "; to start anyway set gate.health = \"warn\" in /etc/pvegpu/pvegpu.toml")
+    return True
+
+
 def _running(vmid: int, facts: dict[int, GpuFacts], sit: Situation, policy: GatePolicy) -> GateDecision:
     """A running container: no start to decide (allow False, ``running_init`` set). Each GPU says what the container
     holds there (its own memory: never leftover), who shares it, and what is left beyond every running process's."""
@@ -234,6 +256,7 @@ class GatePorts:
     probe: GpuProbe
     host: Host
     reset_running: Any = None  # callable vmid -> bool: does a pvegpu reset hold the container's lock?
+    kernlog: KernelLog | None = None  # the kernel log's Xids (health); None: not read, each GPU's health unknown
 
 
 @dataclass
@@ -241,10 +264,12 @@ class CheckResult:
     vmid: int
     decision: GateDecision
     facts: dict[int, GpuFacts] = field(default_factory=dict)
+    health: dict[int, Verdict] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         d = self.decision
         gpus = [{"index": f.gpu.index, "minor": m, "uuid": f.gpu.uuid, "state": d.per_gpu.get(m),
+                 "health": self.health[m].to_json() if m in self.health else None,
                  "used_mib": None if f.used_bytes is None else round(f.used_bytes / MIB), "used_bytes": f.used_bytes,
                  "shared_with": sorted({h.info.placement.vmid for h in f.other_holders if h.info.placement.vmid}),
                  "ghost_pids": f.ghosts} for m, f in sorted(self.facts.items())]
@@ -273,9 +298,25 @@ def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:
             g = GpuInfo(-1, m, "index unknown" if m != CONTROL else "a lost GPU", "?")
             facts[m] = GpuFacts(g, GpuSample(m, None, None, "not listed by NVML (" + "; ".join(failed) + ")"))
     init = next((p for p in pids if (i := ports.host.describe(p)) is not None and i.is_ct_init), None)
+    health = gpu_health(facts, ports)
     situation = Situation(tuple(pids), policy.exclusive(vmid, conf.tags), _exclusive_neighbours(facts, ports.pve, policy),
-                          bool(ports.reset_running and ports.reset_running(vmid)), init)
-    return CheckResult(vmid, decide(vmid, facts, situation, policy), facts)
+                          bool(ports.reset_running and ports.reset_running(vmid)), init, health)
+    return CheckResult(vmid, decide(vmid, facts, situation, policy), facts, health)
+
+
+def gpu_health(facts: Mapping[int, GpuFacts], ports: GatePorts) -> dict[int, Verdict]:
+    """The health verdict of each granted GPU NVML named (NVML's health, bounded, and the kernel log's Xids, read once)."""
+    named = {m: f.gpu for m, f in facts.items() if f.gpu.index >= 0 and f.sample.known}
+    if not named:
+        return {}
+    many = getattr(ports.probe, "health_many", None)
+    one = getattr(ports.probe, "health", None)
+    try:
+        read = many(list(named)) if many is not None else {m: one(m) for m in named} if one is not None else {}
+    except PvegpuError:
+        read = {}
+    log = ports.kernlog.events() if ports.kernlog is not None else None
+    return {m: judge(read.get(m, GpuHealth()), log, g.bus_id, g.uuid, str(g.index)) for m, g in named.items()}
 
 
 def _granted_pids(vmid: int, minors: set[int], ports: GatePorts) -> list[int]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pvegpu.core.holders import GpuFacts
 from pvegpu.core.leftover import Leftover, LeftoverRule, gpu_reset_advice, leftover
 from pvegpu.core.model import Place, Via
 from pvegpu.core.units import mib
+from pvegpu.health import Verdict, xid_text
 from pvegpu.reset.vocab import Diagnosis, Kind, Respawn
 
 
@@ -61,8 +64,10 @@ def foreign_leftover(vmid: int, facts: dict[int, GpuFacts], rule: LeftoverRule) 
     return out
 
 
-def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | int) -> list[Diagnosis]:
-    """What is left on each GPU, and what the admin can do about it."""
+def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | int,
+             health: Mapping[int, Verdict] | None = None) -> list[Diagnosis]:
+    """What is left on each GPU, and what the admin can do about it (``health``: the verdict of the GPUs a holder is
+    stuck in the driver on, by minor: which Xid, and the next step)."""
     rule = threshold if isinstance(threshold, LeftoverRule) else LeftoverRule(threshold_bytes=threshold)
     out: list[Diagnosis] = []
     for f in facts.values():
@@ -72,8 +77,7 @@ def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | in
             continue
         for h in f.ct_holders:
             if h.info.state == "D":
-                out.append(Diagnosis(Kind.STUCK_IN_DRIVER, f"pid {h.pid} ({h.info.comm}) in CT {vmid} is stuck in the driver (state D) on {g}",
-                            "no signal can stop it and a container stop will likely hang; check `dmesg | grep -i xid`; a host reboot is the reliable fix"))
+                out.append(_stuck(vmid, h.pid, h.info.comm, g, (health or {}).get(f.gpu.minor)))
             elif h.info.is_ct_init:
                 out.append(Diagnosis(Kind.INIT_HOLDS, f"the init of CT {vmid} (pid {h.pid}, {h.info.comm}) holds {g}; pvegpu never signals a container's init",
                             f"restart the container: `pvegpu reset {vmid}` without --no-restart, or `pct reboot {vmid}`"))
@@ -101,6 +105,17 @@ def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | in
         elif f.residual_bytes is None and f.sample.known:
             out.append(Diagnosis(Kind.UNMEASURABLE, f"{g}: memory of other processes is not reported (MIG?), so leftovers cannot be measured", "check with `nvidia-smi`"))
     return out + foreign_leftover(vmid, facts, rule)
+
+
+def _stuck(vmid: int, pid: int, comm: str, g: str, verdict: Verdict | None) -> Diagnosis:
+    """A holder in state D: after a fatal Xid or with a recovery action pending, say which and the next step."""
+    who = f"pid {pid} ({comm}) in CT {vmid} is stuck in the driver (state D) on {g}"
+    if verdict is not None and verdict.refuses:
+        after = f" after {xid_text(verdict.xids[-1])}" if verdict.xids else ""
+        return Diagnosis(Kind.STUCK_IN_DRIVER, f"{who}{after}: {verdict.reason}; no signal can end it",
+                         f"{verdict.action} (a container stop will likely hang while it is stuck)")
+    return Diagnosis(Kind.STUCK_IN_DRIVER, who, "no signal can stop it and a container stop will likely hang; check `dmesg | grep -i xid`; "
+                     "a host reboot is the reliable fix")
 
 
 def diagnose_respawns(vmid: int, respawns: list[Respawn]) -> list[Diagnosis]:

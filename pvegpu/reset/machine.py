@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pvegpu.core.errors import PvegpuError
 from pvegpu.core.holders import GpuFacts
-from pvegpu.core.model import Step
+from pvegpu.core.model import GpuHealth, Step
 from pvegpu.core.ports import Interrupted
 from pvegpu.core.units import mib
+from pvegpu.health import Verdict, judge
 from pvegpu.reset.appct import NO_RESTART, app_reason, holds
 from pvegpu.reset.conclude import Conclusion, conclude
 from pvegpu.reset.diagnosis import diagnose, diagnose_respawns, diagnose_unsettled, foreign_leftover, restart_would_not_help
@@ -149,6 +151,24 @@ def guard_would_refuse(run: ResetRun, facts: dict[int, GpuFacts]) -> str | None:
     return None
 
 
+def stuck_health(facts: dict[int, GpuFacts], ports: Ports) -> dict[int, Verdict]:
+    """The health verdict of each GPU a holder is stuck in the driver on (state D): which Xid, what next. Read only then."""
+    minors = {m for m, f in facts.items() if any(h.info.state == "D" for h in f.ct_holders)}
+    health_of = getattr(ports.probe, "health", None)
+    if not minors or health_of is None:
+        return {}
+    log = ports.kernlog.events() if ports.kernlog is not None else None
+    out: dict[int, Verdict] = {}
+    for m in sorted(minors):
+        try:
+            h = health_of(m)
+        except PvegpuError:
+            h = GpuHealth()
+        g = facts[m].gpu
+        out[m] = judge(h, log, g.bus_id, g.uuid, str(g.index))
+    return out
+
+
 def finish(run: ResetRun, facts: dict[int, GpuFacts], verdict: Verified) -> Ended:
     """Clean only when verified (held for settle); otherwise the whole host is scanned for the diagnosis. The
     exit code is ``conclude``'s."""
@@ -157,7 +177,7 @@ def finish(run: ResetRun, facts: dict[int, GpuFacts], verdict: Verified) -> Ende
         r.diagnosis.extend(foreign_leftover(run.vmid, facts, pol.rule))  # clean of its own memory; name what is others'
         return Ended(verdict, facts)
     whole = run.inspect(whole_host=True)
-    r.diagnosis.extend(diagnose(run.vmid, whole, pol.rule))
+    r.diagnosis.extend(diagnose(run.vmid, whole, pol.rule, stuck_health(whole, run.p)))
     r.diagnosis.extend(diagnose_respawns(run.vmid, r.respawns))
     if verdict is Verified.UNSETTLED:
         r.diagnosis.append(diagnose_unsettled(pol.settle, pol.timeout))

@@ -10,7 +10,7 @@ from pvegpu.core import errors as E
 from pvegpu.core.holders import GpuFacts
 from pvegpu.core.leftover import DEFAULT_THRESHOLD_MIB, LeftoverRule
 from pvegpu.core.model import MIB, Step
-from pvegpu.core.ports import Clock, EventLog, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
+from pvegpu.core.ports import Clock, EventLog, GpuProbe, Host, Interrupts, KernelLog, LockPort, NoInterrupts, NullLockPort, NullLog, PveApi
 from pvegpu.core.settings import ResetSettings
 from pvegpu.reset.vocab import Diagnosis, Respawn
 
@@ -113,3 +113,4 @@ class Ports:
     log: EventLog = field(default_factory=NullLog)
     lock: LockPort = field(default_factory=NullLockPort)  # the reset's own lock of the container (marks for the gate)
     interrupts: Interrupts = field(default_factory=NoInterrupts)  # signals: the critical section from the stop request on
+    kernlog: KernelLog | None = None  # the kernel log's Xids: the diagnosis of a holder stuck in the driver (None: not read)

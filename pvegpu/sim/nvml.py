@@ -8,13 +8,15 @@ in ``used``, and memory that returns ~0.15 s after the last holder died (the dea
 ``leak_mib`` is memory no process holds. ``fail`` makes a GPU unreadable; ``hang`` makes reads slow.
 ``driver_ready: false`` on any GPU is a node whose driver is not loaded yet (boot): NVML cannot start.
 Health knobs (absent = NVML cannot tell): ``reserved_mib``, ``remap_pending``, ``remap_failed``,
-``retired_pages_pending``, ``mig_enabled``, ``driver_version``.
+``retired_pages_pending``, ``mig_enabled``, ``driver_version``, ``recovery_action`` (``none``, ``gpu-reset``,
+``node-reboot``, ...), ``ecc_volatile_uncorrected``, ``persistence_mode``; ``lost``: NVML cannot name the GPU.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.procstat import read_stat
@@ -23,6 +25,11 @@ from pvegpu.core.model import MIB, GpuHealth, GpuInfo, GpuSample
 from pvegpu.core.ports import Clock
 from pvegpu.sim.driver import Context, DriverModel
 from pvegpu.sim.state import SimState
+
+
+def sim_bus_id(g: dict[str, Any]) -> str:
+    """A simulated GPU's PCI bus id (as its NVML names it; its Xids in the node's kernel log name it too)."""
+    return str(g.get("bus_id", f"0000:{0x41 + int(g['minor']):02x}:00.0"))
 
 
 def proc_alive(pid: int, start: int) -> bool:
@@ -51,7 +58,7 @@ class SimNvml:
             raise GpuQueryError("NVML could not start: Driver Not Loaded", "is the NVIDIA driver loaded on the host? try `nvidia-smi`")
         self.failed = [f"GPU {g.get('index', i)}: GPU is lost" for i, g in enumerate(gpus) if g.get("lost")]
         return [GpuInfo(int(g.get("index", i)), int(g["minor"]), str(g.get("uuid", f"GPU-sim-{g['minor']}")),
-                        str(g.get("bus_id", f"0000:{0x41 + int(g['minor']):02x}:00.0")), str(g.get("name", "Simulated GPU")),
+                        sim_bus_id(g), str(g.get("name", "Simulated GPU")),
                         int(g.get("total_mib", 81920)) * MIB) for i, g in enumerate(gpus) if not g.get("lost")]
 
     def _model(self) -> DriverModel:

@@ -20,6 +20,11 @@ A scenario is JSON (or the equivalent dict)::
 text; without a resources.cfg there, one is written for the containers with ``"ha_managed": true`` (PVE's defaults).
 ``kernel_driver`` (optional) is the host's NVIDIA kernel module version (the node's ``proc/driver/nvidia/version``);
 a container's ``user_libs`` is the version of the NVIDIA libraries in its root (``ct-root/<vmid>/usr/lib/x86_64-linux-gnu``).
+``kernel_log`` (optional) is the node's kernel log since boot, one text a record (``"NVRM: Xid (PCI:0000:41:00): 79,
+pid=..., GPU has fallen off the bus."``), and a GPU's ``xids`` (``[{"code": 79, "at": 120, "text": "..."}]``, ``at`` in
+seconds since boot) add the driver's Xid lines for its bus id; both are written to ``DIR/kmsg`` in ``/dev/kmsg``'s format,
+read through the one reader (``adapters/kernlog.py``). A GPU's ``recovery_action``, ``lost``, ``ecc_volatile_uncorrected``
+and ``persistence_mode`` are its NVML health (``sim/nvml.py``).
 ``pci`` is the simulated node's sysfs: PCI bus id -> the driver bound to it ("" none), for the VM gate and audit.
 ``settings`` (optional) are settings for runs on this node (``{"reset.timeout": 2}``: a demo's short waits); they
 stand in for the settings file there, and an option on the line or a ``PVEGPU_*`` variable still wins.
@@ -52,9 +57,10 @@ from typing import Any
 
 from pvegpu.core.errors import UsageError
 from pvegpu.core.ha import FILES as HA_FILES
+from pvegpu.health import describe
 from pvegpu.sim.host import SessionHost
 from pvegpu.sim.init import processes
-from pvegpu.sim.nvml import SimNvml
+from pvegpu.sim.nvml import SimNvml, sim_bus_id
 from pvegpu.sim.pve import SimPve, start_init
 from pvegpu.sim.sessions import kill_session
 from pvegpu.sim.state import DIR_FLAGS, DIR_MODE, SimState, read_json
@@ -172,6 +178,14 @@ def validate(sc: dict[str, Any]) -> None:
         if g["minor"] in minors:
             problems.append(f"gpu {g['minor']}: duplicate minor")
         minors.add(g["minor"])
+    for g in gpus:
+        xids = g.get("xids", []) if isinstance(g, dict) else []
+        if not isinstance(xids, list) or not all(isinstance(x, dict) and _is_int(x.get("code")) and isinstance(x.get("at", 0), int | float)
+                                                 for x in xids):
+            problems.append(f"gpu {g.get('minor')!r}: xids must be a list of {{\"code\": N, \"at\": seconds}}")
+    log = sc.get("kernel_log") or []
+    if not isinstance(log, list) or not all(isinstance(line, str) for line in log):
+        problems.append("kernel_log: must be a list of strings")
     seen: set[int] = set()
     guests = [("CT", c) for c in sc.get("containers", []) or []] + [("VM", v) for v in sc.get("vms", []) or []]
     for kind, guest in guests:
@@ -340,6 +354,7 @@ def _lay_out(scenario: dict[str, Any], state: SimState, files: dict[str, tuple[b
         if driver:
             state.mkdirs(f"sys/bus/pci/drivers/{driver}")
             state.symlink(os.path.join(state.root, "sys", "bus", "pci", "drivers", driver), f"{dev}/driver")
+    state.write("kmsg", kernel_log(scenario))
     state.write_json("etc-pve/.vmlist", {"version": 1, "ids": ids})
     ha = dict(scenario.get("ha") or {})
     managed = [c["vmid"] for c in scenario.get("containers", []) if c.get("ha_managed")]
@@ -363,6 +378,19 @@ def _lay_out(scenario: dict[str, Any], state: SimState, files: dict[str, tuple[b
         if ct.get("status", "running") == "running":
             expected += sum(processes(w) for w in ct.get("workloads", []))
             start_init(state, int(ct["vmid"]), expect_contexts=expected)
+
+
+def kernel_log(scenario: dict[str, Any]) -> bytes:
+    """The node's kernel log since boot in ``/dev/kmsg``'s format: its ``kernel_log`` lines, then each GPU's ``xids`` by time."""
+    texts: list[tuple[float, str]] = [(i * 0.001, str(line)) for i, line in enumerate(scenario.get("kernel_log") or [])]
+    for g in scenario.get("gpus", []):
+        bus = sim_bus_id(g).rsplit(".", 1)[0]
+        for x in g.get("xids", []) or []:
+            what = x.get("text") or describe(int(x["code"])) or "simulated"
+            texts.append((float(x.get("at", 60)), f"NVRM: Xid (PCI:{bus}): {int(x['code'])}, pid='<unknown>', name=<unknown>, {what}"))
+    texts.sort(key=lambda t: t[0])
+    clean = ("".join(c if c.isprintable() else " " for c in text) for _, text in texts)
+    return "".join(f"6,{seq},{int(at * 1e6)},-;{text}\n" for seq, ((at, _), text) in enumerate(zip(texts, clean, strict=True))).encode()
 
 
 def named(name_or_path: str) -> dict[str, Any]:
