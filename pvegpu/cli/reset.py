@@ -82,6 +82,7 @@ class _Signals:
         self.in_critical = self.done = self.raised = False
         self.got: tuple[str, int] | None = None
         self.previous: dict[int, Any] = {}
+        self.announce: str | None = None  # what the first signal after the stop request says (gpu-reset's own words)
 
     def __enter__(self) -> _Signals:
         for sig in self.SIGNALS:
@@ -111,9 +112,9 @@ class _Signals:
             raise Interrupted(name, code)
         if self.got is None:
             self.got = (name, code)
-            _say(said(f"{name}: {self.kind or 'guest'} {self.vmid}'s {'shutdown' if self.kind == 'VM' else 'stop'} was requested, "
-                      f"so pvegpu finishes the restart first (then exits {code}); a second Ctrl-C or SIGTERM abandons it",
-                      "pvegpu: ", "    "))
+            _say(said(f"{name}: " + (self.announce or f"{self.kind or 'guest'} {self.vmid}'s "
+                      f"{'shutdown' if self.kind == 'VM' else 'stop'} was requested, so pvegpu finishes the restart first")
+                      + f" (then exits {code}); a second Ctrl-C or SIGTERM abandons it", "pvegpu: ", "    "))
             return
         if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
             return
@@ -144,6 +145,8 @@ def _located(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: b
         return _vm_reset(s, vmid, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
     if guest is not None:  # a container: NVML starts now, beside the imports and the lock
         signals.kind = "CT"  # located: from here on the wording is a container's
+        if mark := wiring.ct_draining(s, world.pve, guest):
+            raise E.BusyError(f"CT {vmid}: {mark}", "let it finish: it starts the containers it stopped itself")
         world.warm_up()
     return _ct_reset(s, vmid, world, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
 

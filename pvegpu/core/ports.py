@@ -234,6 +234,23 @@ class GpuHealthProbe(Protocol):
         ...
 
 
+class GpuControl(Protocol):
+    """What ``pvegpu gpu-reset`` changes on a GPU (``adapters/smi.py``: ``nvidia-smi`` under a deadline; a simulated
+    node's stand-in). Each call raises ``GpuQueryError`` with the tool's own words when it fails."""
+
+    def persistence(self, gpu: GpuInfo, on: bool) -> None:
+        """``nvidia-smi -i <uuid> -pm 0|1``."""
+        ...
+
+    def reset(self, gpu: GpuInfo) -> None:
+        """``nvidia-smi -r -i <uuid>``."""
+        ...
+
+    def fabric_manager(self) -> bool | None:
+        """Is NVIDIA Fabric Manager running on the node (``systemctl is-active nvidia-fabricmanager``)? None: cannot tell."""
+        ...
+
+
 class NodeFiles(Protocol):
     """The node's files the audit checks (device nodes, snippets, VM configs, PCI drivers)."""
 

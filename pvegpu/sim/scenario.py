@@ -42,6 +42,7 @@ from pvegpu.core.errors import UsageError
 from pvegpu.sim.host import SessionHost
 from pvegpu.sim.nvml import SimNvml
 from pvegpu.sim.pve import SimPve, start_init
+from pvegpu.sim import smi
 from pvegpu.sim.sessions import kill_session
 from pvegpu.sim.state import DIR_FLAGS, DIR_MODE, SimState, read_json
 from pvegpu.sim.trust import SCENARIO, check_node
@@ -280,6 +281,7 @@ def _lay_out(scenario: dict[str, Any], state: SimState, files: dict[str, tuple[b
             state.symlink(os.path.join(state.root, "sys", "bus", "pci", "drivers", driver), f"{dev}/driver")
     state.write_json("etc-pve/.vmlist", {"version": 1, "ids": ids})
     state.write("etc-pve/storage.cfg", f"dir: local\n\tpath {state.root}\n\tcontent iso,vztmpl,backup\n".encode())  # `local` is this directory
+    state.write(smi.BIN, smi.script(state.root), 0o700)  # the stand-in nvidia-smi `gpu-reset` runs here
     for rel, (data, mode) in files.items():
         state.write(rel, data, mode)
     expected = 0
