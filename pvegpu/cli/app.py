@@ -29,8 +29,8 @@ from pvegpu.audit.run import audit_document, audit_once
 from pvegpu.cli import audit as auditcmd
 from pvegpu.cli import hook
 from pvegpu.cli import install as ins
-from pvegpu.cli.render import audit_text
 from pvegpu.cli.gpureset import do_gpu_reset
+from pvegpu.cli.render import audit_text
 from pvegpu.cli.reset import do_reset
 from pvegpu.core import contract
 from pvegpu.core import errors as E

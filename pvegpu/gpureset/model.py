@@ -9,7 +9,7 @@ from enum import StrEnum
 
 from pvegpu.core import errors as E
 from pvegpu.core.model import MIB, GpuHealth, GpuInfo, Step
-from pvegpu.core.ports import Clock, EventLog, GpuControl, GpuProbe, Host, Interrupts, LockPort, NoInterrupts, NodeFiles, NullLog, PveApi
+from pvegpu.core.ports import Clock, EventLog, GpuControl, GpuProbe, Host, Interrupts, LockPort, NodeFiles, NoInterrupts, NullLog, PveApi
 from pvegpu.core.settings import GpuResetSettings
 from pvegpu.reset.report import ResetPolicy
 from pvegpu.reset.vocab import Diagnosis

@@ -39,10 +39,10 @@ import tempfile
 from typing import Any
 
 from pvegpu.core.errors import UsageError
+from pvegpu.sim import smi
 from pvegpu.sim.host import SessionHost
 from pvegpu.sim.nvml import SimNvml
 from pvegpu.sim.pve import SimPve, start_init
-from pvegpu.sim import smi
 from pvegpu.sim.sessions import kill_session
 from pvegpu.sim.state import DIR_FLAGS, DIR_MODE, SimState, read_json
 from pvegpu.sim.trust import SCENARIO, check_node
