@@ -214,3 +214,15 @@ def test_a_second_signal_abandons_and_names_the_stopped_cts(sim_node):
     assert p.returncode == 143, err
     doc = validate(json.loads(out), "gpu-reset")
     assert sorted(doc["left_stopped"]) == [129, 130] and "pct start 129" in json.dumps(doc["diagnosis"])
+
+
+def test_pvegpu_reset_of_a_ct_on_a_draining_gpu_is_busy(sim_node):
+    """While a gpu-reset drains GPU 0, `pvegpu reset` of a CT on it is exit 9 naming the gpu-reset; nothing is signalled."""
+    from pvegpu.adapters.drain import gpu_lock
+
+    node = sim_node(_scenario())
+    before = _init(node, 129)
+    with gpu_lock(os.path.join(node.root, "drain"), 0, "GPU 0") as lock:
+        lock.drain()
+        r = _pvegpu(node, "reset", "129")
+    assert r.returncode == 9 and "gpu-reset" in r.stderr and _init(node, 129) == before
