@@ -226,3 +226,26 @@ def test_pvegpu_reset_of_a_ct_on_a_draining_gpu_is_busy(sim_node):
         lock.drain()
         r = _pvegpu(node, "reset", "129")
     assert r.returncode == 9 and "gpu-reset" in r.stderr and _init(node, 129) == before
+
+
+def test_the_nvidia_smi_adapter_passes_the_uuid_bounds_each_call_and_carries_the_tools_words(tmp_path):
+    """SmiControl (on a stand-in binary, never the real one): `-r -i UUID` and `-i UUID -pm 0`; a failure carries its
+    output; a call past its deadline is a GpuQueryError, not a hang."""
+    from pvegpu.adapters.smi import SmiControl
+    from pvegpu.core.errors import GpuQueryError
+    from pvegpu.core.model import GpuInfo
+
+    log, smi = tmp_path / "args", tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {log}\ncase "$*" in *GPU-bad*) echo "In use by another client" >&2; exit 255;; '
+                   '*GPU-slow*) sleep 5;; esac\n')
+    smi.chmod(0o700)
+    ctl = SmiControl(str(smi), 0.5)
+    ctl.reset(GpuInfo(0, 0, "GPU-ok", "0000:41:00.0"))
+    ctl.persistence(GpuInfo(0, 0, "GPU-ok", "0000:41:00.0"), False)
+    assert log.read_text().splitlines() == ["-r -i GPU-ok", "-i GPU-ok -pm 0"]
+    with pytest.raises(GpuQueryError, match="In use by another client"):
+        ctl.reset(GpuInfo(0, 0, "GPU-bad", "0000:41:00.0"))
+    t = time.monotonic()
+    with pytest.raises(GpuQueryError, match="did not finish"):
+        ctl.reset(GpuInfo(0, 0, "GPU-slow", "0000:41:00.0"))
+    assert time.monotonic() - t < 4
