@@ -9,6 +9,7 @@ once per run (the simulated node under ``--simulate``, else this one), and NVML 
 - ``reset`` of a container, and the post-stop reclaim: ``world(s).reset_ports`` (PVE: ``/etc/pve`` + the API; NVML;
   ``/proc``; clock), ``reset_policy`` / ``post_stop_policy``, ``ct_lock``; of a VM: ``vm_api``, ``vm_policy``.
 - ``audit``: ``world(s).audit_ports`` (NVML with details, PVE, ``/proc``, node files), ``cluster_audits``, the textfile.
+- ``gpu-reset N``: ``gpu_reset_ports`` (the world's, ``nvidia-smi``, the containers' reset locks, the gate), ``gpu_lock``.
 - ``hook install | uninstall | status``: ``install_target`` (``/etc/pve``, node name, snippet lister, ``pct``).
 """
 
@@ -21,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from pvegpu.adapters import etcpve, journal, locks, nodefiles, storagecfg
+from pvegpu.adapters import drain, etcpve, journal, locks, nodefiles, storagecfg
 from pvegpu.adapters.bounded import BoundedProbe
 from pvegpu.adapters.clock import SystemClock as system_clock
 from pvegpu.adapters.etcpve import EtcPve, NodePve, no_pve
@@ -30,18 +31,22 @@ from pvegpu.adapters.nvml import NvmlProbe
 from pvegpu.adapters.procfs import ProcHost, ScanBudget
 from pvegpu.adapters.pvecli import run_command
 from pvegpu.adapters.settingsfile import load
+from pvegpu.adapters.smi import SmiControl
 from pvegpu.adapters.users import user_name
 from pvegpu.core import errors as E
 from pvegpu.core.ha import HaFiles
 from pvegpu.core.leftover import LeftoverRule
-from pvegpu.core.model import MIB
+from pvegpu.core.lxcconf import parse_config
+from pvegpu.core.model import MIB, Guest
 from pvegpu.core.ports import EventLog, GpuProbe, Host, KernelLog, NodeFiles, NullLog, PveApi, PveReader, WallClock
 from pvegpu.core.settings import Settings
-from pvegpu.gate.decide import GatePolicy, GatePorts
+from pvegpu.gate.decide import GatePolicy, GatePorts, evaluate, paragraph
+from pvegpu.gpureset import GpuResetPolicy, GpuResetPorts
 from pvegpu.reset.report import Ports, ResetPolicy
 from pvegpu.sim import nodefiles as simfiles
 from pvegpu.sim import scenario
 from pvegpu.sim.pvecli import SimPveCli
+from pvegpu.sim.smi import SimSmi
 from pvegpu.sim.state import SimState
 from pvegpu.sim.trust import node_settings
 from pvegpu.vm.guest import VmApi
@@ -135,12 +140,19 @@ def gate_ports(s: Settings) -> GatePorts:
         pve, sim, host = gate_pve(s), None, ProcHost(budget=ScanBudget(total=s.gate.deadline * 0.3), record_dir=s.gate.record_dir)
     probe = nvml_reader(s, details=True, sim=sim, deadline=s.gate.deadline)  # details: bus ids, to match the kernel log's Xids
     probe.begin()
-    return GatePorts(pve, probe, host, lambda vmid: locks.reset_running(s.reset.lock_dir, vmid), kernel_log(s, s.gate.deadline * 0.2))
+    return GatePorts(pve, probe, host, lambda vmid: locks.reset_running(s.reset.lock_dir, vmid),
+                     kernlog=kernel_log(s, s.gate.deadline * 0.2), draining=lambda m: gpu_draining(s, m))
 
 
 def kernel_log(s: Settings, deadline: float = 1.0) -> KmsgLog:
     """The kernel log's Xids and GPU resets (``/dev/kmsg``; the simulated node's ``kmsg`` file), read within ``deadline``."""
     return KmsgLog(os.path.join(s.simulate, "kmsg") if s.simulate else KMSG, deadline=min(1.0, deadline))
+
+
+
+def gpu_draining(s: Settings, minor: int) -> str | None:
+    """The mark of a ``pvegpu gpu-reset`` of GPU minor ``minor`` running now (the gate and reset refuse), or None."""
+    return drain.draining(s.gpureset.drain_dir, minor)
 
 
 def gate_files(s: Settings) -> NodeFiles:
@@ -329,6 +341,44 @@ def cluster_audits(timeout: float, options: list[str]) -> SshAudits:
     """The other nodes' audits, over the root SSH trust PVE sets up between cluster nodes."""
     from pvegpu.adapters.ssh import SshAudits  # concurrent.futures brings logging: not on a reset's or the hook's path
     return SshAudits(timeout=timeout, options=options)
+
+
+# -- gpu-reset N ------------------------------------------------------------------------------------------------
+def ct_draining(s: Settings, pve: PveReader, guest: Guest) -> str | None:
+    """The mark of a gpu-reset of one of the container's GPUs (``pvegpu reset`` refuses while it runs), or None."""
+    try:
+        gpus = parse_config(pve.ct_config(guest)).gpus
+    except E.PvegpuError:
+        return None  # the reset itself says why the config cannot be read
+    return drain.draining_any(s.gpureset.drain_dir, None if gpus.all_gpus else gpus.minors)
+
+
+def gpu_reset_policy(s: Settings, *, dry_run: bool = False) -> GpuResetPolicy:
+    """``[gpureset]`` and the reset's API waits."""
+    g = s.gpureset
+    return GpuResetPolicy(reset_policy(s), g.idle_mib * MIB, g.client_wait, s.reset.timeout, dry_run=dry_run)
+
+
+def gpu_reset_ports(s: Settings, w: NodeWorld) -> GpuResetPorts:
+    """The world's PVE, NVML, ``/proc`` and files; ``nvidia-smi`` (a simulated node: its stand-in, always); each stopped
+    container's reset lock; the start gate as ``check`` decides (our own locks are ours: not held against the start)."""
+    control = SimSmi(s.simulate, s.gpureset.smi_timeout) if s.simulate else SmiControl(s.gpureset.smi, s.gpureset.smi_timeout)
+
+    def gate(vmid: int) -> tuple[bool, str]:
+        ports = dataclasses.replace(gate_ports(s), reset_running=None)
+        try:
+            d = evaluate(vmid, ports, gate_policy(s)).decision
+        finally:
+            getattr(ports.probe, "close", lambda: None)()
+        return d.allow, paragraph(vmid, d)
+
+    return GpuResetPorts(w.pve, w.reset_probe, w.host, w.clock, control, w.files, lambda vmid: ct_lock(s, vmid, s.reset.lock_wait),
+                         gate, w.reset_probe.close, kernlog=kernel_log(s))
+
+
+def gpu_lock(s: Settings, minor: int, label: str) -> drain.gpu_lock:
+    """One gpu-reset per GPU (``<gpureset.drain_dir>/gpu<minor>.lock``); ``drain()`` marks it for the gate."""
+    return drain.gpu_lock(s.gpureset.drain_dir, minor, label)
 
 
 # -- hook install | uninstall | status ------------------------------------------------------------------------

@@ -144,6 +144,13 @@ class BoundedProbe:
         except _Stuck as exc:
             raise GpuQueryError(f"GPU minor {minor} health: {exc.what}", _HINT) from None
 
+    def nvlinks(self, minor: int) -> int | None:
+        """The inner probe's count of active NVLinks, bounded: stuck, failing or not offered is unknown (None)."""
+        try:
+            return self._run(lambda: getattr(self._probe(), "nvlinks", lambda m: None)(minor))
+        except (_Stuck, PvegpuError):
+            return None
+
     def health_many(self, minors: Iterable[int]) -> dict[int, GpuHealth]:
         """Each GPU's health in one thread for them all, each GPU given ``deadline`` as ``health()`` gives it: the
         wait ends ``deadline`` after the last GPU's answer (or the start). A GPU whose reading failed, or had not

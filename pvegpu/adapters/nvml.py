@@ -219,6 +219,32 @@ class NvmlProbe:
             lost=True if lost else None,
         )
 
+    def nvlinks(self, minor: int) -> int | None:
+        """How many of the GPU's NVLinks are active (``nvidia-smi nvlink -s -i <minor>``): 0 for a GPU without NVLink
+        (the driver answers NotSupported), None when it cannot tell (another error, no handle)."""
+        N = self.N
+        h = self._handles.get(minor)
+        if h is None:
+            try:
+                self.gpus()
+            except GpuQueryError:
+                return None
+            if (h := self._handles.get(minor)) is None:
+                return None
+        active = 0
+        for link in range(int(getattr(N, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                state = N.nvmlDeviceGetNvLinkState(h, link)
+            except N.NVMLError as exc:
+                code = getattr(exc, "value", None)
+                if code == getattr(N, "NVML_ERROR_NOT_SUPPORTED", 3) or code == getattr(N, "NVML_ERROR_INVALID_ARGUMENT", 2):
+                    break  # no NVLink at all, or past the GPU's last link
+                return None
+            except AttributeError:
+                return None
+            active += int(state == getattr(N, "NVML_FEATURE_ENABLED", 1))
+        return active
+
 
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)

@@ -29,6 +29,7 @@ from pvegpu.audit.run import audit_document, audit_once
 from pvegpu.cli import audit as auditcmd
 from pvegpu.cli import hook
 from pvegpu.cli import install as ins
+from pvegpu.cli.gpureset import do_gpu_reset
 from pvegpu.cli.render import audit_text
 from pvegpu.cli.reset import do_reset
 from pvegpu.core import contract
@@ -184,6 +185,20 @@ def reset_cmd(
     s = wiring.settings(_opts(ctx), {"reset.restart": False if no_restart else None, "reset.timeout": timeout,
                                      "reset.grace": grace, "reset.settle": settle})
     raise typer.Exit(do_reset(s, check_vmid(vmid), dry_run=dry_run, json_out=json_out, verbose=verbose))
+
+
+@app.command("gpu-reset", cls=_Command)
+def gpu_reset_cmd(
+    ctx: typer.Context,
+    gpu: str = typer.Argument(..., metavar="N", help="the GPU: index, minor (/dev/nvidiaN), UUID or PCI bus id", show_default=False),
+    dry_run: bool = typer.Option(False, "--dry-run", help="show the plan (guests, processes, refusals); stop nothing"),
+    yes: bool = typer.Option(False, "--yes", help="do not ask (needed without a terminal)"),
+    json_out: bool = typer.Option(False, "--json", help="print the report as JSON (schema pvegpu-gpu-reset)"),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="log every event (structlog)"),
+) -> None:
+    """Reset one GPU (`nvidia-smi -r`) as a verified procedure: stop the containers on it, reset, verify with NVML,
+    start them again through the gate. docs/gpu-reset.md."""
+    raise typer.Exit(do_gpu_reset(wiring.settings(_opts(ctx)), gpu, dry_run=dry_run, yes=yes, json_out=json_out, verbose=verbose))
 
 
 @app.command("check", cls=_Command)

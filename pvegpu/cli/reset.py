@@ -82,6 +82,7 @@ class _Signals:
         self.in_critical = self.done = self.raised = False
         self.got: tuple[str, int] | None = None
         self.previous: dict[int, Any] = {}
+        self.announce: str | None = None  # what the first signal after the stop request says (gpu-reset's own words)
 
     def __enter__(self) -> _Signals:
         for sig in self.SIGNALS:
@@ -111,9 +112,9 @@ class _Signals:
             raise Interrupted(name, code)
         if self.got is None:
             self.got = (name, code)
-            _say(said(f"{name}: {self.kind or 'guest'} {self.vmid}'s {'shutdown' if self.kind == 'VM' else 'stop'} was requested, "
-                      f"so pvegpu finishes the restart first (then exits {code}); a second Ctrl-C or SIGTERM abandons it",
-                      "pvegpu: ", "    "))
+            _say(said(f"{name}: " + (self.announce or f"{self.kind or 'guest'} {self.vmid}'s "
+                      f"{'shutdown' if self.kind == 'VM' else 'stop'} was requested, so pvegpu finishes the restart first")
+                      + f" (then exits {code}); a second Ctrl-C or SIGTERM abandons it", "pvegpu: ", "    "))
             return
         if signum == signal.SIGHUP:  # a dropped session can deliver several (the shell's and the kernel's): never abandon
             return
@@ -145,16 +146,20 @@ def _located(s: Any, vmid: int, signals: _Signals, *, dry_run: bool, json_out: b
     if guest is not None:  # a container: NVML starts now, beside the imports and the lock
         signals.kind = "CT"  # located: from here on the wording is a container's
         world.warm_up()
-    return _ct_reset(s, vmid, world, signals, dry_run=dry_run, json_out=json_out, verbose=verbose)
+    return _ct_reset(s, vmid, world, signals, dry_run=dry_run, json_out=json_out, verbose=verbose, guest=guest)
 
 
-def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool) -> int:
-    """A container's reset, under the handlers; the report is printed before they go (``done``: a signal is then recorded)."""
+def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool, json_out: bool, verbose: bool,
+              guest: Any = None) -> int:
+    """A container's reset, under the handlers; the report is printed before they go (``done``: a signal is then recorded).
+    ``guest`` (located): refused while a gpu-reset drains one of its GPUs."""
     log = configure(verbose=verbose, json_lines=json_out and verbose)  # -v: also one line per item (as check's)
     on_step = None if json_out else (lambda st: _say(step_line(st.name, str(st.detail.get("msg", st.outcome)), verbose), err=False))
     on_wait = None if json_out else (lambda text: _say(step_line("wait", text, verbose), err=False))
     with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log, exiting=True) as ports:
         ports.lock, ports.interrupts = lock, signals
+        if guest is not None and (mark := wiring.ct_draining(s, world.pve, guest)):
+            raise E.BusyError(f"CT {vmid}: {mark}", "let it finish: it starts the containers it stopped itself")
         report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
         signals.done = True  # the report is final: a later signal must not turn it into another message
     if report.interrupted or report.left_stopped:

@@ -24,6 +24,8 @@ EXIT_MEMORY_LEFT = 7  # memory still held with no holder in the container (leak 
 EXIT_AUDIT_ATTENTION = 8  # something needs attention: audit findings, hook status, hook install/uninstall refusals
 EXIT_BUSY = 9  # another pvegpu reset of the same container is running
 EXIT_REFUSED = 10  # the start gate refuses
+EXIT_GPU_RESET_REFUSED = 11  # gpu-reset refused: a client will not let go, NVLink/Fabric Manager, a VM owns it, no reset for it
+EXIT_GPU_RESET_FAILED = 12  # gpu-reset: the reset failed or timed out, or NVML says the GPU is not back (memory, recovery action)
 
 
 class PvegpuError(Exception):

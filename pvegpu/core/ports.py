@@ -242,6 +242,27 @@ class KernelLog(Protocol):
         """``dmesg --raw | grep -e NVRM -e 'GPU reset'``, bounded; never raises: unreadable is ``error`` set (unknown)."""
         ...
 
+    def write(self, text: str) -> None:
+        """Add one record (``health.reset_record``: a verified GPU reset ends that GPU's Xids). Raises OSError."""
+        ...
+
+
+class GpuControl(Protocol):
+    """What ``pvegpu gpu-reset`` changes on a GPU (``adapters/smi.py``: ``nvidia-smi`` under a deadline; a simulated
+    node's stand-in). Each call raises ``GpuQueryError`` with the tool's own words when it fails."""
+
+    def persistence(self, gpu: GpuInfo, on: bool) -> None:
+        """``nvidia-smi -i <uuid> -pm 0|1``."""
+        ...
+
+    def reset(self, gpu: GpuInfo) -> None:
+        """``nvidia-smi -r -i <uuid>``."""
+        ...
+
+    def fabric_manager(self) -> bool | None:
+        """Is NVIDIA Fabric Manager running on the node (``systemctl is-active nvidia-fabricmanager``)? None: cannot tell."""
+        ...
+
 
 class NodeFiles(Protocol):
     """The node's files the audit checks (device nodes, snippets, VM configs, PCI drivers)."""

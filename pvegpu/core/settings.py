@@ -59,6 +59,17 @@ class GateSettings:
 
 
 @dataclass(frozen=True)
+class GpuResetSettings:
+    """``pvegpu gpu-reset N`` (docs/gpu-reset.md)."""
+
+    drain_dir: str = "/run/pvegpu/draining"  # <drain_dir>/gpu<minor>.lock: one gpu-reset per GPU; the gate refuses starts while held
+    smi: str = "/usr/bin/nvidia-smi"  # the binary that sets persistence mode and resets the GPU (a simulated node uses its stand-in)
+    smi_timeout: float = 60.0  # seconds each nvidia-smi call may take
+    client_wait: float = 10.0  # seconds host clients get to let go of the GPU once persistence mode is off
+    idle_mib: int = 64  # after the reset, used memory at most this is the idle baseline
+
+
+@dataclass(frozen=True)
 class LeftoverSettings:
     """The one leftover rule (``pvegpu/core/leftover.py``) for reset's verify, the gate, audit and the diagnosis."""
 
@@ -75,10 +86,12 @@ class Settings:
     reset: ResetSettings = field(default_factory=ResetSettings)
     gate: GateSettings = field(default_factory=GateSettings)
     leftover: LeftoverSettings = field(default_factory=LeftoverSettings)
+    gpureset: GpuResetSettings = field(default_factory=GpuResetSettings)
 
 
 _TOP = ("node", "pve_root", "simulate")  # the settings outside a [section]
-_SECTIONS = {"api": ApiSettings, "reset": ResetSettings, "gate": GateSettings, "leftover": LeftoverSettings}
+_SECTIONS = {"api": ApiSettings, "reset": ResetSettings, "gate": GateSettings, "leftover": LeftoverSettings,
+             "gpureset": GpuResetSettings}
 _OLD_THRESHOLDS = ("reset", "gate")  # [reset]/[gate] threshold_mib: the old names of leftover.threshold_mib
 
 
@@ -192,6 +205,11 @@ def _validate(s: Settings, problems: list[str]) -> None:
         problems.append(f"gate.deadline: {s.gate.deadline:g} must be > 0 and <= {MAX_GATE_DEADLINE:g}")
     if not 0 < s.gate.override_ttl <= MAX_SECONDS:
         problems.append(f"gate.override_ttl: {s.gate.override_ttl:g} must be > 0 and <= {MAX_SECONDS:g}")
+    for name in ("smi_timeout", "client_wait"):
+        if not 0 < (value := getattr(s.gpureset, name)) <= MAX_SECONDS:
+            problems.append(f"gpureset.{name}: {value:g} must be > 0 and <= {MAX_SECONDS:g}")
+    if s.gpureset.idle_mib < 0:
+        problems.append("gpureset.idle_mib: must be >= 0")
     bad_ids = [v for v in s.gate.exclusive if not 100 <= v <= 999_999_999]
     if bad_ids:
         problems.append(f"gate.exclusive: {bad_ids} are not guest ids (100..999999999)")

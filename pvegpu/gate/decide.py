@@ -6,7 +6,8 @@ live processes of other *running* containers do not account for (the one leftove
 when NVML lists a pid that no longer exists and no plausible heir explains it, when a process still sits in
 this container, when this container or a running neighbour on the GPU is exclusive, when a host process owns
 a context there and ``host_users = "refuse"`` (by default it is a sharer), or when a granted GPU cannot be
-read (fail closed unless ``on_unknown = "allow"``). A pvegpu reset in progress on the container also refuses.
+read (fail closed unless ``on_unknown = "allow"``). A pvegpu reset in progress on the container also refuses, and so
+does a ``pvegpu gpu-reset`` draining one of its GPUs.
 
 A *running* container has no start to decide: its own memory is never leftover, so ``check`` says it runs and what
 it holds (exit 0, or 5 for a GPU it cannot read; ``CheckResult.running``). PVE never calls pre-start for a running container; a hookscript called
@@ -90,6 +91,7 @@ class Situation:
     reset_running: bool = False  # a pvegpu reset of this container holds its lock
     running_init: int | None = None  # the container's own init is alive: the container is running
     health: Mapping[int, Verdict] = field(default_factory=dict)  # each granted GPU's health verdict, by minor (pvegpu.health)
+    draining: tuple[str, ...] = ()  # its GPUs that a pvegpu gpu-reset is resetting now (what each mark says)
 
 
 def _mib(n: int | None) -> str:
@@ -108,6 +110,8 @@ def decide(vmid: int, facts: dict[int, GpuFacts], situation: Situation, policy: 
         return _running(vmid, facts, situation, policy)
     if situation.reset_running:
         d.refuse(f"a pvegpu reset of CT {vmid} is in progress", f"wait for it to finish (`pvegpu check {vmid}` says when)")
+    for mark in situation.draining:
+        d.refuse(mark, "wait for the gpu-reset to finish: it starts the guests it stopped itself")
     if situation.ct_pids:
         pids = ", ".join(map(str, situation.ct_pids[:8]))
         d.refuse(f"{len(situation.ct_pids)} process(es) still sit in CT {vmid}'s cgroup (pids {pids})", f"pvegpu reset {vmid} --no-restart")
@@ -257,6 +261,7 @@ class GatePorts:
     host: Host
     reset_running: Any = None  # callable vmid -> bool: does a pvegpu reset hold the container's lock?
     kernlog: KernelLog | None = None  # the kernel log's Xids (health); None: not read, each GPU's health unknown
+    draining: Any = None  # callable minor -> str | None: the mark of a pvegpu gpu-reset of that GPU, if one runs
 
 
 @dataclass
@@ -299,8 +304,9 @@ def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:
             facts[m] = GpuFacts(g, GpuSample(m, None, None, "not listed by NVML (" + "; ".join(failed) + ")"))
     init = next((p for p in pids if (i := ports.host.describe(p)) is not None and i.is_ct_init), None)
     health = gpu_health(facts, ports)
+    marks = tuple(m for minor in sorted(facts) if ports.draining and (m := ports.draining(minor)))
     situation = Situation(tuple(pids), policy.exclusive(vmid, conf.tags), _exclusive_neighbours(facts, ports.pve, policy),
-                          bool(ports.reset_running and ports.reset_running(vmid)), init, health)
+                          bool(ports.reset_running and ports.reset_running(vmid)), init, health, marks)
     return CheckResult(vmid, decide(vmid, facts, situation, policy), facts, health)
 
 

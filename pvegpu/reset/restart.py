@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pvegpu.core import errors as E
 from pvegpu.core.holders import GpuFacts
+from pvegpu.core.model import CtStatus
 from pvegpu.reset.follow import Reading, follow
 from pvegpu.reset.interruption import interruption
 from pvegpu.reset.results import RestartResult
@@ -40,6 +41,24 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts], why: str = "GPU not clean
         failed(run, E.PveApiError(f"CT {run.vmid} is locked ({status.lock}); restart refused",
                                   f"wait for the {status.lock} to finish, or `pct unlock {run.vmid}` if it is stale"))
         return RestartResult(facts)
+    if not stop(run, status, why):
+        if ct.ct_state != "stopped":
+            return RestartResult(facts)
+        return verify_stopped(run)  # say whether the GPU is clean; no start after a failed stop
+    stopped = verify_stopped(run)
+    if stopped.verdict is not Verified.CLEAN:
+        run.step(StepName.RESTART, StepOutcome.HELD, f"CT {run.vmid} left stopped: its GPU is still not verified clean after the stop")
+        run.report.diagnosis.append(Diagnosis(Kind.HELD_STOPPED, f"CT {run.vmid} was left STOPPED: its GPU is not verified clean even with the container stopped",
+                            f"deal with what is listed here, then start it: `pct start {run.vmid}`"))
+        return stopped
+    start(run, ha=status.ha_managed)
+    return stopped
+
+
+def stop(run: ResetRun, status: CtStatus, why: str) -> bool:
+    """Ask the API to stop the running CT and follow it (HA's way when HA manages it). True: it is stopped as asked;
+    False: the stop failed, and where it left the CT is said and in ``run.ct`` (it may be stopped all the same)."""
+    pve, guest, ct = run.p.pve, run.guest, run.ct
     run.step(StepName.RESTART, StepOutcome.STOP, f"stopping CT {run.vmid} through the API ({why})")
     run.p.interrupts.critical()  # from the stop request on, a signal never leaves the CT stopped without a word
     run.p.lock.stop_requested()  # kept in the lock file until the CT runs again: a killed reset is found by the next one
@@ -58,22 +77,14 @@ def restart(run: ResetRun, facts: dict[int, GpuFacts], why: str = "GPU not clean
         pending = (upid is not None and not isinstance(exc, E.TaskFailed)) or isinstance(exc, E.PveNoAnswer)
         state = find_state(run, CtState.STOPPED, pending)
         note_state(run, state, "stop" if pending else None, ha=status.ha_managed)
-        if state != "stopped":
-            return RestartResult(facts)
-        return verify_stopped(run)  # say whether the GPU is clean; no start after a failed stop
+        return False
     ct.ct_state, ct.left_stopped = CtState.STOPPED, True  # until the start is confirmed
-    stopped = verify_stopped(run)
-    if stopped.verdict is not Verified.CLEAN:
-        run.step(StepName.RESTART, StepOutcome.HELD, f"CT {run.vmid} left stopped: its GPU is still not verified clean after the stop")
-        run.report.diagnosis.append(Diagnosis(Kind.HELD_STOPPED, f"CT {run.vmid} was left STOPPED: its GPU is not verified clean even with the container stopped",
-                            f"deal with what is listed here, then start it: `pct start {run.vmid}`"))
-        return stopped
-    start(run, ha=status.ha_managed)
-    return stopped
+    return True
 
 
-def start(run: ResetRun, *, ha: bool) -> None:
-    """Start the stopped CT; a failure reports the state it ends in."""
+def start(run: ResetRun, *, ha: bool, done: str = "GPU verified clean while it was stopped") -> None:
+    """Start the stopped CT; a failure reports the state it ends in. ``done``: what the report says was done while it
+    was stopped."""
     pve, guest, ct, pol = run.p.pve, run.guest, run.ct, run.policy
     upid: str | None = None
     ct.start_requested = True
@@ -96,7 +107,7 @@ def start(run: ResetRun, *, ha: bool) -> None:
     finally:
         run.p.lock.started()
     ct.ct_state, ct.left_stopped, ct.restarted = CtState.RUNNING, False, True
-    run.step(StepName.RESTART, StepOutcome.OK, f"CT {run.vmid} restarted; GPU verified clean while it was stopped")
+    run.step(StepName.RESTART, StepOutcome.OK, f"CT {run.vmid} restarted; {done}")
 
 
 def verify_stopped(run: ResetRun) -> RestartResult:

@@ -9,7 +9,7 @@ in ``used``, and memory that returns ~0.15 s after the last holder died (the dea
 ``driver_ready: false`` on any GPU is a node whose driver is not loaded yet (boot): NVML cannot start.
 Health knobs (absent = NVML cannot tell): ``reserved_mib``, ``remap_pending``, ``remap_failed``,
 ``retired_pages_pending``, ``mig_enabled``, ``driver_version``, ``recovery_action`` (``none``, ``gpu-reset``,
-``node-reboot``, ...), ``ecc_volatile_uncorrected``, ``persistence_mode``; ``lost``: NVML cannot name the GPU.
+``node-reboot``, ...), ``ecc_volatile_uncorrected``, ``persistence_mode``; ``lost``: NVML cannot name the GPU; ``nvlink_active`` (active NVLinks; absent: unknown).
 """
 
 from __future__ import annotations
@@ -115,3 +115,8 @@ class SimNvml:
                          recovery_action=None if g.get("recovery_action") is None else str(g["recovery_action"]),
                          ecc_volatile_uncorrected=None if ecc is None else int(ecc), persistence_mode=flag("persistence_mode"),
                          lost=True if g.get("lost") else None)
+
+    def nvlinks(self, minor: int) -> int | None:
+        """The scenario's ``nvlink_active`` for that GPU; left out: NVML cannot tell (None)."""
+        g = next((g for g in self.state.gpus() if int(g["minor"]) == minor), {})
+        return None if g.get("nvlink_active") is None else int(g["nvlink_active"])

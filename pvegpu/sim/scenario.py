@@ -58,6 +58,7 @@ from typing import Any
 from pvegpu.core.errors import UsageError
 from pvegpu.core.ha import FILES as HA_FILES
 from pvegpu.health import describe
+from pvegpu.sim import smi
 from pvegpu.sim.host import SessionHost
 from pvegpu.sim.init import processes
 from pvegpu.sim.nvml import SimNvml, sim_bus_id
@@ -371,6 +372,7 @@ def _lay_out(scenario: dict[str, Any], state: SimState, files: dict[str, tuple[b
             for name in (f"libnvidia-ml.so.{ct['user_libs']}", f"libcuda.so.{ct['user_libs']}"):
                 state.write(f"{lib}/{name}", b"")
     state.write("etc-pve/storage.cfg", f"dir: local\n\tpath {state.root}\n\tcontent iso,vztmpl,backup\n".encode())  # `local` is this directory
+    state.write(smi.BIN, smi.script(state.root), 0o700)  # the stand-in nvidia-smi `gpu-reset` runs here
     for rel, (data, mode) in files.items():
         state.write(rel, data, mode)
     expected = 0

@@ -1,0 +1,261 @@
+"""`pvegpu gpu-reset N` on the simulated node: the procedure end to end, every refusal, interruptions, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pvegpu.sim.state import SimState
+from tests.pvelike import REPO
+from tests.schemas import validate
+
+SETTINGS = {"reset.timeout": 3, "gpureset.client_wait": 1}
+
+
+def _scenario(gpu0: dict | None = None, **top: object) -> dict:
+    return {"node": "s", "settings": SETTINGS,
+            "gpus": [{"minor": 0, "index": 0, "uuid": "GPU-aaaa0000-0000", "recovery_action": "gpu-reset", "persistence_mode": True,
+                      "leak_mib": 512} | (gpu0 or {}),
+                     {"minor": 1, "index": 1, "uuid": "GPU-bbbb1111-1111", "recovery_action": "none"}],
+            "containers": [
+                {"vmid": 129, "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 256}]},
+                {"vmid": 130, "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 128}]},
+                {"vmid": 131, "status": "running", "gpus": [1], "workloads": [{"kind": "simple", "gpu": 1, "mib": 64}]},
+                {"vmid": 132, "status": "stopped", "gpus": [0], "workloads": []}]} | top
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
+
+
+def _pvegpu(node, *args: str, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=120, env=_env(), stdin=stdin)
+
+
+def _doc(r: subprocess.CompletedProcess[str]) -> dict:
+    return validate(json.loads(r.stdout), "gpu-reset")
+
+
+def _gpu(node, minor: int) -> dict:
+    return next(g for g in SimState(node.root).gpus() if g["minor"] == minor)
+
+
+def _init(node, vmid: int) -> int | None:
+    return SimState(node.root).ct(vmid).get("init_pid")
+
+
+def _holder(node, tmp_path, name: str = "dcgm-client") -> subprocess.Popen[str]:
+    """A host process holding GPU 0's device node (an exporter, DCGM), named ``name``."""
+    exe = tmp_path / name
+    exe.symlink_to(sys.executable)
+    p = subprocess.Popen([str(exe), "-c", "import os,sys,time; fd=os.open(sys.argv[1], os.O_RDONLY); print('ok', flush=True); "
+                          "time.sleep(120)", _gpu(node, 0)["stand_in"]], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ok"
+    return p
+
+
+def test_gpu_reset_stops_the_cts_on_the_gpu_resets_verifies_and_starts_them_again(sim_node):
+    """gpu-reset 0 --yes: CTs 129 and 130 stopped and started again (verified), CT 131 on GPU 1 untouched, the stopped
+    CT 132 left stopped; the leak and the recovery action are gone, persistence mode is back on."""
+    node = sim_node(_scenario())
+    other, before = _init(node, 131), (_init(node, 129), _init(node, 130))
+    r = _pvegpu(node, "gpu-reset", "0", "--yes", "--json")
+    assert r.returncode == 0, r.stderr + r.stdout
+    doc = _doc(r)
+    assert doc["outcome"] == "reset" and doc["stopped"] == [129, 130] and doc["restarted"] == [129, 130] and not doc["left_stopped"]
+    assert doc["recovery_action_after"] == "none" and doc["used_bytes_after"] <= 64 * 2**20
+    assert _init(node, 131) == other and None not in (_init(node, 129), _init(node, 130))
+    assert (_init(node, 129), _init(node, 130)) != before and SimState(node.root).ct(132)["status"] == "stopped"
+    g = _gpu(node, 0)
+    assert not g.get("leak_mib") and g["recovery_action"] == "none" and g["persistence_mode"] is True
+
+
+def test_dry_run_stops_nothing_and_shows_the_plan(sim_node):
+    """--dry-run: every guest granted GPU 0 is in the plan with its action; nothing is stopped or reset (exit 0)."""
+    node = sim_node(_scenario())
+    before = _init(node, 129)
+    r = _pvegpu(node, "gpu-reset", "GPU-aaaa0000", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = _doc(r)
+    assert doc["outcome"] == "dry-run" and {g["vmid"] for g in doc["guests"]} == {129, 130, 132} and not doc["steps"]
+    assert _init(node, 129) == before and _gpu(node, 0)["leak_mib"] == 512
+
+
+def test_unknown_gpu_id_is_exit_2_listing_the_gpus(sim_node):
+    """An id that names no GPU: exit 2, the GPUs that exist named, no traceback."""
+    node = sim_node(_scenario())
+    r = _pvegpu(node, "gpu-reset", "7")
+    assert r.returncode == 2 and "GPU-bbbb1111-1111" in r.stderr and "Hint:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_without_yes_and_without_a_terminal_it_refuses_with_exit_2(sim_node):
+    """No --yes and stdin not a terminal: exit 2 with the hint, nothing stopped, the drain mark gone again."""
+    node = sim_node(_scenario({"recovery_action": "none", "leak_mib": 0}, containers=[]))
+    r = _pvegpu(node, "gpu-reset", "0")
+    assert r.returncode == 2 and "--yes" in r.stderr and _gpu(node, 0)["persistence_mode"] is True
+
+
+def test_a_gpu_with_nothing_on_it_is_reset_with_yes(sim_node):
+    """A GPU no guest is granted and no process uses is reset with --yes (by PCI bus id)."""
+    node = sim_node(_scenario(containers=[]))
+    r = _pvegpu(node, "gpu-reset", "0000:41:00.0", "--yes", "--json")
+    assert r.returncode == 0, r.stderr
+    assert _doc(r)["outcome"] == "reset" and not _gpu(node, 0).get("leak_mib")
+
+
+@pytest.mark.parametrize(("gpu0", "top", "kind"), [
+    ({"nvlink_active": 4}, {}, "nvlink"),
+    ({}, {"fabric_manager": True}, "fabric-manager"),
+    ({"recovery_action": "node-reboot"}, {}, "reboot"),
+    ({}, {"vms": [{"vmid": 200, "config": "name: w\nhostpci0: 0000:41:00.0,pcie=1\n"}], "pci": {"0000:41:00.0": "vfio-pci"}},
+     "vm-passthrough"),
+])
+def test_refusals_known_from_the_plan_stop_nothing(sim_node, gpu0, top, kind):
+    """NVLink peers, Fabric Manager, a GPU that needs a reboot, a VM passing it through: exit 11 naming the kind, no CT stopped."""
+    node = sim_node(_scenario(gpu0, **top))
+    before = _init(node, 129)
+    r = _pvegpu(node, "gpu-reset", "0", "--yes", "--json")
+    assert r.returncode == 11, r.stderr
+    doc = _doc(r)
+    assert doc["outcome"] == "refused" and kind in [x["kind"] for x in doc["refusals"]] and _init(node, 129) == before
+
+
+def test_a_host_client_is_refused_with_its_pid_before_any_stop(sim_node, tmp_path):
+    """A host process holding the GPU (DCGM, an exporter): exit 11 naming its pid; no CT stopped."""
+    node = sim_node(_scenario())
+    p = _holder(node, tmp_path)
+    try:
+        r = _pvegpu(node, "gpu-reset", "0", "--yes", "--json")
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 11
+    doc = _doc(r)
+    assert [x["kind"] for x in doc["refusals"]] == ["client"] and str(p.pid) in doc["refusals"][0]["problem"] and not doc["stopped"]
+
+
+def test_a_persistenced_that_will_not_let_go_is_refused_and_the_cts_start_again(sim_node, tmp_path):
+    """nvidia-persistenced is expected to let go once persistence is off; one that does not is refused after the wait,
+    and the stopped CTs are started again (exit 11)."""
+    node = sim_node(_scenario({"leak_mib": 0}))
+    p = _holder(node, tmp_path, "nvidia-persistenced")
+    try:
+        r = _pvegpu(node, "gpu-reset", "0", "--yes", "--json")
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 11, r.stderr
+    doc = _doc(r)
+    assert str(p.pid) in doc["refusals"][0]["problem"] and doc["restarted"] == [129, 130] and not doc["reset_ran"]
+    assert _gpu(node, 0)["persistence_mode"] is True
+
+
+def test_a_gpu_the_driver_cannot_reset_is_refused_and_the_cts_start_again(sim_node):
+    """nvidia-smi -r says "not supported": exit 11 (no-reset), the CTs run again."""
+    node = sim_node(_scenario({"reset_supported": False, "leak_mib": 0}))
+    r = _pvegpu(node, "gpu-reset", "0", "--yes", "--json")
+    assert r.returncode == 11
+    doc = _doc(r)
+    assert [x["kind"] for x in doc["refusals"]] == ["no-reset"] and doc["restarted"] == [129, 130]
+
+
+def test_a_start_onto_a_draining_gpu_is_refused_by_the_gate(sim_node):
+    """While gpu-reset holds GPU 0 drained, `check` of a CT on it refuses (exit 10) naming gpu-reset; a dead holder's mark does not."""
+    from pvegpu.adapters.drain import gpu_lock
+
+    node = sim_node(_scenario({"leak_mib": 0}, containers=[{"vmid": 132, "status": "stopped", "gpus": [0], "workloads": []}]))
+    with gpu_lock(os.path.join(node.root, "drain"), 0, "GPU 0") as lock:  # a simulated node's gpureset.drain_dir
+        lock.drain()
+        r = _pvegpu(node, "check", "132")
+        assert r.returncode == 10 and "gpu-reset" in r.stdout + r.stderr
+    assert _pvegpu(node, "check", "132").returncode == 0
+
+
+def _wait_stopped(node, vmid: int, proc: subprocess.Popen[str]) -> None:
+    end = time.monotonic() + 30
+    while SimState(node.root).ct(vmid).get("status") != "stopped":
+        assert time.monotonic() < end and proc.poll() is None, "the CT was never stopped"
+        time.sleep(0.02)
+
+
+def _spawn(node, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "pvegpu", "--simulate", node.root, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL)
+
+
+def test_sigterm_after_a_stop_finishes_the_reset_and_starts_the_cts(sim_node):
+    """SIGTERM once the CTs are stopped: the reset and the restart are finished, exit 143, the report says so."""
+    node = sim_node(_scenario({"reset_hang": 2}))
+    p = _spawn(node, "gpu-reset", "0", "--yes", "--json")
+    _wait_stopped(node, 130, p)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err
+    doc = validate(json.loads(out), "gpu-reset")
+    assert doc["interrupted"]["signal"] == "SIGTERM" and doc["restarted"] == [129, 130] and not doc["left_stopped"]
+
+
+def test_a_second_signal_abandons_and_names_the_stopped_cts(sim_node):
+    """Two SIGTERMs after the stop: abandoned where it was, exit 143; the report names each CT left stopped."""
+    node = sim_node(_scenario({"reset_hang": 5}))
+    p = _spawn(node, "gpu-reset", "0", "--yes", "--json")
+    _wait_stopped(node, 130, p)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err
+    doc = validate(json.loads(out), "gpu-reset")
+    assert sorted(doc["left_stopped"]) == [129, 130] and "pct start 129" in json.dumps(doc["diagnosis"])
+
+
+def test_pvegpu_reset_of_a_ct_on_a_draining_gpu_is_busy(sim_node):
+    """While a gpu-reset drains GPU 0, `pvegpu reset` of a CT on it is exit 9 naming the gpu-reset; nothing is signalled."""
+    from pvegpu.adapters.drain import gpu_lock
+
+    node = sim_node(_scenario())
+    before = _init(node, 129)
+    with gpu_lock(os.path.join(node.root, "drain"), 0, "GPU 0") as lock:
+        lock.drain()
+        r = _pvegpu(node, "reset", "129")
+    assert r.returncode == 9 and "gpu-reset" in r.stderr and _init(node, 129) == before
+
+
+def test_the_nvidia_smi_adapter_passes_the_uuid_bounds_each_call_and_carries_the_tools_words(tmp_path):
+    """SmiControl (on a stand-in binary, never the real one): `-r -i UUID` and `-i UUID -pm 0`; a failure carries its
+    output; a call past its deadline is a GpuQueryError, not a hang."""
+    from pvegpu.adapters.smi import SmiControl
+    from pvegpu.core.errors import GpuQueryError
+    from pvegpu.core.model import GpuInfo
+
+    log, smi = tmp_path / "args", tmp_path / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\necho "$@" >> {log}\ncase "$*" in *GPU-bad*) echo "In use by another client" >&2; exit 255;; '
+                   '*GPU-slow*) sleep 5;; esac\n')
+    smi.chmod(0o700)
+    ctl = SmiControl(str(smi), 0.5)
+    ctl.reset(GpuInfo(0, 0, "GPU-ok", "0000:41:00.0"))
+    ctl.persistence(GpuInfo(0, 0, "GPU-ok", "0000:41:00.0"), False)
+    assert log.read_text().splitlines() == ["-r -i GPU-ok", "-i GPU-ok -pm 0"]
+    with pytest.raises(GpuQueryError, match="In use by another client"):
+        ctl.reset(GpuInfo(0, 0, "GPU-bad", "0000:41:00.0"))
+    t = time.monotonic()
+    with pytest.raises(GpuQueryError, match="did not finish"):
+        ctl.reset(GpuInfo(0, 0, "GPU-slow", "0000:41:00.0"))
+    assert time.monotonic() - t < 4
+
+
+def test_a_start_refused_for_a_logged_xid_79_goes_through_after_gpu_reset(sim_node):
+    """Xid 79 in the kernel log refuses a start onto GPU 0; gpu-reset 0 records its verified reset and the start goes through."""
+    node = sim_node(_scenario({"recovery_action": "none", "leak_mib": 0, "xids": [{"code": 79, "at": 120}]}))
+    assert _pvegpu(node, "check", "132").returncode == 10
+    r = _pvegpu(node, "gpu-reset", "0", "--yes", "--json")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert any(s["name"] == "record" and s["outcome"] == "ok" for s in _doc(r)["steps"])
+    assert _pvegpu(node, "check", "132").returncode == 0
