@@ -17,6 +17,9 @@ and ``shared`` (CT 302, running, holds memory on the same GPU: the gate attribut
 - simulated node (``--node sim``, anywhere): ``pvegpu sim create``, ``pvegpu --simulate DIR hook install 301``, the
   guard run with ``PVEGPU_SIMULATE=DIR`` as the simulated start runs it; nvidia-smi: n/a (no GPU), paired instead with
   its stand-in bench/sim_smi.py (a Python process reading the simulated NVML), so the load shows on both alike.
+
+The physical floor is what any gate built on pvegpu's stack pays before it reads anything: the guard's interpreter
+(``-I -S``, its import path) importing ``dataclasses`` and nvidia-ml-py and, on a GPU node, ``nvmlInit()``.
 """
 
 from __future__ import annotations
@@ -183,11 +186,27 @@ def measure(case: object, rounds: int, gpu: bool) -> tuple[dict[str, list[float]
         dt, p = C.timed(smi_argv, timeout=60)
         return dt if p.returncode == 0 else None
 
-    methods = {"gate": gate, "nvidia-smi": smi}
+    floor_argv = floor_command(guard, gpu)
+
+    def floor() -> float | None:
+        dt, p = C.timed(floor_argv, env=env, timeout=60)
+        return dt if p.returncode == 0 else None
+
+    methods = {"gate": gate, "nvidia-smi": smi, "floor": floor}
     for fn in methods.values():  # once untimed: the files and libraries in the page cache, as on a node in use
         fn()
     exits.clear()
     return C.paired(methods, rounds), exits
+
+
+def floor_command(guard: str, gpu: bool) -> list[str]:
+    """The floor of any gate written with pvegpu's stack: the guard's interpreter (``-I -S``, its import path) importing
+    the standard library's dataclasses and nvidia-ml-py, and opening NVML where there is a GPU; no pvegpu code."""
+    text = open(guard).read()
+    python = next((ln.split("=", 1)[1].strip() for ln in text.splitlines() if ln.startswith("PVEGPU_PYTHON=")), "") or sys.executable
+    path = next((ln.split("=", 1)[1].strip() for ln in text.splitlines() if ln.startswith("PVEGPU_PYTHONPATH=")), "")
+    body = "import dataclasses, pynvml" + ("; pynvml.nvmlInit()" if gpu else "")
+    return [python, "-I", "-S", "-c", f"import sys; sys.path[:0] = {path.split(':') if path else []!r}; {body}"]
 
 
 def profile(case: object, out: str) -> None:
@@ -221,7 +240,7 @@ def row(case: str, times: dict[str, list[float]], exits: Counter[str], gpu: bool
     failures = [f"{n} × {what}" for what, n in exits.items() if not what.startswith("allowed")]
     against = "`" + " ".join(C.SMI_GATE) + "`" if gpu else SIM_AGAINST
     return C.Row(f"gate, {CASES[case]}", times["gate"], against=against, other=times.get("nvidia-smi") or None,
-                 other_note=C.NO_GPU, budget=GATE_BUDGET, failures=failures)
+                 other_note=C.NO_GPU, floor=times.get("floor") or None, budget=GATE_BUDGET, failures=failures)
 
 
 def p90(xs: list[float]) -> float | None:
