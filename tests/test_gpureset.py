@@ -170,7 +170,7 @@ def test_a_start_onto_a_draining_gpu_is_refused_by_the_gate(sim_node):
     """While gpu-reset holds GPU 0 drained, `check` of a CT on it refuses (exit 10) naming gpu-reset; a dead holder's mark does not."""
     from pvegpu.adapters.drain import gpu_lock
 
-    node = sim_node(_scenario({"leak_mib": 0}, containers=[{"vmid": 132, "status": "stopped", "gpus": [0], "workloads": []}]))
+    node = sim_node(_scenario({"leak_mib": 0, "recovery_action": "none"}, containers=[{"vmid": 132, "status": "stopped", "gpus": [0], "workloads": []}]))
     with gpu_lock(os.path.join(node.root, "drain"), 0, "GPU 0") as lock:  # a simulated node's gpureset.drain_dir
         lock.drain()
         r = _pvegpu(node, "check", "132")
