@@ -259,3 +259,16 @@ def test_a_start_refused_for_a_logged_xid_79_goes_through_after_gpu_reset(sim_no
     assert r.returncode == 0, r.stderr + r.stdout
     assert any(s["name"] == "record" and s["outcome"] == "ok" for s in _doc(r)["steps"])
     assert _pvegpu(node, "check", "132").returncode == 0
+
+
+def test_a_number_that_is_one_gpus_index_and_anothers_minor_is_refused_as_ambiguous():
+    """`gpu-reset 1` where GPU index 1 is /dev/nvidia0 and /dev/nvidia1 is index 0: a usage error, never a guess."""
+    from pvegpu.core.errors import UsageError
+    from pvegpu.core.model import GpuInfo
+    from pvegpu.gpureset import resolve
+
+    gpus = [GpuInfo(0, 1, "GPU-aaaa0000-0000", "00000000:41:00.0"), GpuInfo(1, 0, "GPU-bbbb1111-1111", "00000000:81:00.0")]
+    with pytest.raises(UsageError):
+        resolve("1", gpus)
+    same = [GpuInfo(0, 0, "GPU-aaaa0000-0000", "00000000:41:00.0"), GpuInfo(1, 3, "GPU-bbbb1111-1111", "00000000:81:00.0")]
+    assert resolve("3", same).index == 1 and resolve("0", same).index == 0 and resolve("1", same).minor == 3
