@@ -272,3 +272,12 @@ def test_a_number_that_is_one_gpus_index_and_anothers_minor_is_refused_as_ambigu
         resolve("1", gpus)
     same = [GpuInfo(0, 0, "GPU-aaaa0000-0000", "00000000:41:00.0"), GpuInfo(1, 3, "GPU-bbbb1111-1111", "00000000:81:00.0")]
     assert resolve("3", same).index == 1 and resolve("0", same).index == 0 and resolve("1", same).minor == 3
+
+
+def test_dry_run_plan_fits_80_columns_with_a_full_uuid(sim_node):
+    """`gpu-reset 0 --dry-run` with a real-length UUID: every line of the plan and its verdict fits 80 columns."""
+    uuid = "GPU-8f2c1a3e-5b7d-4c9e-a1f0-123456789abc"
+    node = sim_node(_scenario({"uuid": uuid}))
+    r = _pvegpu(node, "gpu-reset", "0", "--dry-run")
+    assert r.returncode == 0 and uuid in r.stdout, r.stderr
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
