@@ -28,6 +28,7 @@ from pvegpu.adapters.clock import SystemClock as system_clock
 from pvegpu.adapters.etcpve import EtcPve, NodePve, no_pve
 from pvegpu.adapters.kernlog import KMSG, KmsgLog
 from pvegpu.adapters.nvml import NvmlProbe
+from pvegpu.adapters.override import allow_once
 from pvegpu.adapters.procfs import ProcHost, ScanBudget
 from pvegpu.adapters.pvecli import run_command
 from pvegpu.adapters.settingsfile import load
@@ -364,16 +365,17 @@ def gpu_reset_ports(s: Settings, w: NodeWorld) -> GpuResetPorts:
     container's reset lock; the start gate as ``check`` decides (our own locks are ours: not held against the start)."""
     control = SimSmi(s.simulate, s.gpureset.smi_timeout) if s.simulate else SmiControl(s.gpureset.smi, s.gpureset.smi_timeout)
 
-    def gate(vmid: int) -> tuple[bool, str]:
+    def gate(vmid: int, waive_health: bool) -> tuple[bool, str]:
         ports = dataclasses.replace(gate_ports(s), reset_running=None)
+        policy = dataclasses.replace(gate_policy(s), health="warn") if waive_health else gate_policy(s)
         try:
-            d = evaluate(vmid, ports, gate_policy(s)).decision
+            d = evaluate(vmid, ports, policy).decision
         finally:
             getattr(ports.probe, "close", lambda: None)()
         return d.allow, paragraph(vmid, d)
 
     return GpuResetPorts(w.pve, w.reset_probe, w.host, w.clock, control, w.files, lambda vmid: ct_lock(s, vmid, s.reset.lock_wait),
-                         gate, w.reset_probe.close, kernlog=kernel_log(s))
+                         gate, w.reset_probe.close, kernlog=kernel_log(s), allow_once=lambda vmid: allow_once(s.gate.override_dir, vmid))
 
 
 def gpu_lock(s: Settings, minor: int, label: str) -> drain.gpu_lock:

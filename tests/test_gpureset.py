@@ -170,7 +170,7 @@ def test_a_start_onto_a_draining_gpu_is_refused_by_the_gate(sim_node):
     """While gpu-reset holds GPU 0 drained, `check` of a CT on it refuses (exit 10) naming gpu-reset; a dead holder's mark does not."""
     from pvegpu.adapters.drain import gpu_lock
 
-    node = sim_node(_scenario({"leak_mib": 0}, containers=[{"vmid": 132, "status": "stopped", "gpus": [0], "workloads": []}]))
+    node = sim_node(_scenario({"leak_mib": 0, "recovery_action": "none"}, containers=[{"vmid": 132, "status": "stopped", "gpus": [0], "workloads": []}]))
     with gpu_lock(os.path.join(node.root, "drain"), 0, "GPU 0") as lock:  # a simulated node's gpureset.drain_dir
         lock.drain()
         r = _pvegpu(node, "check", "132")
@@ -259,3 +259,25 @@ def test_a_start_refused_for_a_logged_xid_79_goes_through_after_gpu_reset(sim_no
     assert r.returncode == 0, r.stderr + r.stdout
     assert any(s["name"] == "record" and s["outcome"] == "ok" for s in _doc(r)["steps"])
     assert _pvegpu(node, "check", "132").returncode == 0
+
+
+def test_a_number_that_is_one_gpus_index_and_anothers_minor_is_refused_as_ambiguous():
+    """`gpu-reset 1` where GPU index 1 is /dev/nvidia0 and /dev/nvidia1 is index 0: a usage error, never a guess."""
+    from pvegpu.core.errors import UsageError
+    from pvegpu.core.model import GpuInfo
+    from pvegpu.gpureset import resolve
+
+    gpus = [GpuInfo(0, 1, "GPU-aaaa0000-0000", "00000000:41:00.0"), GpuInfo(1, 0, "GPU-bbbb1111-1111", "00000000:81:00.0")]
+    with pytest.raises(UsageError):
+        resolve("1", gpus)
+    same = [GpuInfo(0, 0, "GPU-aaaa0000-0000", "00000000:41:00.0"), GpuInfo(1, 3, "GPU-bbbb1111-1111", "00000000:81:00.0")]
+    assert resolve("3", same).index == 1 and resolve("0", same).index == 0 and resolve("1", same).minor == 3
+
+
+def test_dry_run_plan_fits_80_columns_with_a_full_uuid(sim_node):
+    """`gpu-reset 0 --dry-run` with a real-length UUID: every line of the plan and its verdict fits 80 columns."""
+    uuid = "GPU-8f2c1a3e-5b7d-4c9e-a1f0-123456789abc"
+    node = sim_node(_scenario({"uuid": uuid}))
+    r = _pvegpu(node, "gpu-reset", "0", "--dry-run")
+    assert r.returncode == 0 and uuid in r.stdout, r.stderr
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80

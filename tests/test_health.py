@@ -32,10 +32,12 @@ XID119 = "NVRM: Xid (PCI:0000:41:00): 119, pid=99, name=train, Timeout after 6s 
 XID154_REBOOT = "NVRM: Xid (PCI:0000:41:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
 XID154_NONE = "NVRM: Xid (PCI:0000:41:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)"
 OTHER_GPU = "NVRM: Xid (PCI:0000:81:00): 79, pid=1, name=x, GPU has fallen off the bus."
+WRITTEN = ("pvegpu: ", "GPU reset executed")  # records userspace writes to /dev/kmsg
 
 
 def kmsg(*texts: str, first: int = 0) -> list[str]:
-    return [f"3,{first + i},{(first + i) * 1000000},-;{t}" for i, t in enumerate(texts)]
+    """The records in /dev/kmsg's format: resets as written from userspace (facility user), the rest as the kernel's."""
+    return [f"{14 if t.startswith(WRITTEN) else 3},{first + i},{(first + i) * 1000000},-;{t}" for i, t in enumerate(texts)]
 
 
 def log(*texts: str, first: int = 0) -> KernelEvents:
@@ -284,3 +286,17 @@ def test_diagnosis_of_a_holder_stuck_after_a_fatal_xid_names_it_and_the_next_ste
     assert "Xid 119" in d.problem and "no signal" in d.problem and "pvegpu gpu-reset 0" in d.action
     (plain,) = [x for x in diagnose(129, f, LeftoverRule()) if x.kind is Kind.STUCK_IN_DRIVER]
     assert "Xid 119" not in plain.problem
+
+
+def test_tenant_text_the_kernel_prints_is_neither_an_xid_nor_a_reset():
+    """Tenant text inside a kernel record (a mount option the kernel rejects) or a userspace write names no Xid and no reset."""
+    def says(text: str) -> str:  # what the kernel prints for ``mount -t tmpfs -o TEXT none /mnt`` in a user namespace
+        return f"tmpfs: Unknown parameter '{text}'"
+    forged = parse_lines(kmsg(says(XID79), says(FALLEN_AFTER), says(FALLEN_MANY.replace("\\x0a", " "))))
+    assert forged == ([], [])
+    user_xid = parse_lines([f"14,0,0,-;{XID79}", f"12,1,0,-;{FALLEN_AFTER}"])  # written to /dev/kmsg from userspace
+    assert user_xid == ([], [])
+    clears = parse_lines([f"3,0,0,-;{XID48}", f"3,1,0,-;{says(reset_record(BUS))}", f"3,2,0,-;{says('GPU reset executed: GPU-1')}"])
+    assert clears[1] == []
+    kernel_said_reset = parse_lines([f"3,0,0,-;{XID48}", f"3,1,0,-;{reset_record(BUS)}", "3,2,0,-;GPU reset executed: GPU-1"])
+    assert kernel_said_reset[1] == []  # resets are written from userspace: a kernel record saying one is someone's text

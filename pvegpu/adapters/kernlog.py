@@ -88,8 +88,8 @@ class KmsgLog:
             if stat.S_ISCHR(os.fstat(fd).st_mode):
                 os.write(fd, f"<6>{clean}\n".encode())
                 return
-            seq = _next_seq(self.path)
-            os.write(fd, f"6,{seq},{time.monotonic_ns() // 1000},-;{clean}\n".encode())
+            seq = _next_seq(self.path)  # facility user, as the kernel marks every write to /dev/kmsg
+            os.write(fd, f"14,{seq},{time.monotonic_ns() // 1000},-;{clean}\n".encode())
         finally:
             os.close(fd)
 

@@ -120,8 +120,10 @@ class GpuResetReport:
 @dataclass
 class GpuResetPorts:
     """What gpu-reset acts through. ``ct_lock(vmid)``: the reset lock of a container it stops (a ``LockPort`` while
-    held); ``gate(vmid)``: the start gate's verdict (allow, its paragraph); ``release_nvml()``: pvegpu's own NVML
-    handle closed (a resident client blocks the reset; the next reading opens it again)."""
+    held); ``gate(vmid, waive_health)``: the start gate's verdict (allow, its paragraph), with ``gate.health = warn``
+    when ``waive_health``; ``allow_once(vmid)``: the token that lets the container's next start past the hookscript's
+    gate; ``release_nvml()``: pvegpu's own NVML handle closed (a resident client blocks the reset; the next reading
+    opens it again)."""
 
     pve: PveApi
     probe: GpuProbe
@@ -130,9 +132,10 @@ class GpuResetPorts:
     control: GpuControl
     files: NodeFiles | None = None
     ct_lock: Callable[[int], AbstractContextManager[LockPort]] | None = None
-    gate: Callable[[int], tuple[bool, str]] | None = None
+    gate: Callable[[int, bool], tuple[bool, str]] | None = None
     release_nvml: Callable[[], None] = lambda: None
     undrain: Callable[[], None] = lambda: None  # the draining mark lifted: starts onto the GPU are judged as any start again
+    allow_once: Callable[[int], str] | None = None
     kernlog: KernelLog | None = None  # where a verified reset is recorded: it ends the GPU's Xids for the gate (pvegpu.health)
     log: EventLog = field(default_factory=NullLog)
     interrupts: Interrupts = field(default_factory=NoInterrupts)

@@ -278,7 +278,7 @@ def _start_again(run: _Run) -> None:
                                          f"once the GPU is back (`pvegpu check {vmid}` allows it): `pct start {vmid}`"))
             continue
         if p.gate is not None:
-            allow, paragraph = _gate(run, vmid)
+            allow, paragraph = _gate(run, vmid, waive_health=not r.reset_ran)
             if not allow:
                 r.left_stopped.append(vmid)
                 r.diagnosis.append(Diagnosis(Kind.LEFT_STOPPED, f"CT {vmid} was left STOPPED: the start gate refuses it: {paragraph}",
@@ -294,15 +294,27 @@ def _start_again(run: _Run) -> None:
             r.left_stopped.append(vmid)
 
 
-def _gate(run: _Run, vmid: int) -> tuple[bool, str]:
+def _gate(run: _Run, vmid: int, *, waive_health: bool) -> tuple[bool, str]:
     """The gate's verdict on CT ``vmid``'s start. A container stopped a moment ago leaves its memory to the driver for
-    a little while (its dead pids still listed): a refusal is asked again until ``verify_wait`` is over."""
+    a little while (its dead pids still listed): a refusal is asked again until ``verify_wait`` is over.
+
+    ``waive_health``: the GPU was not reset, so it is as it was while the container ran on it; its health (a reset
+    it still needs) does not keep the container from running again as before, every other refusal does. The
+    hookscript's gate is told so with an allow-once token, written only when the health is all that refuses."""
     p = run.p
     assert p.gate is not None
     deadline = Deadline(p.clock, p.clock.monotonic() + run.policy.verify_wait)
     said = False
     while True:
-        allow, paragraph = p.gate(vmid)
+        allow, paragraph = p.gate(vmid, False)
+        if not allow and waive_health and p.allow_once is not None and p.gate(vmid, True)[0]:
+            try:
+                p.allow_once(vmid)
+            except (OSError, E.PvegpuError) as exc:
+                return False, f"{paragraph} (the allow-once token that would start it as it ran before cannot be written: {exc})"
+            run.step("start", "as-before", f"CT {vmid} runs again on the GPU it ran on (not reset): its health alone refuses, "
+                     "so its start passes the gate once")
+            return True, paragraph
         if allow or deadline.expired():
             return allow, paragraph
         if not said:

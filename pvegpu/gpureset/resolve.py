@@ -14,7 +14,8 @@ def resolve(text: str, gpus: list[GpuInfo], lost: list[str] | None = None) -> Gp
     hits: list[GpuInfo] = []
     if t.isascii() and t.isdigit():
         n = int(t)
-        hits = [g for g in gpus if g.index == n] or [g for g in gpus if g.minor == n]
+        # an index and a minor are different numberings: a number that names one GPU by each is no GPU to reset on a guess
+        hits = list({id(g): g for g in gpus if n in (g.index, g.minor)}.values())
     elif t.upper().startswith("GPU-") and len(t) >= 8:
         hits = [g for g in gpus if g.uuid.lower().startswith(t.lower())]
     elif (bus := normalize_bus_id(t)) is not None:

@@ -15,6 +15,11 @@ What is read (the driver's formats; fixtures in ``tests/test_health.py``):
 
 A GPU is named by its PCI bus id, normalised (``bus_key``): domain, bus and device, lower case, no function.
 Order is the log's (its sequence numbers), never wall time.
+
+Who wrote a record matters: a tenant gets its own text into kernel records (a mount option the kernel rejects is
+printed back, ``tmpfs: Unknown parameter '...'``), so the driver's lines count only as the kernel's own records (PRIO's
+facility 0) that begin with ``NVRM:``, and a reset only as a userspace record (the kernel gives every ``/dev/kmsg``
+write a facility other than 0, "to reliably distinguish kernel-generated messages from userspace-injected ones").
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ _NVSENTINEL_RESET = re.compile(r"GPU reset executed: (GPU-[0-9a-fA-F-]+)(?:, suc
 _PVEGPU_RESET = re.compile(r"pvegpu: GPU reset verified: PCI:" + _BUS + r"(?: (GPU-[0-9a-fA-F-]+))?")
 _ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
 _HEAD = re.compile(r"(\d+),(\d+),(\d+),[^;]*;")
+KERNEL = 0  # the facility of the kernel's own records (PRIO >> 3)
 SAME_EVENT = 8  # records: a "fallen off the bus" line this close after an Xid 79 of that GPU is the same event
 KEYWORDS = ("NVRM", "GPU reset")  # a record without one of these is not read further (most of the log)
 
@@ -114,6 +120,7 @@ class Record:
     at_us: int | None
     text: str
     dictionary: list[str] = field(default_factory=list)
+    facility: int = KERNEL  # PRIO >> 3: 0 the kernel's own, else written from userspace
 
 
 def unescape(text: str) -> str:
@@ -126,7 +133,7 @@ def parse_record(line: str) -> Record | None:
     m = _HEAD.match(line)
     if m is None:
         return None
-    return Record(int(m.group(2)), int(m.group(3)), unescape(line[m.end():].rstrip("\n")))
+    return Record(int(m.group(2)), int(m.group(3)), unescape(line[m.end():].rstrip("\n")), facility=int(m.group(1)) >> 3)
 
 
 def events(records: Iterable[Record]) -> tuple[list[XidEvent], list[ResetEvent]]:
@@ -137,7 +144,13 @@ def events(records: Iterable[Record]) -> tuple[list[XidEvent], list[ResetEvent]]
         text = r.text
         if not any(k in text for k in KEYWORDS):
             continue
-        if m := _XID.search(text):
+        if r.facility != KERNEL:
+            if m := _PVEGPU_RESET.match(text):
+                resets.append(ResetEvent(r.seq, r.at_us, bus_key(m.group(1)), m.group(2)))
+            elif (m := _NVSENTINEL_RESET.search(text)) and (m.group(2) or "true").lower() == "true":
+                resets.append(ResetEvent(r.seq, r.at_us, None, m.group(1)))
+            continue
+        if m := _XID.match(text):
             key, code, rest = bus_key(m.group(1)), int(m.group(2)), m.group(3).strip()
             if key is None:
                 continue
@@ -145,17 +158,13 @@ def events(records: Iterable[Record]) -> tuple[list[XidEvent], list[ResetEvent]]
             if code == 154 and need is Need.NOTHING:  # the driver says no recovery action is needed any more
                 resets.append(ResetEvent(r.seq, r.at_us, key))
             xids.append(XidEvent(key, code, r.seq, r.at_us, rest, need))
-        elif (m := _FALLEN_ONE.search(text)) or (m := _FALLEN_MANY.search(text)):
+        elif (m := _FALLEN_ONE.match(text)) or (m := _FALLEN_MANY.match(text)):
             key = bus_key(m.group(1))
             last = next((x for x in reversed(xids) if x.bus == key), None)
             if last is not None and last.code == 79 and r.seq - last.seq <= SAME_EVENT:
                 continue  # the line the driver prints after its Xid 79: one event, counted once
             if key is not None:
                 xids.append(XidEvent(key, 79, r.seq, r.at_us, " ".join(text.split()), Need.REBOOT))
-        elif m := _PVEGPU_RESET.search(text):
-            resets.append(ResetEvent(r.seq, r.at_us, bus_key(m.group(1)), m.group(2)))
-        elif (m := _NVSENTINEL_RESET.search(text)) and (m.group(2) or "true").lower() == "true":
-            resets.append(ResetEvent(r.seq, r.at_us, None, m.group(1)))
     xids.sort(key=lambda x: x.seq)
     resets.sort(key=lambda x: x.seq)
     return xids, resets
