@@ -31,10 +31,15 @@ Section = tuple[str, str, dict[str, str]]  # (type, id, properties)
 
 def sections(text: str) -> list[Section]:
     """The sections of a section-config file: ``type: id`` then indented ``key value`` lines (a key alone is
-    ``key 1``, as PVE's flags); raises HaParseError on anything else."""
+    ``key 1``, as PVE's flags) up to an empty line, where PVE's ``SectionConfig`` ends a section (a property after it
+    is ignored there, so it is never read here as the section's); raises HaParseError on anything else."""
     out: list[Section] = []
-    for n, raw in enumerate(text.splitlines(), 1):
+    open_section = False
+    for n, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
+        if not raw:
+            open_section = False
+            continue
         if not line or line.startswith("#"):
             continue
         if raw[0] not in " \t":
@@ -42,9 +47,10 @@ def sections(text: str) -> list[Section]:
             if not colon or not kind or not ident.strip() or " " in kind:
                 raise HaParseError(f"line {n}: not a section header (type: id)")
             out.append((kind, ident.strip(), {}))
+            open_section = True
             continue
-        if not out:
-            raise HaParseError(f"line {n}: a property before any section")
+        if not open_section:
+            raise HaParseError(f"line {n}: a property outside any section (before the first, or after an empty line)")
         key, _, value = line.partition(" ")
         out[-1][2][key] = value.strip() or "1"
     return out
