@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pvegpu.core.ha import HaFiles, judge
+from pvegpu.core.ha import HaFiles, judge, managed
 from pvegpu.sim import scenario as sc
 from tests import schemas
 from tests.pvelike import REPO
@@ -141,3 +141,10 @@ def test_refused_start_with_a_hung_ha_file_ends_within_the_gate_deadline(node):
     assert r.returncode == 10
     log = open(os.path.join(root, "journal.log")).read()
     assert "HA state unknown" in log and "MiB" in log
+
+
+def test_an_ignored_ha_resource_is_not_flagged_or_logged_as_ha_managed():
+    """state ignored: HA neither starts, retries nor relocates it (the admin's start is a plain start): no HA flag."""
+    files = HaFiles({"resources.cfg": "ct: 129\n\tstate ignored\n\tmax_relocate 1\n", "groups.cfg": None, "rules.cfg": None})
+    assert not judge(129, "n1", files).flagged
+    assert managed("ct:129", files) is False

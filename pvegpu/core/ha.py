@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 FILES = ("resources.cfg", "groups.cfg", "rules.cfg")  # under /etc/pve/ha/
 DEFAULT_MAX_RELOCATE = 1  # pve-ha-manager src/PVE/HA/Resources.pm
+IGNORED = "ignored"  # a resource state in which HA neither starts, recovers nor relocates it: a start is a plain start
 
 
 class HaParseError(ValueError):
@@ -123,6 +124,8 @@ def judge(vmid: int, node: str, files: HaFiles) -> HaVerdict:
     mine = next((p for kind, ident, p in resources if f"{kind}:{ident}" == sid), None)
     if mine is None:
         return HaVerdict(vmid, False)
+    if mine.get("state") == IGNORED:
+        return HaVerdict(vmid, False, IGNORED)
     try:
         relocate = int(mine.get("max_relocate", DEFAULT_MAX_RELOCATE))
     except ValueError:
@@ -164,4 +167,4 @@ def managed(sid: str, files: HaFiles) -> bool | None:
     resources = _parsed(files, "resources.cfg")
     if isinstance(resources, str):
         return None
-    return any(f"{kind}:{ident}" == sid for kind, ident, _ in resources)
+    return any(f"{kind}:{ident}" == sid and p.get("state") != IGNORED for kind, ident, p in resources)
