@@ -63,3 +63,18 @@ def test_kernel_version_reads_proprietary_and_open_modules():
     assert kernel_version("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n") == "550.54.15"
     assert kernel_version("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build\n") == "570.86.15"
     assert kernel_version("garbage\n") is None
+
+
+def test_a_tenants_thousands_of_library_versions_make_one_short_flag(sim_node):
+    """3,000 libcuda.so.1.N files in a tenant's lib directory: still a mismatch, named in a few versions, not thousands."""
+    node = sim_node({"node": "s", "kernel_driver": "550.54.15", "gpus": [{"minor": 0, "index": 0}], "containers": [
+        {"vmid": 129, "gpus": [0], "user_libs": "550.54.15", "workloads": []}]})
+    libs = os.path.join(node.root, "ct-root", "129", "usr", "lib", "x86_64-linux-gnu")
+    for i in range(3000):
+        open(os.path.join(libs, f"libcuda.so.1.{i}"), "w").close()
+    r = pvegpu("audit", "--json", root=node.root)
+    n = json.loads(r.stdout)["nodes"][0]
+    flag = next(f for f in n["flags"] if f["kind"] == "driver-mismatch")
+    assert n["guests"][0]["driver"]["state"] == "mismatch" and "550.54.15" in n["guests"][0]["driver"]["container"]
+    assert len(flag["detail"]) < 400 and len(n["guests"][0]["driver"]["container"]) <= 16
+    assert len(pvegpu("audit", root=node.root).stdout) < 2000

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pvegpu.core.ha import HaFiles, judge
+from pvegpu.core.ha import HaFiles, judge, managed
 from pvegpu.sim import scenario as sc
 from tests import schemas
 from tests.pvelike import REPO
@@ -116,3 +116,35 @@ def test_a_named_group_whose_file_cannot_be_read_is_unknown():
                     {"groups.cfg": "Permission denied"})
     v = judge(129, "n1", files)
     assert v.managed is None and "groups.cfg" in (v.unknown or "")
+
+
+def test_a_property_after_a_blank_line_is_not_read_as_the_section_s():
+    """PVE ends a section at an empty line and ignores a property after it: such a max_relocate 0 is no fix (unknown)."""
+    files = HaFiles({"resources.cfg": "ct: 129\n\tstate started\n\n\tmax_relocate 0\n", "groups.cfg": None,
+                     "rules.cfg": "node-affinity: r\n\tresources ct:129\n\tnodes n1\n\tstrict 1\n"})
+    v = judge(129, "n1", files)
+    assert v.flagged and v.max_relocate != 0
+
+
+def test_refused_start_with_a_hung_ha_file_ends_within_the_gate_deadline(node):
+    """/etc/pve/ha/resources.cfg that never answers (a FIFO, as a hung pmxcfs): the refused start still ends, exit 10."""
+    root = node(_scenario({"resources.cfg": "ct: 129\n\tstate started\n"}, leak_mib=4096))
+    cfg = os.path.join(sc.SimState(root).etc_pve, "ha", "resources.cfg")
+    os.unlink(cfg)
+    os.mkfifo(cfg)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
+    try:
+        r = subprocess.run([sys.executable, "-m", "pvegpu", "hook", "129", "pre-start"], capture_output=True, text=True,
+                           cwd=REPO, timeout=40, env=clean | {"PVEGPU_SIMULATE": root})
+    finally:
+        os.unlink(cfg)
+    assert r.returncode == 10
+    log = open(os.path.join(root, "journal.log")).read()
+    assert "HA state unknown" in log and "MiB" in log
+
+
+def test_an_ignored_ha_resource_is_not_flagged_or_logged_as_ha_managed():
+    """state ignored: HA neither starts, retries nor relocates it (the admin's start is a plain start): no HA flag."""
+    files = HaFiles({"resources.cfg": "ct: 129\n\tstate ignored\n\tmax_relocate 1\n", "groups.cfg": None, "rules.cfg": None})
+    assert not judge(129, "n1", files).flagged
+    assert managed("ct:129", files) is False

@@ -77,7 +77,7 @@ def _drivers(rep: NodeAudit, host: Host, files: NodeFiles) -> None:
         check = DriverCheck(host_version, libs, why)
         rep.guests[i] = replace(g, driver=check)
         if check.state is DriverMatch.MISMATCH:
-            rep.flags.append(Flag(FlagKind.DRIVER_MISMATCH, g.id, f"its NVIDIA libraries are {', '.join(sorted(libs or ()))}, the host's "
+            rep.flags.append(Flag(FlagKind.DRIVER_MISMATCH, g.id, f"its NVIDIA libraries are {check.named()}, the host's "
                                   f"kernel module is {host_version}", check.fix(g.vmid)))
 
 

@@ -204,10 +204,11 @@ def _tell_system_log(vmid: int, kind: str, s: Settings, reason: str) -> None:
     admin started (``hastart``) ends OK and shows nothing; this refusal is only in HA's own start task. A guest whose
     HA state cannot be read is logged too (never guessed unmanaged)."""
     sid = f"{'vm' if kind == 'VM' else 'ct'}:{vmid}"
-    try:
-        ha = managed(sid, wiring.ha_files(s))
+    try:  # in a child under gate.deadline: /etc/pve is pmxcfs, whose read can hang, and PVE runs the hook with no timeout
+        done, ans = _fork(lambda: managed(sid, wiring.ha_files(s))).result(s.gate.deadline, reap=False)
     except E.PvegpuError:
-        ha = None
+        done, ans = False, None
+    ha = ans.get("ok") if done and ans else None
     if ha is False:
         return
     what = "HA-managed" if ha else "possibly HA-managed (HA state unknown)"

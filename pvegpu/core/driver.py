@@ -36,6 +36,21 @@ def kernel_version(text: str) -> str | None:
     return None
 
 
+SHOWN = 8  # versions a check names: a tenant can give its lib directories thousands of file names
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def listing(versions: frozenset[str], host: str | None) -> list[str]:
+    """At most ``SHOWN`` of ``versions``, in version order, the host's among them when present: what a flag and the JSON
+    name stays a line however many file names a tenant makes."""
+    keep = [host] if host is not None and host in versions else []
+    others = sorted((v for v in versions if v != host), key=_key)
+    return sorted(keep + others[:SHOWN - len(keep)], key=_key)
+
+
 def lib_versions(names: list[str]) -> frozenset[str]:
     """The driver versions the file names of a library directory carry (``libcuda.so.1`` names none)."""
     out: set[str] = set()
@@ -67,8 +82,14 @@ class DriverCheck:
         return DriverMatch.MATCH if self.container == {self.host} else DriverMatch.MISMATCH
 
     def to_json(self) -> dict[str, object]:
-        return {"state": self.state.value, "host": self.host, "container": sorted(self.container or ()),
+        return {"state": self.state.value, "host": self.host, "container": listing(self.container or frozenset(), self.host),
                 "why_unknown": self.why_unknown if self.state is DriverMatch.UNKNOWN else None}
+
+    def named(self) -> str:
+        """The container's versions for a person: ``listing``'s, and how many more there are."""
+        shown = listing(self.container or frozenset(), self.host)
+        more = len(self.container or ()) - len(shown)
+        return ", ".join(shown) + (f" (+{more} more)" if more else "")
 
     def fix(self, vmid: int) -> str:
         return (f"install the host's driver {self.host} user space in CT {vmid}: `pct push {vmid} NVIDIA-Linux-x86_64-{self.host}.run "

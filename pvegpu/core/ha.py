@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 FILES = ("resources.cfg", "groups.cfg", "rules.cfg")  # under /etc/pve/ha/
 DEFAULT_MAX_RELOCATE = 1  # pve-ha-manager src/PVE/HA/Resources.pm
+IGNORED = "ignored"  # a resource state in which HA neither starts, recovers nor relocates it: a start is a plain start
 
 
 class HaParseError(ValueError):
@@ -31,10 +32,15 @@ Section = tuple[str, str, dict[str, str]]  # (type, id, properties)
 
 def sections(text: str) -> list[Section]:
     """The sections of a section-config file: ``type: id`` then indented ``key value`` lines (a key alone is
-    ``key 1``, as PVE's flags); raises HaParseError on anything else."""
+    ``key 1``, as PVE's flags) up to an empty line, where PVE's ``SectionConfig`` ends a section (a property after it
+    is ignored there, so it is never read here as the section's); raises HaParseError on anything else."""
     out: list[Section] = []
-    for n, raw in enumerate(text.splitlines(), 1):
+    open_section = False
+    for n, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
+        if not raw:
+            open_section = False
+            continue
         if not line or line.startswith("#"):
             continue
         if raw[0] not in " \t":
@@ -42,9 +48,10 @@ def sections(text: str) -> list[Section]:
             if not colon or not kind or not ident.strip() or " " in kind:
                 raise HaParseError(f"line {n}: not a section header (type: id)")
             out.append((kind, ident.strip(), {}))
+            open_section = True
             continue
-        if not out:
-            raise HaParseError(f"line {n}: a property before any section")
+        if not open_section:
+            raise HaParseError(f"line {n}: a property outside any section (before the first, or after an empty line)")
         key, _, value = line.partition(" ")
         out[-1][2][key] = value.strip() or "1"
     return out
@@ -117,6 +124,8 @@ def judge(vmid: int, node: str, files: HaFiles) -> HaVerdict:
     mine = next((p for kind, ident, p in resources if f"{kind}:{ident}" == sid), None)
     if mine is None:
         return HaVerdict(vmid, False)
+    if mine.get("state") == IGNORED:
+        return HaVerdict(vmid, False, IGNORED)
     try:
         relocate = int(mine.get("max_relocate", DEFAULT_MAX_RELOCATE))
     except ValueError:
@@ -158,4 +167,4 @@ def managed(sid: str, files: HaFiles) -> bool | None:
     resources = _parsed(files, "resources.cfg")
     if isinstance(resources, str):
         return None
-    return any(f"{kind}:{ident}" == sid for kind, ident, _ in resources)
+    return any(f"{kind}:{ident}" == sid and p.get("state") != IGNORED for kind, ident, p in resources)
