@@ -1,6 +1,6 @@
 """A real CUDA memory holder with nothing but the standard library: ctypes over libcuda.so.1.
 
-    python3 bench/cuda_hold.py --gib 20 --ready /tmp/r/ready [--ignore-term] [--fork-after-init] [--workers 3]
+    python3 bench/cuda_hold.py --gib 20 --ready /tmp/r/ready [--ignore-term] [--term-file F] [--fork-after-init] [--workers 3]
 
 cuInit, the device's primary context, cuMemAlloc in 1 GiB pieces (what ``torch.empty(..., device='cuda')``
 does underneath), then touch the ready file and sleep until killed. Manual equivalent: any CUDA program
@@ -8,7 +8,9 @@ that allocates and waits; ``nvidia-smi --query-compute-apps=pid,used_memory`` li
 --fork-after-init: fork after the allocation; the parent (leading its own session, as a service does) exits, the
 child keeps the inherited context (NVML does not list it) and the parent's pid as its session id, the link that
 proves whose the dead parent's memory is. --workers N: N spawned worker processes share the memory (multiprocessing
-'spawn', as torch.multiprocessing does); the parent holds no context.
+'spawn', as torch.multiprocessing does); the parent holds no context. --term-file F: each SIGTERM is written to F and
+the memory kept; a handler, so that it reaches a holder that is PID 1 of its namespace too (the kernel drops an
+unhandled SIGTERM sent to it from outside): a test sees whether anything tried to stop it by signal.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ def touch(path: str) -> None:
         f.write(str(os.getpid()))
 
 
+def _note(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
 def sleep_forever() -> None:
     while True:
         time.sleep(3600)
@@ -67,11 +74,14 @@ def main() -> None:
     ap.add_argument("--gib", type=float, required=True)
     ap.add_argument("--ready", required=True, help="file to create once the memory is held")
     ap.add_argument("--ignore-term", action="store_true")
+    ap.add_argument("--term-file", help="append a line here on each SIGTERM, and keep holding")
     ap.add_argument("--fork-after-init", action="store_true")
     ap.add_argument("--workers", type=int, default=0)
     a = ap.parse_args()
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if a.term_file:
+        signal.signal(signal.SIGTERM, lambda _n, _f: _note(a.term_file, "SIGTERM"))
     if a.workers:
         import multiprocessing as mp
 

@@ -5,6 +5,8 @@ own PID and mount namespace, cgroup ``/lxc/<vmid>/ns``) running the payload as i
 namespace is a copy of the host's, so ``/dev/nvidia*`` are visible inside, as PVE's passthrough makes
 them. Manual equivalents: ``pct start VMID`` / ``pct stop VMID`` (here: cgroup.kill), ``pct exec VMID``
 (here: ``nsenter -t <init> -m -p``), ``cat /sys/fs/cgroup/lxc/VMID/ns/cgroup.procs``.
+An application container (PVE 9.1 OCI image, ``entrypoint``/``lxc.init.cmd`` in its config) has no reaping init:
+its entrypoint is PID 1 itself (``start_ct(..., entry=ARGV)``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from tests.pvelike import cgroup_procs
 
@@ -34,6 +37,15 @@ while True:
         time.sleep(0.2)
 """
 
+# PID 1 of an application container: move into the payload cgroup, then become the entrypoint (exec), as LXC runs
+# ``lxc.init.cmd``: the workload is the namespace's init, and nothing else runs in the container.
+APP_INIT = r"""
+import os, sys
+with open(sys.argv[1] + "/cgroup.procs", "w") as f:
+    f.write(str(os.getpid()))
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
 
 def cgroup_root() -> str:
     return "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
@@ -51,8 +63,11 @@ def monitor_cgroup(vmid: int) -> str:
     return os.path.join(cgroup_root(), "lxc.monitor", str(vmid))
 
 
-def start_ct(vmid: int, script: str = "", python: str = sys.executable, subcgroups: tuple[str, ...] = (), timeout: float = 10) -> int:
-    """Start container vmid running ``sh -c script`` under a reaping init; returns the init's host PID."""
+def start_ct(vmid: int, script: str = "", python: str = sys.executable, subcgroups: tuple[str, ...] = (), timeout: float = 10,
+             entry: Sequence[str] = (), output: str | None = None) -> int:
+    """Start container vmid running ``sh -c script`` under a reaping init, or with ``entry`` (an application
+    container's entrypoint argv) as PID 1 itself; returns the init's host PID. ``output``: a file that gets the
+    container's stdout and stderr (else they are discarded)."""
     for d in (ns_cgroup(vmid), monitor_cgroup(vmid), *(os.path.join(ns_cgroup(vmid), s) for s in subcgroups)):
         os.makedirs(d, exist_ok=True)
     mon = os.path.join(monitor_cgroup(vmid), "cgroup.procs")
@@ -61,9 +76,10 @@ def start_ct(vmid: int, script: str = "", python: str = sys.executable, subcgrou
         with open(mon, "w") as f:
             f.write(str(os.getpid()))
 
-    subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", python, "-I", "-S", "-c", INIT, ns_cgroup(vmid), script],
-                     preexec_fn=enter_monitor, start_new_session=True, stdin=subprocess.DEVNULL,
-                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    code, args = (APP_INIT, list(entry)) if entry else (INIT, [script])
+    with open(output, "ab") if output else open(os.devnull, "wb") as out:
+        subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", python, "-I", "-S", "-c", code, ns_cgroup(vmid), *args],
+                         preexec_fn=enter_monitor, start_new_session=True, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     end = time.monotonic() + timeout
     while True:
         init = find_init(vmid)
