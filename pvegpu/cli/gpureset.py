@@ -85,7 +85,8 @@ def _done(r: GpuResetReport, json_out: bool, verbose: bool) -> int:
 def plan_text(r: GpuResetReport, wide: bool = False) -> str:
     used = "unknown" if r.used_before is None else mib(r.used_before, grouped=True)
     pm = {True: "on", False: "off", None: "unknown"}[r.persistence_before]
-    lines = [f"{r.label}: {used} used, persistence mode {pm}, recovery action {getattr(r.health, 'recovery_action', None) or 'unknown'}"]
+    lines = [said(f"{r.label}: {used} used, persistence mode {pm}, recovery action {getattr(r.health, 'recovery_action', None) or 'unknown'}",
+                  "", "    ", wide)]
     for g in r.guests:
         lines.append(said(f"{'CT' if g.type == 'lxc' else 'VM'} {g.vmid} ({g.status}): {g.action}", "  guest: ", "      ", wide))
     for c in r.clients:
