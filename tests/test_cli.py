@@ -64,12 +64,37 @@ def test_audit_json_places_holders(sim_node):
 def test_demo_runs_clean():
     """`pvegpu demo` (the README's first command) resets both demo containers and exits 0; one needs the restart,
     and its start passes pvegpu's guard (installed as its hookscript, run by the simulated start); then the 8-GPU
-    node's CT 129 (a TP=8 job), clean too."""
+    node's CT 129 (a TP=8 job), clean too; then the health node: CT 130's start refused, gpu-reset 0, allowed."""
     r = subprocess.run([sys.executable, "-m", "pvegpu", "demo"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("GPU memory verified free") == 3 and "(after a restart)" in r.stdout
     assert "CT 129 (8 GPUs) clean" in " ".join(r.stdout.split())
     assert "start task OK" in r.stdout and "missing-hookscript" not in r.stdout
+    assert "CT 130's start refused, GPU 0 reset, then allowed" in " ".join(r.stdout.split())
+
+
+def test_health_scenario_refuses_a_start_until_gpu_reset(tmp_path):
+    """`sim create --scenario health`: check refuses CT 130 (exit 10, a needs-gpu-reset GPU); `gpu-reset 0 --yes`
+    stops and starts CT 129 again (verified); then check allows CT 130 (exit 0)."""
+    import json
+    import os
+
+    root = str(tmp_path / "node")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PVEGPU_")}
+
+    def pvegpu(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pvegpu", *args], capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
+
+    assert pvegpu("sim", "create", root, "--scenario", "health").returncode == 0
+    try:
+        refused = pvegpu("--simulate", root, "check", "130", "--json")
+        assert refused.returncode == 10 and [g["state"] for g in json.loads(refused.stdout)["gpus"]] == ["refused"], refused.stdout
+        r = pvegpu("--simulate", root, "gpu-reset", "0", "--yes", "--json")
+        doc = json.loads(r.stdout)
+        assert r.returncode == 0 and doc["stopped"] == [129] and doc["restarted"] == [129], r.stdout + r.stderr
+        assert pvegpu("--simulate", root, "check", "130").returncode == 0
+    finally:
+        pvegpu("sim", "remove", root)
 
 
 def test_second_reset_of_same_container_waits_then_refuses(sim_node, tmp_path):

@@ -259,7 +259,7 @@ def test_check_of_a_running_container_says_it_is_running(sim_node):
 
 def test_running_containers_own_memory_is_never_leftover(sim_node, guard):
     """A running CT holding memory on a GPU it shares: check says it runs and what it holds (exit 0, state running),
-    never leftover, never a GPU reset (`nvidia-smi -r`) that would end the neighbour's work; a pre-start called for it
+    never leftover, never a GPU reset (`pvegpu gpu-reset`) that would end the neighbour's work; a pre-start called for it
     anyway refuses (exit 10) with that same account, no fix."""
     import json
     import subprocess
@@ -272,9 +272,9 @@ def test_running_containers_own_memory_is_never_leftover(sim_node, guard):
                        text=True, cwd=pvelike.REPO, timeout=60)
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["running"] is True and [g["state"] for g in doc["gpus"]] == ["running"], r.stdout + r.stderr
-    assert doc["fix"] == [] and not any("nvidia-smi -r" in t for t in doc["reasons"])
+    assert doc["fix"] == [] and not any("gpu-reset" in t for t in doc["reasons"])
     pre = hook(node, guard)
-    assert pre.returncode == 10 and "nvidia-smi -r" not in pre.stdout + pre.stderr and "fix:" not in pre.stderr
+    assert pre.returncode == 10 and "gpu-reset" not in pre.stdout + pre.stderr and "fix:" not in pre.stderr
 
 
 def test_check_says_an_allow_once_token_is_waiting(sim_node, tmp_path):

@@ -1,4 +1,4 @@
-"""A running guest's own memory is never leftover, and a whole-GPU reset (``nvidia-smi -r``, which ends the work of
+"""A running guest's own memory is never leftover, and a whole-GPU reset (``pvegpu gpu-reset``, which ends the work of
 every process on that GPU) is advised only for a GPU no live process uses: the gate, the reset's diagnosis and the
 audit name the GPU's users instead (issue 30, item 7). Pure: facts in, verdicts out, on the stateful fakes."""
 
@@ -15,7 +15,7 @@ from pvegpu.reset.vocab import Kind
 from tests.fakes import FakeClock, FakeHost, FakeProbe, FakePve
 
 GPU = GpuInfo(0, 0, "GPU-0", "0000:41:00.0")
-RESET = "nvidia-smi -r"
+RESET = "pvegpu gpu-reset"
 
 
 def _holder(pid: int, vmid: int) -> Holder:
@@ -62,17 +62,17 @@ def test_check_of_a_running_container_reports_running_with_its_json():
 
 def test_stopped_containers_leftover_on_a_shared_gpu_advises_no_gpu_reset():
     """A stopped CT's start onto 2 GiB of leftover beside a running neighbour: refused, and the fix names the
-    neighbour instead of `nvidia-smi -r`; on a GPU nobody uses, the reset is the advice."""
+    neighbour instead of `pvegpu gpu-reset`; on a GPU nobody uses, the reset is the advice."""
     shared = decide(129, {0: _facts(1024 + 2048, neighbour_mib=1024)}, Situation(), GatePolicy())
     assert shared.per_gpu == {0: GateState.REFUSED}
     assert not any(RESET in f for f in shared.fix) and any("CT 130" in f for f in shared.fix)
     idle = decide(129, {0: _facts(2048)}, Situation(), GatePolicy())
-    assert idle.per_gpu == {0: GateState.REFUSED} and any(f"{RESET} -i 0" in f for f in idle.fix)
+    assert idle.per_gpu == {0: GateState.REFUSED} and any(f"{RESET} 0" in f for f in idle.fix)
 
 
 def test_gpu_reset_advice_only_for_a_gpu_no_process_uses():
-    """The one advice: `nvidia-smi -r -i N` for an idle GPU; its users (place and pid) for a used one."""
-    assert f"{RESET} -i 0" in gpu_reset_advice(_facts(2048))
+    """The one advice: `pvegpu gpu-reset N` for an idle GPU; its users (place and pid) for a used one."""
+    assert f"{RESET} 0" in gpu_reset_advice(_facts(2048))
     used = gpu_reset_advice(_facts(3072, neighbour_mib=1024))
     assert RESET not in used and "CT 130" in used and "pid 600" in used
 
@@ -88,7 +88,7 @@ def test_driver_leak_diagnosis_on_a_shared_gpu_names_the_users():
 
 def test_audit_advice_on_a_used_gpu_names_its_users():
     """Audit: unattributed memory and a pending row-remap reset on a GPU two containers use: each flag's advice
-    names them and suggests no GPU reset; the same findings on an idle GPU advise `nvidia-smi -r -i 0`."""
+    names them and suggests no GPU reset; the same findings on an idle GPU advise `pvegpu gpu-reset 0`."""
     def audit(with_users: bool):
         host = FakeHost(FakeClock())
         probe, pve = FakeProbe(host), FakePve(host)
@@ -106,4 +106,4 @@ def test_audit_advice_on_a_used_gpu_names_its_users():
     assert set(used) == {FlagKind.UNATTRIBUTED, FlagKind.HEALTH}
     assert all(RESET not in a and "CT 129" in a and "CT 130" in a for a in used.values()), used
     idle = audit(False)
-    assert set(idle) == {FlagKind.UNATTRIBUTED, FlagKind.HEALTH} and all(f"{RESET} -i 0" in a for a in idle.values()), idle
+    assert set(idle) == {FlagKind.UNATTRIBUTED, FlagKind.HEALTH} and all(f"{RESET} 0" in a for a in idle.values()), idle

@@ -81,7 +81,7 @@ def test_leftover_memory_with_no_holder_refuses():
     host, probe, pve, files = _node("hostpci0: 0000:00:00.0\n")
     probe.leak[0] = 2048 * 1024 * 1024
     chk = _check(host, probe, pve, files)
-    assert not chk.allow and "nvidia-smi -r" in chk.text()
+    assert not chk.allow and "pvegpu gpu-reset" in chk.text()
 
 
 def test_keep_and_mdev_and_absent_devices_are_not_judged():

@@ -220,8 +220,9 @@ class NvmlProbe:
         )
 
     def nvlinks(self, minor: int) -> int | None:
-        """How many of the GPU's NVLinks are active (``nvidia-smi nvlink -s -i <minor>``): 0 for a GPU without NVLink
-        (the driver answers NotSupported), None when it cannot tell (another error, no handle)."""
+        """How many of the GPU's NVLinks are active (``nvidia-smi nvlink -s -i <minor>``); None when it cannot tell: no
+        handle, an error, or NotSupported for the first link (a GPU without NVLink says so, but so does an NVLinked
+        SXM GPU alone in a VM: unknown, never "none"). NotSupported or InvalidArgument past the first: its last link."""
         N = self.N
         h = self._handles.get(minor)
         if h is None:
@@ -237,8 +238,8 @@ class NvmlProbe:
                 state = N.nvmlDeviceGetNvLinkState(h, link)
             except N.NVMLError as exc:
                 code = getattr(exc, "value", None)
-                if code == getattr(N, "NVML_ERROR_NOT_SUPPORTED", 3) or code == getattr(N, "NVML_ERROR_INVALID_ARGUMENT", 2):
-                    break  # no NVLink at all, or past the GPU's last link
+                if link and code in (getattr(N, "NVML_ERROR_NOT_SUPPORTED", 3), getattr(N, "NVML_ERROR_INVALID_ARGUMENT", 2)):
+                    break  # past the GPU's last link
                 return None
             except AttributeError:
                 return None

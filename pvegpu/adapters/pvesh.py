@@ -70,12 +70,14 @@ class PveshError(Exception):
 
 @dataclass(frozen=True)
 class Finished:
-    """What a bounded child left: its output, its exit status (None when killed at the deadline)."""
+    """What a bounded child left: its output, its exit status (None when killed at the deadline); ``stuck``: it did
+    not end within REAP_WAIT of the SIGKILL (in the kernel, D state) and was abandoned, not waited for."""
 
     stdout: bytes
     stderr: bytes
     returncode: int | None
     timed_out: bool
+    stuck: bool = False
 
 
 def _exited(pid: int) -> bool:
@@ -132,11 +134,12 @@ def run_process_group(cmd: list[str], timeout: float, *, exit_grace: float = EXI
         sel.close()
         proc.stdout.close()
         proc.stderr.close()
+    stuck = False
     try:
         rc: int | None = proc.wait(timeout=REAP_WAIT)
     except subprocess.TimeoutExpired:  # stuck in the kernel (D state): abandoned, not waited for
-        rc = None
-    return Finished(bytes(bufs[out_fd]), bytes(bufs[err_fd]), None if timed_out else rc, timed_out)
+        rc, stuck = None, True
+    return Finished(bytes(bufs[out_fd]), bytes(bufs[err_fd]), None if timed_out else rc, timed_out, stuck)
 
 
 class Response:

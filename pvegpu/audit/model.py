@@ -81,7 +81,7 @@ ADVICE: dict[FlagKind, str] = {
     FlagKind.VM_AND_CT: ("a VM takes this GPU to vfio-pci at its start while containers use it through nvidia: the VM's start "
                          "blocks or the containers lose it (guard the VM: `qm set <vmid> --hookscript local:snippets/pvegpu-guard`)"),
     FlagKind.XID: "the driver logged an Xid for this GPU since its last reset (an application error needs nothing of the GPU): docs/health.md",
-    FlagKind.NEEDS_RESET: "the GPU needs a reset (NVML's recovery action or a fatal Xid): the gate refuses starts onto it; stop its guests, then `pvegpu gpu-reset <index>` or reboot",
+    FlagKind.NEEDS_RESET: "the GPU needs a reset (NVML's recovery action or a fatal Xid): the gate refuses starts onto it; `pvegpu gpu-reset <index>` (it stops its CTs and starts them again) or reboot",
     FlagKind.NEEDS_REBOOT: "the GPU needs a reboot of the node (fallen off the bus, or NVML asks for it): the gate refuses starts onto it",
     FlagKind.GPU_LOST: "NVML says the GPU is lost (fallen off the bus): only a reboot brings it back; the gate refuses starts onto it",
 }

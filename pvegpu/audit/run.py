@@ -244,7 +244,7 @@ def _health_flags(row: GpuRow, flags: list[Flag], f: GpuFacts) -> None:
     if what:
         users = gpu_users(f)
         when = (f"only once it is no longer in use by {users_text(users)} (a GPU reset would end their work)" if users
-                else f"no process uses it now: `nvidia-smi -r -i {row.index}`")
+                else f"no process uses it now: `pvegpu gpu-reset {row.index}`")
         row.flags.append(FlagKind.HEALTH)
         flags.append(Flag(FlagKind.HEALTH, f"GPU {row.index}", f"{row.uuid}: {', '.join(what)}",
                           f"a reset is pending for row remapping / page retirement: {when}"))

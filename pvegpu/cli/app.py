@@ -253,8 +253,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def demo_cmd(
     ctx: typer.Context,
     scenario: str = typer.Option("demo", "--scenario", metavar="NAME", show_default=False,
-                                 help="a built-in scenario (demo (default), idle, leak, app, tp8) or a scenario JSON file; "
-                                      "the default also shows tp8 after it"),
+                                 help="a built-in scenario (demo (default), idle, leak, app, tp8, health) or a scenario JSON file; "
+                                      "the default also shows tp8 and health after it"),
     grace: float = typer.Option(1.0, "--grace", metavar="SECONDS", show_default=False,
                                 help="SIGTERM grace in the demo (default 1: short, so the demo is quick)"),
 ) -> None:
@@ -264,9 +264,14 @@ def demo_cmd(
     results: list[str] = []
     code = 0
     try:
-        code = _demo_node(ctx, data, grace, results, _demo_targets(data), audit_after=True)
+        if data is sc.HEALTH:
+            code = _demo_node(ctx, data, grace, results, [], audit_after=False, health=True)
+        else:
+            code = _demo_node(ctx, data, grace, results, _demo_targets(data), audit_after=True)
         if scenario == "demo" and code < 128:  # then the multi-GPU incident: a TP=8 job, one rank's fork child on GPU 1
             code = max(code, _demo_node(ctx, sc.TP8, grace, results, [129], audit_after=False))
+        if scenario == "demo" and code < 128:  # then a GPU that needs a reset: the gate refuses, gpu-reset, the gate allows
+            code = max(code, _demo_node(ctx, sc.HEALTH, grace, results, [], audit_after=False, health=True))
     except (_Terminated, E.SignalledError) as exc:  # a reset's own handlers turn SIGTERM into SignalledError
         typer.echo("demo: terminated; simulated containers stopped and removed", err=True)
         code = getattr(exc, "exit_code", 143)
@@ -284,8 +289,9 @@ def _demo_targets(data: dict[str, Any]) -> list[int]:
 
 
 def _demo_node(ctx: typer.Context, data: dict[str, Any], grace: float, results: list[str], targets: list[int], *,
-               audit_after: bool) -> int:
-    """Build the node of ``data``, audit it, reset ``targets`` (a result each in ``results``), remove it; the worst exit."""
+               audit_after: bool, health: bool = False) -> int:
+    """Build the node of ``data``, audit it, reset ``targets`` (a result each in ``results``), with ``health`` show the
+    gate's refusal, a gpu-reset and the start allowed (``_demo_health``), remove it; the worst exit."""
     sim = None
     code = 0
     try:
@@ -303,6 +309,8 @@ def _demo_node(ctx: typer.Context, data: dict[str, Any], grace: float, results: 
             code = max(code, rc)
             if rc >= 128:  # interrupted by a signal (the reset finished what it had started): stop the demo
                 return code
+        if health:
+            code = max(code, _demo_health(ctx, s, sim.root, data, results))
         if audit_after:
             typer.echo("\n$ pvegpu audit")
             typer.echo(_audit_table(s))
@@ -310,6 +318,27 @@ def _demo_node(ctx: typer.Context, data: dict[str, Any], grace: float, results: 
         if sim is not None:
             sim.teardown()
     return code
+
+
+def _demo_health(ctx: typer.Context, s: Any, root: str, data: dict[str, Any], results: list[str]) -> int:
+    """On a node whose GPU 0 needs a reset: the gate refuses the stopped CT's start (exit 10, expected), `gpu-reset 0
+    --yes` stops, resets, verifies and starts the running CTs, then the gate allows the start. The worst exit of the
+    reset and the second check."""
+    vmid = next(int(c["vmid"]) for c in data["containers"] if c.get("status") == "stopped")
+    opts = wiring.GlobalOptions(_opts(ctx).config, root)
+
+    def check() -> int:
+        typer.echo(f"\n$ pvegpu check {vmid}")
+        sys.stdout.flush()  # check prints through print(); keep the order with typer's echo
+        return hook.check(str(vmid), opts, json_out=False, wide=False, out=sys.stdout, err=sys.stderr)
+
+    before = check()
+    typer.echo("\n$ pvegpu gpu-reset 0 --yes")
+    rc = do_gpu_reset(s, "0", dry_run=False, yes=True, json_out=False, verbose=False)
+    after = check() if rc < 128 else rc
+    results.append(f"CT {vmid}'s start {'refused' if before == E.EXIT_REFUSED else f'exit {before}'}, GPU 0 "
+                   f"{'reset' if rc == 0 else f'exit {rc}'}, then {'allowed' if after == 0 else f'exit {after}'}")
+    return max(rc, after)
 
 
 # -- sim create | remove --------------------------------------------------------------------------------------
@@ -320,7 +349,7 @@ def sim_create(
     directory: str = typer.Argument(..., metavar="DIR", help="a new directory for the simulated node (made here, mode 700)",
                                     show_default=False),
     scenario: str = typer.Option("demo", "--scenario", metavar="NAME", show_default=False,
-                                 help="a built-in scenario (demo (default), idle, leak, app, tp8) or a scenario JSON file"),
+                                 help="a built-in scenario (demo (default), idle, leak, app, tp8, health) or a scenario JSON file"),
 ) -> None:
     """Build a simulated node in DIR and start its containers (real processes); no Proxmox, GPU or root needed."""
     typer.echo(created(create(directory, scenario, (ins.GUARD, ins.guard_text(ins.template())))))

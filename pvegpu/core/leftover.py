@@ -113,14 +113,14 @@ def users_text(users: list[Holder], most: int = 6) -> str:
     return ", ".join(f"{where} ({', '.join(pids)})" for where, pids in by.items()) + more
 
 
-def gpu_reset_advice(facts: GpuFacts, *, persistence: bool = False) -> str:
+def gpu_reset_advice(facts: GpuFacts) -> str:
     """What to do about memory on this GPU that no live process accounts for. A whole-GPU reset only while no live
-    process uses the GPU (it would end every one's work, a neighbour's too); else who uses it, named, and how to find
-    what keeps the memory. ``persistence``: say to drop persistence mode first (``nvidia-smi -r`` refuses with it on)."""
+    process uses the GPU (it would end every one's work, a neighbour's too): ``pvegpu gpu-reset N``, which does what
+    a bare ``nvidia-smi -r`` needs done first and checks the result (docs/gpu-reset.md); else who uses it, named, and
+    how to find what keeps the memory."""
     users = gpu_users(facts)
     g, minor = facts.gpu.index, facts.gpu.minor
     if users:
         return (f"no GPU reset while GPU {g} is in use by {users_text(users)}: it would end their work; find what keeps "
                 f"the memory: `fuser -v /dev/nvidia{minor}`")
-    reset = f"nvidia-smi -pm 0; nvidia-smi -r -i {g}" if persistence else f"nvidia-smi -r -i {g}"
-    return f"no process uses GPU {g} now: `{reset}`, or reboot the host"
+    return f"no process uses GPU {g} now: `pvegpu gpu-reset {g}`, or reboot the host"

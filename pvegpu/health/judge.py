@@ -77,7 +77,7 @@ def xid_text(x: XidEvent) -> str:
 def _action(need: Need, index: str) -> str:
     if need is Need.REBOOT:
         return "reboot the node (stop or migrate its guests first); no GPU reset can bring it back"
-    return f"stop the guests on it, then `pvegpu gpu-reset {index}` (or reboot the node)"
+    return f"`pvegpu gpu-reset {index}` (it stops the CTs on it and starts them again), or reboot the node"
 
 
 def judge(health: GpuHealth, log: KernelEvents | None, bus_id: str, uuid: str = "", index: str = "N") -> Verdict:

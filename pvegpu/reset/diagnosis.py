@@ -101,7 +101,7 @@ def diagnose(vmid: int, facts: dict[int, GpuFacts], threshold: LeftoverRule | in
             out.append(Diagnosis(Kind.DRIVER_LEAK, f"{g} still has {mib(own.net_bytes, grouped=True)} (of {mib(f.used_bytes, grouped=True)} used) allocated that no "
                         f"live process accounts for (CT {vmid} held it): "
                         "a driver-level leak",
-                        gpu_reset_advice(f, persistence=True)))
+                        gpu_reset_advice(f)))
         elif f.residual_bytes is None and f.sample.known:
             out.append(Diagnosis(Kind.UNMEASURABLE, f"{g}: memory of other processes is not reported (MIG?), so leftovers cannot be measured", "check with `nvidia-smi`"))
     return out + foreign_leftover(vmid, facts, rule)

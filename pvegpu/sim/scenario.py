@@ -121,7 +121,18 @@ TP8: dict[str, Any] = {  # the incident pvegpu exists for: a TP=8 job whose one 
     ],
 }
 
-SCENARIOS: dict[str, dict[str, Any]] = {"demo": DEMO, "idle": IDLE, "leak": LEAK, "app": APP, "tp8": TP8}  # `pvegpu sim create DIR --scenario NAME`
+HEALTH: dict[str, Any] = {  # GPU 0 logged Xid 119 (GSP timeout) and NVML asks for a GPU reset: the gate refuses CT 130's
+    "node": "pve-sim",       # start; `pvegpu gpu-reset 0` stops CT 129, resets, verifies, starts it again; then CT 130 may start
+    "settings": {"gpureset.client_wait": 1},
+    "gpus": [{"minor": 0, "index": 0, "name": "Simulated H200", "total_mib": 143771, "recovery_action": "gpu-reset",
+              "persistence_mode": True, "xids": [{"code": 119, "at": 120}]}],
+    "containers": [
+        {"vmid": 129, "name": "llm129", "status": "running", "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 2048}]},
+        {"vmid": 130, "name": "train130", "status": "stopped", "gpus": [0], "workloads": []},
+    ],
+}
+
+SCENARIOS: dict[str, dict[str, Any]] = {"demo": DEMO, "idle": IDLE, "leak": LEAK, "app": APP, "tp8": TP8, "health": HEALTH}  # `pvegpu sim create DIR --scenario NAME`
 
 
 def ct_conf(ct: dict[str, Any]) -> str:
