@@ -478,13 +478,14 @@ def test_gate_simulated_cases_and_the_guard_found_where_hook_install_put_it(tmp_
 
 
 def test_gate_on_the_simulated_node_measures_the_installed_guard(capsys):
-    """bench/gate.py runs the guard `pvegpu --simulate DIR hook install` wrote, as PVE does, and reports every case."""
+    """bench/gate.py runs the guard `pvegpu --simulate DIR hook install` wrote, as PVE does, and reports every case
+    with its stand-in and the floor measured in the same rounds."""
     from bench import gate as G
 
     assert G.main(["--node", "sim", "--rounds", "2"]) == 0
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if ln.startswith("| gate, ")]
-    assert len(rows) == 2 and all(r.count("2 runs") == 2 and "nvidia-smi n/a (no GPU)" in r and "≤ 150 ms" in r for r in rows)
+    assert len(rows) == 2 and all(r.count("2 runs") == 3 and "nvidia-smi n/a (no GPU)" in r and "≤ 150 ms" in r for r in rows)
     assert "exits: {'allowed (exit 0)': 2}" in out and "- node: simulated node" in out
 
 
