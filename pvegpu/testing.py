@@ -149,6 +149,9 @@ class FakeHost:
     def ct_pids(self, vmid: int) -> list[int]:
         return sorted(p.pid for p in self.procs.values() if p.vmid == vmid)
 
+    def ct_init(self, vmid: int) -> int | None:
+        return next((p.pid for p in sorted(self.procs.values(), key=lambda p: p.pid) if p.vmid == vmid and p.init), None)
+
     def holdings(self, pids: Any = None, *, deep: bool = False) -> dict[int, Holding]:
         return {p.pid: Holding(p.pid, frozenset(p.minors), frozenset({Via.FD, Via.MAPS} if p.maps and deep else {"fd"}))
                 for p in self.procs.values() if p.minors and (pids is None or p.pid in pids)}

@@ -78,3 +78,18 @@ def test_a_tenants_thousands_of_library_versions_make_one_short_flag(sim_node):
     assert n["guests"][0]["driver"]["state"] == "mismatch" and "550.54.15" in n["guests"][0]["driver"]["container"]
     assert len(flag["detail"]) < 400 and len(n["guests"][0]["driver"]["container"]) <= 16
     assert len(pvegpu("audit", root=node.root).stdout) < 2000
+
+
+def test_ct_init_names_each_running_containers_init_and_none_for_a_stopped_one(sim_node):
+    """Host.ct_init finds a running container's own init (as its processes' placement says) and None for a stopped one."""
+    from pvegpu.sim.host import SessionHost
+    from pvegpu.sim.state import SimState
+
+    n = sim_node({"node": "s", "gpus": [{"minor": 0, "index": 0}], "containers": [
+        {"vmid": 129, "gpus": [0], "workloads": [{"kind": "simple", "gpu": 0, "mib": 64}]},
+        {"vmid": 130, "status": "stopped", "gpus": [0], "workloads": []}]})
+    state = SimState(n.root)
+    host = SessionHost(state)
+    init = host.ct_init(129)
+    info = host.describe(init) if init is not None else None
+    assert init == state.ct(129)["init_pid"] and info is not None and info.is_ct_init and host.ct_init(130) is None

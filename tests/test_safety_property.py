@@ -271,6 +271,9 @@ class Recycled:
         pids = self.real.ct_pids(vmid)
         return sorted({*pids, self.stale.pid}) if self.active and vmid == self.target else pids
 
+    def ct_init(self, vmid: int) -> int | None:
+        return self.real.ct_init(vmid)
+
     def holdings(self, pids: Iterable[int] | None = None, **kw: Any) -> dict[int, Holding]:
         wanted = None if pids is None else set(pids)
         out = self.real.holdings(wanted, **kw)

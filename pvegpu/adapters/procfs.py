@@ -43,6 +43,10 @@ class Boundary(Protocol):
         """Candidate pids of the container (ProcHost re-checks each by ``place``)."""
         ...
 
+    def init_candidates(self, vmid: int) -> Iterable[int]:
+        """Pids that may be the container's init, likeliest first (ProcHost re-checks each by ``describe``)."""
+        ...
+
 
 __all__ = ["CgroupBoundary", "DeviceTable", "ProcHost", "ScanBudget", "control_majors", "parse_status"]
 
@@ -252,6 +256,10 @@ class CgroupBoundary:
             return None, False
         return nspid[CT_LEVEL], len(nspid) == CT_LEVEL + 1 and nspid[CT_LEVEL] == 1
 
+    def init_candidates(self, vmid: int) -> Iterable[int]:
+        """The container's members, lowest pid first (its init is started before its payload)."""
+        return sorted(set(self.members(vmid)))
+
     def members(self, vmid: int) -> Iterable[int]:
         """``cat /sys/fs/cgroup/lxc/<vmid>/**/cgroup.procs`` (every hierarchy present)."""
         pids: set[int] = set()
@@ -420,6 +428,15 @@ class ProcHost:
         want = Placement(Place.CONTAINER, vmid)
         return sorted(p for p in set(self.boundary.members(vmid)) if (i := self.describe(p)) is not None
                       and (i.placement == want or i.placement.place is Place.UNKNOWN) and i.state not in DEAD)
+
+    def ct_init(self, vmid: int) -> int | None:
+        """The container's init, read only as far as it takes to find it (the boundary's candidates, each described)."""
+        want = Placement(Place.CONTAINER, vmid)
+        for p in self.boundary.init_candidates(vmid):
+            i = self.describe(p)
+            if i is not None and i.is_ct_init and i.placement == want and i.state not in DEAD:
+                return p
+        return None
 
     def holdings(self, pids: Iterable[int] | None = None, *, deep: bool = False) -> dict[int, Holding]:
         """Holdings per pid; see devscan for the rules (device numbers, budget, threads of a dead leader).

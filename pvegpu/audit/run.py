@@ -69,7 +69,7 @@ def _drivers(rep: NodeAudit, host: Host, files: NodeFiles) -> None:
     for i, g in enumerate(rep.guests):
         if g not in running:
             continue
-        init = next((p for p in host.ct_pids(g.vmid) if (d := host.describe(p)) is not None and d.is_ct_init), None)
+        init = host.ct_init(g.vmid)
         libs = None if init is None else files.ct_lib_versions(g.vmid, init)
         why = ("the host's /proc/driver/nvidia/version cannot be read" if host_version is None else
                "its init cannot be found" if init is None else "its root cannot be read" if libs is None else

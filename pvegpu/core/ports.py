@@ -142,6 +142,10 @@ class Host(Protocol):
         """Every pid in the container's cgroup (``cat /sys/fs/cgroup/lxc/<vmid>/**/cgroup.procs``)."""
         ...
 
+    def ct_init(self, vmid: int) -> int | None:
+        """The container's running init (PID 1 of its namespace) as a host pid (``lxc-info -p -n <vmid>``), or None."""
+        ...
+
     def holdings(self, pids: Iterable[int] | None = None, *, deep: bool = False) -> dict[int, Holding]:
         """GPU device fds and mappings per pid (``fuser -v /dev/nvidia*``, by device number); None = all pids.
 

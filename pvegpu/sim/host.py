@@ -85,6 +85,10 @@ class SessionBoundary:
         sids = [s for s, (v, _, _) in self._sessions().items() if v == vmid and self._own(s) is not None]
         return [p for s in sids for p in session_members(s)]
 
+    def init_candidates(self, vmid: int) -> Iterable[int]:
+        """The init the node recorded for the container, once proved its own (no walk over every process)."""
+        return [hit[1] for s, (v, _, _) in self._sessions().items() if v == vmid and (hit := self._own(s)) is not None]
+
 
 PRIVATE_MAJOR = 0xFFFFF  # no kernel device number has it (majors are 12 bits): an fd of a private stand-in stats as PRIVATE_MAJOR:n
 
