@@ -147,3 +147,22 @@ def record(row: dict) -> None:
 def goal(row: dict, wall_s: float, goal_s: float) -> dict:
     """The row with the wall time and whether it met the goal (performance is recorded, not asserted)."""
     return row | {"wall_s": round(wall_s, 3), "goal_s": goal_s, "goal_met": wall_s <= goal_s}
+
+
+class PvegpuCalls:
+    """A lab's pvegpu runs (a whole process with the lab's settings file) and the API calls its pvesh stand-in logged;
+    the lab sets ``config``, ``env`` and ``pvesh_log``."""
+
+    config: str
+    env: dict[str, str]
+    pvesh_log: str
+
+    def pvegpu(self, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "pvegpu", "--config", self.config, *args], capture_output=True, text=True,
+                           env=self.env, timeout=timeout, cwd=REPO)
+        return r, time.perf_counter() - t
+
+    def api_calls(self) -> list[str]:
+        with open(self.pvesh_log) as f:
+            return f.read().split("\n")[:-1]

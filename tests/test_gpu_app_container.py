@@ -42,7 +42,7 @@ def app_conf(vmid: int, minor: int, entry: list[str]) -> str:
             f"entrypoint: {shlex.join(entry)}\nhookscript: local:snippets/pvegpu-guard\nhostname: app{vmid}\n")
 
 
-class AppLab:
+class AppLab(G.PvegpuCalls):
     """One PVE-like node with one application container ``vmid``: its /etc/pve tree and settings, the pvesh stand-in
     (first on PATH) that runs ``hook`` at pre-start and keeps its tasks, and the container's entrypoint (default: a
     CUDA holder of ``GIB`` that notes each SIGTERM in ``term_file``)."""
@@ -89,16 +89,6 @@ class AppLab:
         """The stand-in as pvegpu's local backend calls it."""
         return subprocess.run(["pvesh", verb, path, "--output-format", "json"], capture_output=True, text=True, env=self.env,
                               timeout=60)
-
-    def pvegpu(self, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
-        t = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "pvegpu", "--config", self.config, *args], capture_output=True, text=True,
-                           env=self.env, timeout=timeout, cwd=G.REPO)
-        return r, time.perf_counter() - t
-
-    def api_calls(self) -> list[str]:
-        with open(self.pvesh_log) as f:
-            return f.read().split("\n")[:-1]
 
     def kept_tasks(self) -> list[dict]:
         """The stand-in's stop/start tasks, oldest first."""

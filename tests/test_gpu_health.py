@@ -11,17 +11,7 @@ import subprocess
 import pytest
 
 from pvegpu.adapters.nvml import NvmlProbe
-
-
-def _nvml_ok() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetCount() > 0
-    except Exception:
-        return False
-
+from tests.test_gpu import _nvml_ok
 
 pytestmark = [
     pytest.mark.gpu,

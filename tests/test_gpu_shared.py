@@ -41,7 +41,7 @@ SMALL_GIB = 0.0625  # 64 MiB: a small inference container
 GIB = 1024 * G.MIB
 
 
-class Lab:
+class Lab(G.PvegpuCalls):
     """One test's PVE-like node: containers by claimed vmid, the settings file, the pvesh stand-in, the hookscript."""
 
     def __init__(self, tmp: str, vmids: list[int]) -> None:
@@ -73,16 +73,6 @@ class Lab:
         N.start_ct(vmid, script, sys.executable)
         return G.Workload(f"CT {vmid}", gib, ready, lambda: N.ct_pids(vmid), exit_file=gone if watch else None,
                           listed="--fork-after-init" not in flags)
-
-    def pvegpu(self, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], float]:
-        t = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "pvegpu", "--config", self.config, *args], capture_output=True, text=True,
-                           env=self.env, timeout=timeout, cwd=G.REPO)
-        return r, time.perf_counter() - t
-
-    def api_calls(self) -> list[str]:
-        with open(self.pvesh_log) as f:
-            return f.read().split("\n")[:-1]
 
     def teardown(self) -> None:
         for p in self.host_procs:

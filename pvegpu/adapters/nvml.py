@@ -183,18 +183,20 @@ class NvmlProbe:
         raw = {0: v.dVal, 1: v.uiVal, 2: v.ulVal, 3: v.ullVal, 4: v.sllVal, 5: v.siVal}.get(int(got[0].valueType), v.uiVal)
         return RECOVERY_ACTIONS.get(int(raw), f"unknown-{int(raw)}")
 
-    def health(self, minor: int) -> GpuHealth:
-        """``nvidia-smi -q -i <minor> -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` + ``--query-gpu=mig.mode.current``; for the audit."""
-        N = self.N
-        h = self._handles.get(minor)
-        if h is None:
+    def _handle(self, minor: int) -> Any:
+        """The GPU's NVML handle, the GPUs listed first if they were not yet; None when NVML cannot name it."""
+        if minor not in self._handles:
             try:
                 self.gpus()
             except GpuQueryError:
-                return GpuHealth()
-            h = self._handles.get(minor)
-            if h is None:
-                return GpuHealth()
+                return None
+        return self._handles.get(minor)
+
+    def health(self, minor: int) -> GpuHealth:
+        """``nvidia-smi -q -i <minor> -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` + ``--query-gpu=mig.mode.current``; for the audit."""
+        N = self.N
+        if (h := self._handle(minor)) is None:
+            return GpuHealth()
         lost: list[bool] = []
         mem = self._try("nvmlDeviceGetMemoryInfo", h, N.nvmlMemory_v2, lost=lost) if self._v2 else None
         reserved = getattr(mem, "reserved", None)
@@ -224,14 +226,8 @@ class NvmlProbe:
         handle, an error, or NotSupported for the first link (a GPU without NVLink says so, but so does an NVLinked
         SXM GPU alone in a VM: unknown, never "none"). NotSupported or InvalidArgument past the first: its last link."""
         N = self.N
-        h = self._handles.get(minor)
-        if h is None:
-            try:
-                self.gpus()
-            except GpuQueryError:
-                return None
-            if (h := self._handles.get(minor)) is None:
-                return None
+        if (h := self._handle(minor)) is None:
+            return None
         active = 0
         for link in range(int(getattr(N, "NVML_NVLINK_MAX_LINKS", 18))):
             try:
