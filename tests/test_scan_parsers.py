@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pvegpu.adapters import devscan
 from pvegpu.adapters.devscan import ProcessScan, ScanBudget, maps_files
 from pvegpu.adapters.procfs import DeviceTable
-from pvegpu.core.safetext import escape
+from pvegpu.core.safetext import each_escaped, escape
 
 # -- the parsers as they were before issue 20: the reference the new ones must equal ---------------------------
 
@@ -37,34 +37,9 @@ def new_maps(text: bytes) -> dict[tuple[bytes, bytes], bytes]:
     return files
 
 
-def _one_old(ch: str) -> str:
-    code = ord(ch)
-    if ch == "\\":
-        return "\\\\"
-    if ch.isprintable():
-        return ch
-    if 0xDC80 <= code <= 0xDCFF:
-        return f"\\x{code - 0xDC00:02x}"
-    if code <= 0xFF:
-        return f"\\x{code:02x}"
-    if code <= 0xFFFF:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
-
-
 def old_escape(text: str | bytes, limit: int | None = None) -> str:
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "surrogateescape")
-    out: list[str] = []
-    size = 0
-    for ch in text:
-        piece = _one_old(ch)
-        if limit is not None and size + len(piece) > limit:
-            out.append("...")
-            break
-        out.append(piece)
-        size += len(piece)
-    return "".join(out)
+    """The escape without its fast path: every character escaped one by one (``safetext.each_escaped``)."""
+    return each_escaped(text.decode("utf-8", "surrogateescape") if isinstance(text, bytes) else text, limit)
 
 
 def _real_maps() -> list[bytes]:

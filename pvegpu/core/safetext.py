@@ -37,6 +37,11 @@ def escape(text: str | bytes, limit: int | None = None) -> str:
             return text
         if limit >= 0:
             return text[:limit] + "..."
+    return each_escaped(text, limit)
+
+
+def each_escaped(text: str, limit: int | None = None) -> str:
+    """``escape`` without its fast path: every character through ``_one`` (the reference its fast path equals)."""
     out: list[str] = []
     size = 0
     for ch in text:
