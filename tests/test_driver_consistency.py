@@ -93,3 +93,22 @@ def test_ct_init_names_each_running_containers_init_and_none_for_a_stopped_one(s
     init = host.ct_init(129)
     info = host.describe(init) if init is not None else None
     assert init == state.ct(129)["init_pid"] and info is not None and info.is_ct_init and host.ct_init(130) is None
+
+
+def test_a_lib_directory_cut_short_or_unreadable_is_unknown_not_a_match(tmp_path, monkeypatch):
+    """The host's version among files read, but the directory has more than are read (or cannot be read): unknown."""
+    from pvegpu.adapters import nodefiles
+
+    lib = tmp_path / "proc" / "7" / "root" / "usr" / "lib" / "x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    for n in range(5):
+        (lib / f"libcuda.so.550.54.{n}").write_text("")
+    files = LocalNodeFiles(proc=str(tmp_path / "proc"))
+    assert files.ct_lib_versions(129, 7) == frozenset(f"550.54.{n}" for n in range(5))
+    monkeypatch.setattr(nodefiles, "MAX_LIB_ENTRIES", 3)
+    assert files.ct_lib_versions(129, 7) is None
+    monkeypatch.undo()
+    real = os.open
+    monkeypatch.setattr(nodefiles.os, "open", lambda p, *a, **k: (_ for _ in ()).throw(PermissionError(13, "denied"))
+                        if p == "x86_64-linux-gnu" else real(p, *a, **k))
+    assert files.ct_lib_versions(129, 7) is None

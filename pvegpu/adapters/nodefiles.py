@@ -10,6 +10,7 @@ Manual equivalents: ``ls -l /dev/nvidia*``, ``pvesm path local:snippets/<name>``
 
 from __future__ import annotations
 
+import errno
 import os
 
 from pvegpu.adapters.etcpve import read_pve_or_none
@@ -99,7 +100,8 @@ class LocalNodeFiles:
     def ct_lib_versions(self, vmid: int, init_pid: int) -> frozenset[str] | None:
         """The NVIDIA driver versions named by library files in the container's usual lib directories (file names only,
         at most ``MAX_LIB_ENTRIES`` entries each); every directory below its root is opened without following a link, so
-        a tenant's link never leads out of it. None when its root cannot be opened."""
+        a tenant's link never leads out of it. None (unknown, never "match") when its root cannot be opened, or a lib
+        directory there cannot be read or has more entries than are read: versions past the cut would go unseen."""
         try:
             root = os.open(self.ct_root(vmid, init_pid), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
@@ -114,14 +116,14 @@ class LocalNodeFiles:
                     names: list[str] = []
                     with os.scandir(fd) as it:
                         for entry in it:
-                            names.append(entry.name)
                             if len(names) >= MAX_LIB_ENTRIES:
-                                break
+                                return None
+                            names.append(entry.name)
                     found |= lib_versions(names)
-                except OSError:
-                    continue
                 finally:
                     os.close(fd)
+        except OSError:
+            return None
         finally:
             os.close(root)
         return frozenset(found)
@@ -155,7 +157,8 @@ MAX_LIB_ENTRIES = 20_000  # a lib directory holds a few thousand files; past thi
 
 def _open_below(root: int, rel: str) -> int | None:
     """A descriptor of the directory ``rel`` below ``root``, each component opened with O_NOFOLLOW (a link, e.g. a
-    merged-/usr ``lib -> usr/lib``, is skipped: the real directory is read under its own name); None when absent."""
+    merged-/usr ``lib -> usr/lib``, is skipped: the real directory is read under its own name); None when absent;
+    OSError when it is there but cannot be opened (EACCES, EIO: unknown)."""
     fd = os.dup(root)
     try:
         for name in rel.split("/"):
@@ -163,6 +166,8 @@ def _open_below(root: int, rel: str) -> int | None:
             os.close(fd)
             fd = sub
         return fd
-    except OSError:
+    except OSError as exc:
         os.close(fd)
-        return None
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise

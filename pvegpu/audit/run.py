@@ -72,7 +72,7 @@ def _drivers(rep: NodeAudit, host: Host, files: NodeFiles) -> None:
         init = host.ct_init(g.vmid)
         libs = None if init is None else files.ct_lib_versions(g.vmid, init)
         why = ("the host's /proc/driver/nvidia/version cannot be read" if host_version is None else
-               "its init cannot be found" if init is None else "its root cannot be read" if libs is None else
+               "its init cannot be found" if init is None else "its root or a lib directory in it cannot be read in full" if libs is None else
                "no libnvidia-ml.so.<version> / libcuda.so.<version> in its lib directories" if not libs else None)
         check = DriverCheck(host_version, libs, why)
         rep.guests[i] = replace(g, driver=check)

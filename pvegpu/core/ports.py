@@ -297,7 +297,7 @@ class NodeFiles(Protocol):
 
     def ct_lib_versions(self, vmid: int, init_pid: int) -> frozenset[str] | None:
         """NVIDIA driver versions of the library files in a running container's root, through its init (file names
-        only, never following its links); None when its root cannot be read."""
+        only, never following its links); None (unknown) when its root or a lib directory cannot be read in full."""
         ...
 
     def pci_vendor(self, bus_id: str) -> str | None:
