@@ -251,6 +251,24 @@ def test_stat_is_read_only_for_a_process_without_fds(tmp_path):
     assert ProcHost(table, proc=str(tmp_path)).holdings([4303])[4303].minors == {0}
 
 
+def test_a_maps_read_cut_short_leaves_the_mapping_counting_on_every_gpu(tmp_path, monkeypatch):
+    """A maps read that ends over budget after one GPU's mapping says nothing of the others: the mapping is not
+    dropped on a GPU the read never reached (unknown is never "maps none")."""
+    from pvegpu.core.holders import via_on
+
+    def cut_short(self, proc, pid, zombie, minors, via):
+        minors.add(0)
+        via.add("maps")
+        raise devscan._OverBudget
+
+    monkeypatch.setattr(ProcessScan, "_scan_maps", cut_short)
+    d = tmp_path / "4304"
+    (d / "fd").mkdir(parents=True)
+    (d / "stat").write_bytes(_stat_text(4304, 0x00400100))
+    held = ProcHost(DeviceTable({}), proc=str(tmp_path)).holdings([4304])[4304]
+    assert held.mapped is None and "maps" in via_on(held, 1) and "unreadable" in held.via
+
+
 def test_real_kernel_threads_hold_nothing():
     """Every kernel thread on this machine (if any is visible) is absent from a whole scan; as root, where the old
     scan read their empty fd tables and maps, the answer is the same."""

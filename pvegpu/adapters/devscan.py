@@ -346,7 +346,9 @@ class ProcessScan:
             via.update((UNREADABLE, BUDGET))
         if not minors and UNREADABLE not in via:
             return None
-        return Holding(pid, frozenset(minors), frozenset(via), None if mapped is None else frozenset(mapped))
+        # which GPUs it maps is known only from a whole read of its maps: a cut-short one is unknown per GPU, never "maps none"
+        per_gpu = None if mapped is None or UNREADABLE in via else frozenset(mapped)
+        return Holding(pid, frozenset(minors), frozenset(via), per_gpu)
 
     def _check(self) -> None:
         if self._now() > self._deadline:
