@@ -200,7 +200,7 @@ def _verify(run: _Run) -> None:
     """(f) NVML: the GPU answers (by UUID), its memory is at the idle baseline, its recovery action is none."""
     r, p, pol = run.r, run.p, run.policy
     deadline = Deadline(p.clock, p.clock.monotonic() + pol.verify_wait)
-    why = ""
+    why, said = "", False
     while True:
         try:
             gpu = next((g for g in p.probe.gpus() if g.uuid == r.gpu.uuid), None)
@@ -221,6 +221,9 @@ def _verify(run: _Run) -> None:
                                          "check `nvidia-smi` and `dmesg`; a GPU that does not come back needs a reboot"))
             run.step("verify", "not-back", why)
             return
+        if not said:
+            said = True
+            run.step("wait", "verify", f"waiting up to {pol.verify_wait:g} s for {r.label} to answer at its idle memory: {why}")
         p.clock.sleep(min(pol.poll, max(0.0, deadline.remaining())))
     health = getattr(p.probe, "health", None)
     try:
