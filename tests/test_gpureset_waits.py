@@ -46,3 +46,37 @@ def test_a_gpu_back_at_once_shows_no_verify_wait():
     run, said = _run(absent=0.0)
     _verify(run)
     assert not [s for s in said if s.name == "wait"]
+
+
+
+class _SlowSmi:
+    """nvidia-smi that takes seconds for each call (fake time); records what had been said when each call began."""
+
+    def __init__(self, clock: FakeClock, said: list) -> None:
+        self.clock, self.said = clock, said
+        self.seen: list[list[str]] = []
+
+    def persistence(self, gpu: GpuInfo, on: bool) -> None:
+        self.seen.append([s.detail["msg"] for s in self.said])
+        self.clock.sleep(3.0)
+
+
+class _NoHolders:
+    self_pid = 1
+
+    def holdings(self) -> dict:
+        return {}
+
+
+def test_each_persistence_call_is_said_before_nvidia_smi_runs(monkeypatch):
+    """``nvidia-smi -pm 0`` and ``-pm 1`` can take seconds: the command is shown before it runs, not only after."""
+    from pvegpu.gpureset import procedure
+
+    run, said = _run(absent=0.0)
+    smi = _SlowSmi(run.p.clock, said)  # type: ignore[arg-type]
+    run.p.control, run.p.host = smi, _NoHolders()  # type: ignore[assignment]
+    run.r.persistence_before = True
+    monkeypatch.setattr(procedure, "_run_reset", lambda r: None)
+    procedure._reset(run)
+    assert smi.seen[0][-1] == f"nvidia-smi -i {GPU.uuid} -pm 0"
+    assert smi.seen[1][-1] == f"nvidia-smi -i {GPU.uuid} -pm 1"

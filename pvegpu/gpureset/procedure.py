@@ -129,6 +129,7 @@ def _reset(run: _Run) -> None:
     pm_off = r.persistence_before is not False
     if pm_off:
         try:
+            run.step("persistence", "run", f"nvidia-smi -i {gpu.uuid} -pm 0")  # said before: nvidia-smi may take seconds
             p.control.persistence(gpu, False)
             run.step("persistence", "off", f"persistence mode off for {r.label}" + ("" if r.persistence_before else
                                                                                      " (it was unknown before)"))
@@ -142,6 +143,7 @@ def _reset(run: _Run) -> None:
     finally:
         if pm_off and r.persistence_before:
             try:
+                run.step("persistence", "run", f"nvidia-smi -i {gpu.uuid} -pm 1")
                 p.control.persistence(gpu, True)
                 run.step("persistence", "on", f"persistence mode on again for {r.label}")
             except E.PvegpuError as exc:
