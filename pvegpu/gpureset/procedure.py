@@ -129,6 +129,7 @@ def _reset(run: _Run) -> None:
     pm_off = r.persistence_before is not False
     if pm_off:
         try:
+            run.step("persistence", "run", f"nvidia-smi -i {gpu.uuid} -pm 0")  # said before: nvidia-smi may take seconds
             p.control.persistence(gpu, False)
             run.step("persistence", "off", f"persistence mode off for {r.label}" + ("" if r.persistence_before else
                                                                                      " (it was unknown before)"))
@@ -142,6 +143,7 @@ def _reset(run: _Run) -> None:
     finally:
         if pm_off and r.persistence_before:
             try:
+                run.step("persistence", "run", f"nvidia-smi -i {gpu.uuid} -pm 1")
                 p.control.persistence(gpu, True)
                 run.step("persistence", "on", f"persistence mode on again for {r.label}")
             except E.PvegpuError as exc:
@@ -200,7 +202,7 @@ def _verify(run: _Run) -> None:
     """(f) NVML: the GPU answers (by UUID), its memory is at the idle baseline, its recovery action is none."""
     r, p, pol = run.r, run.p, run.policy
     deadline = Deadline(p.clock, p.clock.monotonic() + pol.verify_wait)
-    why = ""
+    why, said = "", False
     while True:
         try:
             gpu = next((g for g in p.probe.gpus() if g.uuid == r.gpu.uuid), None)
@@ -221,6 +223,9 @@ def _verify(run: _Run) -> None:
                                          "check `nvidia-smi` and `dmesg`; a GPU that does not come back needs a reboot"))
             run.step("verify", "not-back", why)
             return
+        if not said:
+            said = True
+            run.step("wait", "verify", f"waiting up to {pol.verify_wait:g} s for {r.label} to answer at its idle memory: {why}")
         p.clock.sleep(min(pol.poll, max(0.0, deadline.remaining())))
     health = getattr(p.probe, "health", None)
     try:
