@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pvegpu.core.model import GpuInfo, GpuSample
 from pvegpu.gpureset.model import GpuResetPolicy, GpuResetPorts, GpuResetReport
 from pvegpu.gpureset.procedure import _Run, _verify
@@ -80,3 +82,22 @@ def test_each_persistence_call_is_said_before_nvidia_smi_runs(monkeypatch):
     procedure._reset(run)
     assert smi.seen[0][-1] == f"nvidia-smi -i {GPU.uuid} -pm 0"
     assert smi.seen[1][-1] == f"nvidia-smi -i {GPU.uuid} -pm 1"
+
+
+def test_a_lock_the_filesystem_refuses_is_a_usage_error_not_a_traceback(tmp_path, monkeypatch):
+    """An flock error other than "held by another" (ENOLCK on a filesystem without locks) is a one-line UsageError."""
+    import errno as _errno
+    import fcntl
+
+    from pvegpu.adapters import drain
+    from pvegpu.core.errors import UsageError
+
+    def no_locks(fd, op):
+        raise OSError(_errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    d = tmp_path / "drain"
+    d.mkdir(mode=0o700)
+    with pytest.raises(UsageError):
+        with drain.gpu_lock(str(d), 0, "GPU 0"):
+            pass

@@ -47,8 +47,9 @@ class gpu_lock:  # noqa: N801 - used as ``with gpu_lock(dir, 0, "GPU 0"):``
             holder = _fields(self.fd).get("holder", "").split(":")[0]
             os.close(self.fd)
             self.fd = -1
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):  # ENOLCK, EINTR...: said, not a traceback
+                raise UsageError(f"cannot take the gpu-reset lock {os.path.join(self.drain_dir, _name(self.minor))}: "
+                                 f"{exc.strerror}", f"is {SETTING} on a filesystem with locks (a local one, such as /run)?") from None
             raise BusyError(f"another pvegpu gpu-reset of {self.label} is running" + (f" (pid {holder})" if holder.isdigit() else ""),
                             "let it finish (it has its own deadlines); its report says where every guest is") from None
         self.fields = {"holder": _identity(os.getpid()) or str(os.getpid()), "since": f"{time.time():.0f}"}
