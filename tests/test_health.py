@@ -6,13 +6,16 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from pvegpu.adapters.kernlog import KmsgLog
 from pvegpu.audit.prom import render
-from pvegpu.core.model import GpuHealth
-from pvegpu.gate.decide import GatePolicy, Situation, decide
+from pvegpu.core.errors import GpuQueryError
+from pvegpu.core.holders import GpuFacts
+from pvegpu.core.model import GpuHealth, GpuInfo, GpuSample
+from pvegpu.gate.decide import GatePolicy, Situation, decide, gpu_health
 from pvegpu.health import KernelEvents, Need, State, Verdict, bus_key, classify, judge, parse_lines, reset_record
 from pvegpu.sim.state import SimState
 from tests import pvelike
@@ -300,3 +303,25 @@ def test_tenant_text_the_kernel_prints_is_neither_an_xid_nor_a_reset():
     assert clears[1] == []
     kernel_said_reset = parse_lines([f"3,0,0,-;{XID48}", f"3,1,0,-;{reset_record(BUS)}", "3,2,0,-;GPU reset executed: GPU-1"])
     assert kernel_said_reset[1] == []  # resets are written from userspace: a kernel record saying one is someone's text
+
+
+def test_a_failed_nvml_health_reading_is_unknown_but_a_logged_fatal_xid_still_counts():
+    """NVML's health reading failed (None): with a clean log the GPU is unknown, not ok (it may be the lost one); a fatal
+    Xid in the log still says what it needs."""
+    clean, fatal = judge(None, log(), BUS), judge(None, log(XID79), BUS)
+    assert clean.state is State.UNKNOWN and not clean.refuses
+    assert fatal.state is State.NEEDS_REBOOT
+
+
+def test_gate_health_of_a_gpu_whose_nvml_reading_fails_is_unknown():
+    """The gate's health verdicts: a GPU whose health read raises is unknown, the other GPU's read is judged as usual."""
+    def health(minor):
+        if minor == 0:
+            raise GpuQueryError("GPU minor 0: NVML cannot name it", "hint")
+        return NONE
+
+    gpus = {m: GpuFacts(GpuInfo(m, m, f"GPU-{m}", BUS if m == 0 else "0000:42:00.0"), GpuSample(m, 0, ()))
+            for m in (0, 1)}
+    ports = SimpleNamespace(probe=SimpleNamespace(health=health), kernlog=SimpleNamespace(events=lambda: log()))
+    got = gpu_health(gpus, ports)
+    assert (got[0].state, got[1].state) == (State.UNKNOWN, State.OK)

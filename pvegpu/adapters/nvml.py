@@ -196,7 +196,7 @@ class NvmlProbe:
         """``nvidia-smi -q -i <minor> -d MEMORY,ROW_REMAPPER,PAGE_RETIREMENT`` + ``--query-gpu=mig.mode.current``; for the audit."""
         N = self.N
         if (h := self._handle(minor)) is None:
-            return GpuHealth()
+            raise GpuQueryError(f"GPU minor {minor}: NVML cannot name it, its health is unknown", _HINT)
         lost: list[bool] = []
         mem = self._try("nvmlDeviceGetMemoryInfo", h, N.nvmlMemory_v2, lost=lost) if self._v2 else None
         reserved = getattr(mem, "reserved", None)

@@ -126,9 +126,10 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
         if users is not None:
             row.holders = [replace(h, user=users(h.uid)) if h.uid is not None else h for h in row.holders]
         if health_of is not None and row.error is None:
-            row.health = ahead.read[gpu.minor] if gpu.minor in ahead.read else _health(health_of, gpu.minor)
+            read = ahead.read[gpu.minor] if gpu.minor in ahead.read else _health(health_of, gpu.minor)
+            row.health = read if read is not None else GpuHealth()  # None: the reading failed, every fact unknown
             _health_flags(row, rep.flags, facts[gpu.minor])
-            row.verdict = judge(row.health, log, gpu.bus_id, gpu.uuid, str(gpu.index))
+            row.verdict = judge(read, log, gpu.bus_id, gpu.uuid, str(gpu.index))
             _verdict_flags(row, rep.flags)
         rep.gpus.append(row)
     for index, why in sorted(lost.items()):  # NVML could not name it: an error row, never a gap
@@ -143,7 +144,7 @@ class _HealthAhead:
 
     def __init__(self, inner: GpuProbe) -> None:
         self.inner = inner
-        self.read: dict[int, GpuHealth] = {}
+        self.read: dict[int, GpuHealth | None] = {}  # None: that GPU's health reading failed
 
     def sample(self, minors: Iterable[int]) -> dict[int, GpuSample]:
         got = self.inner.sample(minors)
@@ -152,7 +153,7 @@ class _HealthAhead:
         health_of = getattr(self.inner, "health", None)
         if many is not None:
             read = many(known)
-            self.read.update({minor: read.get(minor, GpuHealth()) for minor in known})
+            self.read.update({minor: read.get(minor) for minor in known})
         elif health_of is not None:
             self.read.update({minor: _health(health_of, minor) for minor in known})
         return got
@@ -161,11 +162,12 @@ class _HealthAhead:
         return getattr(self.inner, name)
 
 
-def _health(read: Callable[[int], GpuHealth], minor: int) -> GpuHealth:
+def _health(read: Callable[[int], GpuHealth], minor: int) -> GpuHealth | None:
+    """That GPU's health, None when its reading failed (unknown, never healthy)."""
     try:
         return read(minor)
     except PvegpuError:
-        return GpuHealth()
+        return None
 
 
 def _holder_row(h: Holder, used: int | None, hostnames: Mapping[int, str], inherited: tuple[int, int | None] | None = None,

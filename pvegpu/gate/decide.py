@@ -317,12 +317,20 @@ def gpu_health(facts: Mapping[int, GpuFacts], ports: GatePorts) -> dict[int, Ver
         return {}
     many = getattr(ports.probe, "health_many", None)
     one = getattr(ports.probe, "health", None)
-    try:
-        read = many(list(named)) if many is not None else {m: one(m) for m in named} if one is not None else {}
-    except PvegpuError:
-        read = {}
+    read: dict[int, GpuHealth] = {}  # a GPU left out: its reading failed, its health is unknown
+    if many is not None:
+        try:
+            read = many(list(named))
+        except PvegpuError:  # NVML cannot start: every GPU's health is unknown
+            pass
+    elif one is not None:
+        for m in named:
+            try:
+                read[m] = one(m)
+            except PvegpuError:
+                pass
     log = ports.kernlog.events() if ports.kernlog is not None else None
-    return {m: judge(read.get(m, GpuHealth()), log, g.bus_id, g.uuid, str(g.index)) for m, g in named.items()}
+    return {m: judge(read.get(m), log, g.bus_id, g.uuid, str(g.index)) for m, g in named.items()}
 
 
 def _granted_pids(vmid: int, minors: set[int], ports: GatePorts) -> list[int]:

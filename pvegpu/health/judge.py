@@ -9,7 +9,8 @@ The rule (``docs/health.md``), in order:
    starts a new log, so an Xid of an earlier boot never counts. A refusal is a state, not a latch: once NVML says
    ``none`` (or does not report the action) and a reset is newer than every fatal Xid, the GPU is healthy again.
 4. The worst of 2 and 3 is the verdict (``needs-reboot`` over ``needs-gpu-reset``).
-5. Nothing needed: ``ok`` only when the kernel log was read, and, where it no longer holds this boot's first record
+5. Nothing needed: ``ok`` only when NVML's health reading came back (a GPU whose reading failed may be the lost one),
+   the kernel log was read, and, where it no longer holds this boot's first record
    (the ring buffer wrapped), only when NVML also reported the action as ``none``. Otherwise ``unknown``: unknown is
    never healthy, and it is never a refusal on its own either.
 
@@ -80,9 +81,11 @@ def _action(need: Need, index: str) -> str:
     return f"`pvegpu gpu-reset {index}` (it stops the CTs on it and starts them again), or reboot the node"
 
 
-def judge(health: GpuHealth, log: KernelEvents | None, bus_id: str, uuid: str = "", index: str = "N") -> Verdict:
+def judge(health: GpuHealth | None, log: KernelEvents | None, bus_id: str, uuid: str = "", index: str = "N") -> Verdict:
     """The verdict for the GPU at ``bus_id`` (``uuid``: resets logged by UUID; ``index`` names it in the advice) from its
-    NVML health and the kernel log's events (``log`` None: not read)."""
+    NVML health (None: NVML's health reading failed or never came) and the kernel log's events (``log`` None: not read)."""
+    unread = health is None  # NVML could not be asked: the log's fatal Xids still count, but nothing says "ok"
+    health = health if health is not None else GpuHealth()
     action = health.recovery_action
     notes = _notes(health)
     if health.lost:
@@ -110,6 +113,9 @@ def judge(health: GpuHealth, log: KernelEvents | None, bus_id: str, uuid: str = 
             why.append("the kernel log has " + ", ".join(xid_text(x) for x in fatal[-3:]) + f", {later}")
         return Verdict(State.NEEDS_REBOOT if need is Need.REBOOT else State.NEEDS_RESET, "; ".join(why), _action(need, index),
                        tuple(fatal), tuple(apps), notes, action)
+    if unread:
+        return Verdict(State.UNKNOWN, "NVML's health reading of this GPU failed (or did not come in time): whether it is "
+                       "lost or needs a recovery action is unknown", "", (), tuple(apps), notes, action)
     if log is None or not log.read:
         return Verdict(State.UNKNOWN, f"the kernel log cannot be read ({log.error if log is not None else 'not read'}): "
                        f"Xids since boot unknown; NVML's recovery action: {action or 'not reported'}", "", (), (), notes, action)

@@ -161,9 +161,9 @@ def stuck_health(facts: dict[int, GpuFacts], ports: Ports) -> dict[int, Verdict]
     out: dict[int, Verdict] = {}
     for m in sorted(minors):
         try:
-            h = health_of(m)
+            h: GpuHealth | None = health_of(m)
         except PvegpuError:
-            h = GpuHealth()
+            h = None  # unknown: the verdict says so, and still names a fatal Xid the log has
         g = facts[m].gpu
         out[m] = judge(h, log, g.bus_id, g.uuid, str(g.index))
     return out
