@@ -281,3 +281,25 @@ def test_dry_run_plan_fits_80_columns_with_a_full_uuid(sim_node):
     r = _pvegpu(node, "gpu-reset", "0", "--dry-run")
     assert r.returncode == 0 and uuid in r.stdout, r.stderr
     assert max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
+def test_a_drain_mark_that_cannot_be_read_is_unknown_and_counts_as_a_mark(tmp_path, monkeypatch):
+    """gpu<N>.lock exists but opening it fails (EIO): draining() names it unknown (the gate fails closed); no file is no mark."""
+    import errno as _errno
+
+    from pvegpu.adapters import drain
+
+    d = str(tmp_path / "drain")
+    with drain.gpu_lock(d, 0, "GPU 0"):
+        pass
+    assert drain.draining(d, 0) is None and drain.draining(d, 1) is None
+    real_open = os.open
+
+    def failing_open(path, *a, **kw):
+        if path == "gpu0.lock":
+            raise OSError(_errno.EIO, "Input/output error")
+        return real_open(path, *a, **kw)
+
+    monkeypatch.setattr(drain.os, "open", failing_open)
+    assert drain.draining(d, 0) is not None and drain.draining(d, 1) is None
+    assert drain.draining_any(d, frozenset({0, 1})) is not None

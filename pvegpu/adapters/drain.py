@@ -83,15 +83,18 @@ class gpu_lock:  # noqa: N801 - used as ``with gpu_lock(dir, 0, "GPU 0"):``
 
 def draining(drain_dir: str, minor: int) -> str | None:
     """'GPU minor N is being reset by pvegpu gpu-reset (pid P since T)' while a live gpu-reset holds the GPU's lock
-    and marked it draining; else None (no file, no trusted directory, no holder: its pid died)."""
+    and marked it draining; else None (no file, no trusted directory, no holder: its pid died). A mark that exists but
+    cannot be read (EACCES, EMFILE, EIO...) is unknown, and unknown counts as a mark: the gate fails closed."""
     try:
         dfd = open_dir(drain_dir, create=False, what="gpu-reset lock directory", setting=SETTING)
-    except (OSError, UsageError):
+    except (OSError, UsageError):  # no directory, or one gpu-reset would refuse too: no gpu-reset can hold a lock there
         return None
     try:
         fd = os.open(_name(minor), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
-    except OSError:
-        return None
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP):  # no gpu-reset of it since boot; a link gpu-reset would refuse
+            return None
+        return _unknown(drain_dir, minor, exc)
     finally:
         os.close(dfd)
     try:
@@ -115,7 +118,15 @@ def draining_any(drain_dir: str, minors: frozenset[int] | None) -> str | None:
     if minors is None:
         try:
             names = os.listdir(drain_dir)
-        except OSError:
+        except FileNotFoundError:  # no gpu-reset since boot
             return None
+        except OSError as exc:
+            return _unknown(drain_dir, None, exc)
         minors = frozenset(int(n[3:-5]) for n in names if n.startswith("gpu") and n.endswith(".lock") and n[3:-5].isdigit())
     return next((m for minor in sorted(minors) if (m := draining(drain_dir, minor))), None)
+
+
+def _unknown(drain_dir: str, minor: int | None, exc: OSError) -> str:
+    what = f"GPU minor {minor}" if minor is not None else "its GPUs"
+    return (f"whether a pvegpu gpu-reset is resetting {what} is unknown: {os.path.join(drain_dir, _name(minor) if minor is not None else '')} "
+            f"cannot be read ({exc.strerror or exc})")
