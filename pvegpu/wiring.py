@@ -28,7 +28,7 @@ from pvegpu.adapters.clock import SystemClock as system_clock
 from pvegpu.adapters.etcpve import EtcPve, NodePve, no_pve
 from pvegpu.adapters.kernlog import KMSG, KmsgLog
 from pvegpu.adapters.nvml import NvmlProbe
-from pvegpu.adapters.override import allow_once
+from pvegpu.adapters.override import allow_once, withdraw
 from pvegpu.adapters.procfs import ProcHost, ScanBudget
 from pvegpu.adapters.pvecli import run_command
 from pvegpu.adapters.settingsfile import load
@@ -375,7 +375,8 @@ def gpu_reset_ports(s: Settings, w: NodeWorld) -> GpuResetPorts:
         return d.allow, paragraph(vmid, d)
 
     return GpuResetPorts(w.pve, w.reset_probe, w.host, w.clock, control, w.files, lambda vmid: ct_lock(s, vmid, s.reset.lock_wait),
-                         gate, w.reset_probe.close, kernlog=kernel_log(s), allow_once=lambda vmid: allow_once(s.gate.override_dir, vmid))
+                         gate, w.reset_probe.close, kernlog=kernel_log(s), allow_once=lambda vmid: allow_once(s.gate.override_dir, vmid),
+                         withdraw_once=lambda vmid: withdraw(s.gate.override_dir, vmid))
 
 
 def gpu_lock(s: Settings, minor: int, label: str) -> drain.gpu_lock:

@@ -303,3 +303,16 @@ def test_a_drain_mark_that_cannot_be_read_is_unknown_and_counts_as_a_mark(tmp_pa
     monkeypatch.setattr(drain.os, "open", failing_open)
     assert drain.draining(d, 0) is not None and drain.draining(d, 1) is None
     assert drain.draining_any(d, frozenset({0, 1})) is not None
+
+
+def test_a_start_as_before_that_fails_before_its_hookscript_leaves_no_allow_once_token(sim_node):
+    """The GPU was not reset (no-reset) and needs one: CT 129's start as before gets an allow-once token; when that start
+    fails before the hookscript took it (the script is gone), the token is withdrawn, not left to waive a later refusal."""
+    scen = _scenario({"reset_supported": False, "leak_mib": 0})
+    scen["containers"][0]["hookscript"] = "local:snippets/gone"
+    node = sim_node(scen)
+    r = _pvegpu(node, "gpu-reset", "0", "--yes", "--json")
+    doc = _doc(r)
+    assert r.returncode == 11 and 129 in doc["left_stopped"] and 130 in doc["restarted"]
+    assert any(s["outcome"] == "as-before" for s in doc["steps"])
+    assert not os.path.lexists(os.path.join(node.root, "allow-once", "129"))

@@ -49,6 +49,20 @@ def allow_once(override_dir: str, vmid: int) -> str:
     return os.path.join(override_dir, name)
 
 
+def withdraw(override_dir: str, vmid: int) -> None:
+    """Remove CT ``vmid``'s token if no start consumed it (a start that failed before its hookscript ran): a token
+    written for one start must not waive a later start's refusal. No directory or no token: nothing to do."""
+    dfd = _open(override_dir, vmid, None)
+    if dfd is None:
+        return
+    try:
+        os.unlink(str(vmid), dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dfd)
+
+
 def _judge(dfd: int, vmid: int, ttl: float) -> tuple[float | None, str]:
     """(the token's age in seconds if it is complete and no older than ``ttl``, else None; why not)."""
     try:

@@ -44,6 +44,7 @@ class _Run:
         self.p, self.policy, self.r = ports, policy, report
         self.cts: list[_Ct] = []
         self.critical = False
+        self.once: set[int] = set()  # CTs given an allow-once token for their start as before
 
     def step(self, name: str, outcome: str, msg: str, **detail: object) -> None:
         s = Step(name, outcome, {"msg": msg, **detail})
@@ -290,7 +291,11 @@ def _start_again(run: _Run) -> None:
                                              f"fix what it names, then `pct start {vmid}`"))
                 run.step("start", "refused", f"CT {vmid} not started: the gate refuses")
                 continue
-        start(ct.run, ha=ct.ha, done="GPU reset and verified while it was stopped" if r.reset_ran else "its GPU was not reset")
+        try:
+            start(ct.run, ha=ct.ha, done="GPU reset and verified while it was stopped" if r.reset_ran else "its GPU was not reset")
+        finally:
+            if vmid in run.once:  # a start that failed before its hookscript ran left the token: it must not waive a later one
+                _withdraw(run, vmid)
         r.diagnosis.extend(ct.run.report.diagnosis)
         ct.run.report.diagnosis.clear()
         if ct.run.ct.restarted and not ct.run.ct.left_stopped:
@@ -317,6 +322,7 @@ def _gate(run: _Run, vmid: int, *, waive_health: bool) -> tuple[bool, str]:
                 p.allow_once(vmid)
             except (OSError, E.PvegpuError) as exc:
                 return False, f"{paragraph} (the allow-once token that would start it as it ran before cannot be written: {exc})"
+            run.once.add(vmid)
             run.step("start", "as-before", f"CT {vmid} runs again on the GPU it ran on (not reset): its health alone refuses, "
                      "so its start passes the gate once")
             return True, paragraph
@@ -326,6 +332,14 @@ def _gate(run: _Run, vmid: int, *, waive_health: bool) -> tuple[bool, str]:
             said = True
             run.step("wait", "gate", f"the gate refuses CT {vmid}'s start for now; asking again for up to {run.policy.verify_wait:g} s")
         p.clock.sleep(min(run.policy.poll, max(0.0, deadline.remaining())))
+
+
+def _withdraw(run: _Run, vmid: int) -> None:
+    try:
+        run.p.withdraw_once(vmid)
+    except (OSError, E.PvegpuError) as exc:
+        run.step("start", "token-left", f"CT {vmid}'s allow-once token could not be removed ({exc}): its next start passes "
+                 "the gate once within gate.override_ttl")
 
 
 def _interrupted(run: _Run, signame: str, *, abandoned: bool) -> None:
