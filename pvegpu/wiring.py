@@ -32,7 +32,6 @@ from pvegpu.adapters.override import allow_once, withdraw
 from pvegpu.adapters.procfs import ProcHost, ScanBudget
 from pvegpu.adapters.pvecli import run_command
 from pvegpu.adapters.settingsfile import load
-from pvegpu.adapters.smi import SmiControl
 from pvegpu.adapters.users import user_name
 from pvegpu.core import errors as E
 from pvegpu.core.ha import HaFiles
@@ -42,20 +41,19 @@ from pvegpu.core.model import MIB, Guest
 from pvegpu.core.ports import EventLog, GpuProbe, Host, KernelLog, NodeFiles, NullLog, PveApi, PveReader, WallClock
 from pvegpu.core.settings import Settings
 from pvegpu.gate.decide import GatePolicy, GatePorts, evaluate, paragraph
-from pvegpu.gpureset import GpuResetPolicy, GpuResetPorts
-from pvegpu.reset.report import Ports, ResetPolicy
-from pvegpu.sim import nodefiles as simfiles
-from pvegpu.sim import scenario
-from pvegpu.sim.pvecli import SimPveCli
-from pvegpu.sim.smi import SimSmi
 from pvegpu.sim.state import SimState
 from pvegpu.sim.trust import node_settings
-from pvegpu.vm.guest import VmApi
-from pvegpu.vm.reset import VmPolicy
 
 if TYPE_CHECKING:
     from pvegpu.adapters.pve import ProxmoxerPve
     from pvegpu.adapters.ssh import SshAudits
+    from pvegpu.gpureset import GpuResetPolicy, GpuResetPorts
+    from pvegpu.reset.report import Ports, ResetPolicy
+    from pvegpu.vm.guest import VmApi
+    from pvegpu.vm.reset import VmPolicy
+
+# The hookscript's pre-start runs on every guest start and imports only the gate's wiring: the reset, VM, gpu-reset and
+# simulated-node modules are imported by the functions that build them (``docs/gate.md``, the gate's budget).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +71,11 @@ def settings(opts: GlobalOptions, overrides: Mapping[str, object] | None = None)
     extra = node_settings(sim, overrides or {}, named=f"--simulate {sim}" if opts.simulate else f"PVEGPU_SIMULATE={sim}")
     extra |= {"simulate": opts.simulate} if opts.simulate else {}
     s = load(opts.config, overrides=extra, **({"snapshot_dir": None} if opts.simulate else {}))
-    return scenario.own_state(s) if s.simulate else s
+    if not s.simulate:
+        return s
+    from pvegpu.sim import scenario  # a simulated node only
+
+    return scenario.own_state(s)
 
 
 # -- policies: every default comes from settings.py ------------------------------------------------------
@@ -84,6 +86,8 @@ def leftover_rule(s: Settings) -> LeftoverRule:
 
 def reset_policy(s: Settings, *, dry_run: bool = False) -> ResetPolicy:
     """``[reset]`` as the state machine's policy."""
+    from pvegpu.reset.report import ResetPolicy  # not on the hook's pre-start path
+
     r, rule = s.reset, leftover_rule(s)
     return ResetPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, poll=r.poll, settle=r.settle, rounds=r.rounds,
                        threshold_bytes=rule.threshold_bytes, per_context_bytes=rule.per_context_bytes, restart=r.restart, dry_run=dry_run, task_timeout=r.task_timeout)
@@ -102,6 +106,8 @@ def gate_policy(s: Settings) -> GatePolicy:
 
 def vm_policy(s: Settings, *, dry_run: bool = False) -> VmPolicy:
     """``[reset]`` as the VM reset's policy (each guest command bounded by the poll-independent exec deadline)."""
+    from pvegpu.vm.reset import VmPolicy  # not on the hook's pre-start path
+
     r = s.reset
     return VmPolicy(grace=r.grace, kill_wait=r.kill_wait, timeout=r.timeout, settle=r.settle, restart=r.restart, dry_run=dry_run,
                     task_timeout=r.task_timeout, exec_timeout=max(2.0, min(30.0, r.timeout)),
@@ -158,7 +164,11 @@ def gpu_draining(s: Settings, minor: int) -> str | None:
 
 def gate_files(s: Settings) -> NodeFiles:
     """The node's files the VM gate reads: VM configs and ``mapping/pci.cfg`` in ``/etc/pve``, PCI drivers in sysfs."""
-    return simfiles.SimNodeFiles(s.simulate) if s.simulate else nodefiles.LocalNodeFiles(s.pve_root)
+    if not s.simulate:
+        return nodefiles.LocalNodeFiles(s.pve_root)
+    from pvegpu.sim import nodefiles as simfiles  # a simulated node only
+
+    return simfiles.SimNodeFiles(s.simulate)
 
 
 def own_start(s: Settings, vmid: int) -> str | None:
@@ -167,6 +177,8 @@ def own_start(s: Settings, vmid: int) -> str | None:
 
 
 def _sim_ports(s: Settings) -> tuple[PveApi, GpuProbe, Host]:
+    from pvegpu.sim import scenario  # a simulated node only
+
     return scenario.SimNode(s.simulate).ports(s.gate.record_dir)  # the gate's and audit's record of listed pids, as on a node
 
 
@@ -185,6 +197,7 @@ def api_client(s: Settings, node: str = "") -> ProxmoxerPve | None:
     if backend is None:
         return None
     from pvegpu.adapters.pve import ProxmoxerPve, connect  # proxmoxer, requests: never on the hookscript's path
+
     return ProxmoxerPve(connect(s.api, backend, task_timeout=s.reset.task_timeout), node=node)
 
 
@@ -264,6 +277,8 @@ class NodeWorld:
     def reset_ports(self, log: EventLog | None = None, *, exiting: bool = False) -> Iterator[Ports]:
         """Ports for ``pvegpu reset`` and the post-stop reclaim; NVML is closed when the ``with`` ends (``exiting``: the
         process ends right after, so in a daemon thread, not waited for)."""
+        from pvegpu.reset.report import Ports  # not on the hook's pre-start path
+
         try:
             yield Ports(self.pve, self.reset_probe, self.host, self.clock, log or NullLog(), kernlog=kernel_log(self.settings))
         finally:
@@ -288,6 +303,8 @@ def world(s: Settings) -> NodeWorld:
     """The simulated node under ``s.simulate``, else this node."""
     if s.simulate:
         end_scan_ahead()  # a scan of this node started before the settings named a simulated one
+        from pvegpu.sim import nodefiles as simfiles  # a simulated node only
+
         pve, sim, host = _sim_ports(s)
         files: NodeFiles = simfiles.SimNodeFiles(s.simulate)
     else:
@@ -319,6 +336,7 @@ def ha_files(s: Settings) -> HaFiles:
 def write_textfile(path: str, doc: Mapping[str, object]) -> None:
     """``audit --prometheus PATH``: node_exporter's textfile, written safely."""
     from pvegpu.adapters.textfile import write_textfile as write  # prometheus_client: never on the hookscript's path
+
     write(path, doc)
 
 
@@ -335,12 +353,14 @@ def vm_api(s: Settings) -> VmApi:
         raise E.UsageError("a VM reset works through the Proxmox API and its guest agent, and none can be used here",
                            "run it as root on a PVE node (pvesh), or set api.host and an API token (README 'VMs')")
     from pvegpu.adapters.agent import ProxmoxerVm  # proxmoxer, requests: never on the hookscript's path
+
     return ProxmoxerVm(api)
 
 
 def cluster_audits(timeout: float, options: list[str]) -> SshAudits:
     """The other nodes' audits, over the root SSH trust PVE sets up between cluster nodes."""
     from pvegpu.adapters.ssh import SshAudits  # concurrent.futures brings logging: not on a reset's or the hook's path
+
     return SshAudits(timeout=timeout, options=options)
 
 
@@ -356,6 +376,8 @@ def ct_draining(s: Settings, pve: PveReader, guest: Guest) -> str | None:
 
 def gpu_reset_policy(s: Settings, *, dry_run: bool = False) -> GpuResetPolicy:
     """``[gpureset]`` and the reset's API waits."""
+    from pvegpu.gpureset import GpuResetPolicy  # not on the hook's pre-start path
+
     g = s.gpureset
     return GpuResetPolicy(reset_policy(s), g.idle_mib * MIB, g.client_wait, s.reset.timeout, dry_run=dry_run)
 
@@ -363,6 +385,10 @@ def gpu_reset_policy(s: Settings, *, dry_run: bool = False) -> GpuResetPolicy:
 def gpu_reset_ports(s: Settings, w: NodeWorld) -> GpuResetPorts:
     """The world's PVE, NVML, ``/proc`` and files; ``nvidia-smi`` (a simulated node: its stand-in, always); each stopped
     container's reset lock; the start gate as ``check`` decides (our own locks are ours: not held against the start)."""
+    from pvegpu.adapters.smi import SmiControl  # not on the hook's pre-start path
+    from pvegpu.gpureset import GpuResetPorts
+    from pvegpu.sim.smi import SimSmi
+
     control = SimSmi(s.simulate, s.gpureset.smi_timeout) if s.simulate else SmiControl(s.gpureset.smi, s.gpureset.smi_timeout)
 
     def gate(vmid: int, waive_health: bool) -> tuple[bool, str]:
@@ -398,6 +424,9 @@ class InstallTarget:
 def install_target(s: Settings, storage: str, *, need_root: bool) -> InstallTarget:
     """This node (real ``pct``), or a simulated node's own files (never this node's ``/etc/pve`` or ``/var/lib/vz``)."""
     if s.simulate:
+        from pvegpu.sim import scenario  # a simulated node only
+        from pvegpu.sim.pvecli import SimPveCli
+
         sim = scenario.SimNode(s.simulate)
         where, root = os.path.realpath(storagecfg.read_storage(sim.state.etc_pve, storage).path), os.path.realpath(sim.root)
         if os.path.commonpath([where, root]) != root:

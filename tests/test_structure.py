@@ -96,7 +96,8 @@ def test_only_wiring_reads_settings_among_edges():
 @pytest.mark.parametrize("phase", ["pre-start", "post-stop"])
 def test_hook_path_imports_only_what_the_guard_names(tmp_path, phase):
     """`pvegpu hook VMID PHASE` as the guard runs it (no site, only the directories of ``install.GATE_PACKAGES``) on a
-    PVE-like node imports nothing beyond the standard library and those packages: no typer app, no API client."""
+    PVE-like node imports nothing beyond the standard library and those packages: no typer app, no API client; pre-start
+    (every guest start) none of the reset, VM reset, gpu-reset modules either, nor the simulated node's."""
     from pvegpu.cli.install import GATE_PACKAGES, fast_path
 
     root = pvelike.etc_pve(str(tmp_path / "pve"), "n1", {129: "arch: amd64\ndev0: /dev/nvidia0,gid=44\n"})
@@ -110,6 +111,9 @@ def test_hook_path_imports_only_what_the_guard_names(tmp_path, phase):
     outside = {m.split(".")[0] for m in loaded} - set(sys.stdlib_module_names) - {"__main__"}
     assert outside <= set(GATE_PACKAGES) and not outside & set(HEAVY), outside
     assert "pvegpu.cli.app" not in loaded
+    if phase == "pre-start":
+        acting = [m for m in loaded if m.split(".")[:2] in (["pvegpu", "reset"], ["pvegpu", "vm"], ["pvegpu", "gpureset"])]
+        assert not acting and not {"pvegpu.sim.scenario", "pvegpu.sim.nvml"} & set(loaded), acting
 
 
 # os.path helpers that only compute on strings (no file system access) may be used by the core

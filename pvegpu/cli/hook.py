@@ -25,7 +25,6 @@ from pvegpu.core.locate import check_vmid
 from pvegpu.core.textfit import fit
 from pvegpu.gate.decide import evaluate, paragraph
 from pvegpu.gate.vm import vm_verdict
-from pvegpu.reset import reset
 
 if TYPE_CHECKING:
     from pvegpu.core.settings import Settings
@@ -240,6 +239,8 @@ def _post_stop(vmid: int, s: Settings, out: TextIO, err: TextIO) -> int:
 
 
 def _reclaim(vmid: int, s: Settings) -> str:
+    from pvegpu.reset import reset  # post-stop only: pre-start, on every guest start, never resets
+
     try:
         with wiring.ct_lock(s, vmid, wait=0), wiring.world(s).reset_ports() as ports:
             outcome = reset(vmid, ports, wiring.post_stop_policy(s)).outcome
