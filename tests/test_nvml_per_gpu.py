@@ -23,7 +23,7 @@ from pvegpu.audit.prom import render
 from pvegpu.audit.render import audit_table
 from pvegpu.audit.run import audit_document, run_audit
 from pvegpu.core import errors as E
-from pvegpu.core.model import MIB, GpuHealth
+from pvegpu.core.model import MIB
 from pvegpu.core.settings import Settings
 from pvegpu.gate.decide import GatePolicy, GatePorts, evaluate
 from pvegpu.reset import Ports, ResetPolicy, reset
@@ -163,7 +163,8 @@ HEALTHY = [{"minor": 0, "uuid": "GPU-a", "remap": (1, 0)}, {"minor": 1, "uuid": 
 
 def test_the_audits_reader_reads_identity_and_health_unknowns_too(monkeypatch):
     """The audit's reader names each GPU it can (bus id, name, total), the lost one by index, samples the readable
-    ones, and reads each GPU's health: what the driver cannot tell is None (unknown), never a value."""
+    ones, and reads each GPU's health: what the driver cannot tell is None (unknown), never a value; a GPU it
+    cannot name at all is a GpuQueryError."""
     audit = audit_probe(monkeypatch, HEALTHY)
     assert [(g.index, g.minor, g.uuid, g.bus_id, g.name, g.total_bytes) for g in audit.gpus()] == [
         (0, 0, "GPU-a", "0000:01:00.0", "NVIDIA H200", 1000 * MIB), (1, 1, "GPU-b", "0000:02:00.0", "NVIDIA H200", 1000 * MIB),
@@ -174,7 +175,9 @@ def test_the_audits_reader_reads_identity_and_health_unknowns_too(monkeypatch):
     h0, h1 = audit.health(0), audit.health(1)
     assert h0.remap_pending is True and h0.remap_failed is False and h0.retired_pages_pending is None
     assert h1.remap_pending is None and h1.mig_enabled is True and h0.driver_version == "580.159.04"
-    assert audit.health(3).reserved_bytes is None and audit.health(7) == GpuHealth()
+    assert audit.health(3).reserved_bytes is None
+    with pytest.raises(E.GpuQueryError):  # a GPU NVML cannot name: its health is unknown, not a reading of all-None
+        audit.health(7)
 
 
 def test_the_gates_reader_reads_no_more_than_it_needs(monkeypatch):
