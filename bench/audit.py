@@ -1,7 +1,7 @@
 """Budget: ``pvegpu audit`` on a node of 2,000 processes takes ≤ 1.5× ``fuser -v /dev/nvidia*``, at 20,000 ≤ 1×.
 
     python3 bench/audit.py [--sizes 2000,20000] [--rounds 9] [--holders 100] [--node auto|gpu|sim] [--pvegpu CMD]
-                           [--out DIR]
+                           [--out DIR] [--profile DIR]
 
 For each size the node is filled up to that many processes (``/proc`` counted, everything already running included)
 with sleeping ``/bin/sleep`` processes; ``--holders`` of them hold a GPU's device open (fd only, as a CUDA worker holds
@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import glob
+import io
 import os
+import pstats
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -201,7 +204,39 @@ def agreement(audit_json: str, fuser_stdout: str) -> str:
     return text
 
 
-def measure(node: GpuNode | SimNode, size: int, rounds: int, holders: int, cgroups: bool) -> tuple[C.Row, str]:
+def profile(cmd: list[str], size: int, out: str) -> None:
+    """One more audit run with ``-X importtime`` and one under cProfile (on the node of ``size`` processes), into ``out``:
+    where a missed budget goes. ``cmd`` starts with pvegpu's launcher (its ``#!PYTHON -IS`` line names the interpreter)."""
+    script, rest = cmd[0], cmd[1:]
+    try:
+        with open(script, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        text = ""
+    entry = "from pvegpu.__main__ import main"  # pvegpu's main ends in os._exit: the profile runs pvegpu.cli.run instead
+    if not text.startswith("#!") or entry not in text:
+        print(f"audit profile: {script} is not pvegpu's launcher or console script; skipped", file=sys.stderr)
+        return
+    python, *flags = text.splitlines()[0][2:].split()
+    stats = os.path.join(out, f"audit-{size}.prof")
+    code = text.split(entry)[0] + f"import cProfile\nfrom pvegpu.cli import run\ncProfile.run('run(sys.argv[1:])', {stats!r})\n"
+    runs = {"importtime": [python, *flags, "-X", "importtime", script, *rest],
+            "cprofile": [python, *flags, "-c", code, *rest]}
+    for name, argv in runs.items():
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        with open(os.path.join(out, f"audit-{size}-{name}.txt"), "w") as f:
+            f.write(p.stderr if name == "importtime" else p.stderr[-2000:])
+    if os.path.exists(stats):
+        buf = io.StringIO()
+        pstats.Stats(stats, stream=buf).sort_stats("cumulative").print_stats(60)
+        buf.write("\n-- by own time\n")
+        pstats.Stats(stats, stream=buf).sort_stats("tottime").print_stats(30)
+        with open(os.path.join(out, f"audit-{size}-cprofile.txt"), "a") as f:
+            f.write(buf.getvalue())
+
+
+def measure(node: GpuNode | SimNode, size: int, rounds: int, holders: int, cgroups: bool,
+            profile_dir: str = "") -> tuple[C.Row, str]:
     sleepers = plan(to_spawn(size, process_count(), holders), holders, node.devices)
     crowd = Crowd(sleepers, node.base, cgroups)
     try:
@@ -223,6 +258,8 @@ def measure(node: GpuNode | SimNode, size: int, rounds: int, holders: int, cgrou
         load = os.getloadavg()[0]
         times = C.paired({"audit": audit, "fuser": fuser}, rounds)
         load_text = f"1-minute load {load:.1f} before the rounds, {os.getloadavg()[0]:.1f} after"
+        if profile_dir:
+            profile(node.audit, size, profile_dir)
     finally:
         crowd.close()
     failures = [f"{n} × exit {code}" for code, n in exits.items() if code not in (0, 8)]
@@ -242,6 +279,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--node", choices=("auto", "gpu", "sim"), default="auto", help="auto: the GPU node when a GPU answers here")
     ap.add_argument("--pvegpu", default="", help="the pvegpu command (default: the entry point beside this python, else PATH's)")
     ap.add_argument("--out", default="", help="directory for <date>-audit.md (e.g. bench/results)")
+    ap.add_argument("--profile", default="", help="directory: after each size's rounds, one audit run with -X importtime and one under cProfile")
     a = ap.parse_args(argv)
     try:
         sizes = [int(x) for x in a.sizes.split(",") if x]
@@ -260,7 +298,7 @@ def main(argv: list[str]) -> int:
     rows, notes = [], []
     try:
         for size in sizes:
-            row, note = measure(node, size, a.rounds, a.holders, cgroups=gpu)
+            row, note = measure(node, size, a.rounds, a.holders, cgroups=gpu, profile_dir=a.profile)
             rows.append(row)
             notes.append(note)
             print(f"audit {size}: {C.fmt_runs(row.pvegpu)}; fuser: {C.fmt_runs(row.other)}", file=sys.stderr, flush=True)
