@@ -2,7 +2,8 @@
 # The GPU tests and the three budgets of bench/ on a GPU node in one go, as root, from the repo root:
 #   OUT=/tmp/pvegpu-gpu bash bench/gpu_batch.sh
 # PARTS="tests gate reset audit" (the default: all) runs only the sections named, e.g. in two calls of a 10-minute limit;
-# GATE_PROFILE=1 adds one gate run under -X importtime and one under cProfile (gate-*.txt).
+# GATE_PROFILE=1 adds one gate run under -X importtime and one under cProfile (gate-*.txt); AUDIT_PROFILE=1 the same
+# for the audit at each size (audit-<size>-*.txt).
 # Each budget writes OUT/<date>-<budget>.md; copy them into bench/results/.
 # On a machine without a package registry, put the wheels in .whl/ first (BENCHMARKS.md says how).
 set -u
@@ -48,6 +49,6 @@ timeout "${T_RESET:-300}" $PY bench/reset.py --node gpu --reps "${RESET_REPS:-5}
 fi
 if want audit; then echo "== audit against fuser -v"; date +%s
 timeout "${T_AUDIT:-240}" $PY bench/audit.py --node gpu --sizes "${AUDIT_SIZES:-2000,20000}" --rounds "${AUDIT_N:-9}" ${PVEGPU:+--pvegpu "$PVEGPU"} \
-  --out "$OUT" 2>&1 | tail -20
+  --out "$OUT" ${AUDIT_PROFILE:+--profile "$OUT"} 2>&1 | tail -20
 fi
 date +%s
