@@ -112,3 +112,12 @@ def test_a_lib_directory_cut_short_or_unreadable_is_unknown_not_a_match(tmp_path
     monkeypatch.setattr(nodefiles.os, "open", lambda p, *a, **k: (_ for _ in ()).throw(PermissionError(13, "denied"))
                         if p == "x86_64-linux-gnu" else real(p, *a, **k))
     assert files.ct_lib_versions(129, 7) is None
+
+
+def test_debians_packaged_driver_libraries_are_read(tmp_path):
+    """A Debian container with the packaged driver (libs in <multiarch>/nvidia/current, links elsewhere): its version is read."""
+    cur = tmp_path / "proc" / "7" / "root" / "usr" / "lib" / "x86_64-linux-gnu" / "nvidia" / "current"
+    cur.mkdir(parents=True)
+    (cur / "libcuda.so.535.247.01").write_text("")
+    (cur / "libcuda.so.1").write_text("")
+    assert LocalNodeFiles(proc=str(tmp_path / "proc")).ct_lib_versions(129, 7) == frozenset({"535.247.01"})

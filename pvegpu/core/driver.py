@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 LIBS = ("libnvidia-ml.so.", "libcuda.so.")  # the driver's own libraries: their version is the driver's
-LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "lib/x86_64-linux-gnu", "lib64", "usr/lib/aarch64-linux-gnu")
+# the usual lib directories, and Debian's packaged driver (libcuda1, libnvidia-ml1: ``<multiarch>/nvidia/current``)
+LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "lib/x86_64-linux-gnu", "lib64", "usr/lib/aarch64-linux-gnu",
+            "usr/lib/x86_64-linux-gnu/nvidia/current", "usr/lib/aarch64-linux-gnu/nvidia/current")
 
 
 def _version(text: str) -> str | None:
