@@ -92,8 +92,8 @@ def test_self_is_never_a_holder():
 @pytest.mark.root
 @root
 def test_pid_namespace_and_cgroup_container():
-    """A process in /lxc/<vmid>/ns and its own PID namespace is placed in the CT, its init recognised,
-    its holders signalled through the pidfd, and the init never."""
+    """A process in /lxc/<vmid>/ns and its own PID namespace is placed in the CT, its init recognised (ct_init names
+    it), its holders signalled through the pidfd, and the init never."""
     vmid = pvelike.claim_vmids(1)[0]  # this run's own cgroup name
     ct = pvelike.start_ct(vmid, [sys.executable, "-c", f"import os,time; fd=os.open({GPU!r}, os.O_RDONLY | os.O_NOCTTY); time.sleep(60)"])
     try:
@@ -106,6 +106,7 @@ def test_pid_namespace_and_cgroup_container():
         assert all(i.placement.place is Place.CONTAINER and i.placement.vmid == vmid for i in infos)
         init = [i for i in infos if i.is_ct_init]
         assert len(init) == 1 and init[0].ns_pid == 1
+        assert host.ct_init(vmid) == init[0].pid and host.ct_init(vmid + 1_000_000) is None
         held = host.holdings(pids)
         [holder] = [host.describe(p) for p in held]
         assert holder.ns_pid not in (None, holder.pid)  # NSpid: host pid and container pid differ

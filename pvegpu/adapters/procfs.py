@@ -430,9 +430,14 @@ class ProcHost:
                       and (i.placement == want or i.placement.place is Place.UNKNOWN) and i.state not in DEAD)
 
     def ct_init(self, vmid: int) -> int | None:
-        """The container's init, read only as far as it takes to find it (the boundary's candidates, each described)."""
+        """The container's init, read only as far as it takes to find it (the boundary's candidates, each described).
+        A candidate whose NSpid cannot be an init's (one ``status`` read) is not described: a container of thousands
+        whose init is not among its first members (pids wrapped; a tenant's choice) costs a read each, not a describe."""
         want = Placement(Place.CONTAINER, vmid)
         for p in self.boundary.init_candidates(vmid):
+            nspid = status_facts(_read_bytes(f"{self.proc}/{p}/status") or b"")[0]
+            if not self.boundary.view(p, want, nspid)[1]:
+                continue
             i = self.describe(p)
             if i is not None and i.is_ct_init and i.placement == want and i.state not in DEAD:
                 return p
