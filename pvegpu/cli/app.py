@@ -29,17 +29,15 @@ from pvegpu.audit.run import audit_document, audit_once
 from pvegpu.cli import audit as auditcmd
 from pvegpu.cli import hook
 from pvegpu.cli import install as ins
-from pvegpu.cli.gpureset import do_gpu_reset
-from pvegpu.cli.render import audit_text
-from pvegpu.cli.reset import do_reset
 from pvegpu.core import contract
 from pvegpu.core import errors as E
 from pvegpu.core.locate import check_vmid, find_guest
 from pvegpu.core.safetext import escape
 from pvegpu.core.settings import ResetSettings
 from pvegpu.core.textfit import said
-from pvegpu.sim import scenario as sc
-from pvegpu.sim.lifecycle import create, created
+
+# Each command imports its own modules (reset, gpu-reset, the simulated node) in its body: `pvegpu audit`, run every
+# minute by monitoring, pays for no other command's.
 
 _R = ResetSettings()
 WIDTH = 80  # help fits an 80-column terminal (a narrower one gets narrower help)
@@ -182,6 +180,8 @@ def reset_cmd(
 ) -> None:
     """Stop every process of the container that holds its GPUs, verify with NVML that the memory is back, and
     restart the container through the API if it is not. A VM: the same inside the guest, through its guest agent."""
+    from pvegpu.cli.reset import do_reset  # its command's own (see above)
+
     s = wiring.settings(_opts(ctx), {"reset.restart": False if no_restart else None, "reset.timeout": timeout,
                                      "reset.grace": grace, "reset.settle": settle})
     raise typer.Exit(do_reset(s, check_vmid(vmid), dry_run=dry_run, json_out=json_out, verbose=verbose))
@@ -198,6 +198,8 @@ def gpu_reset_cmd(
 ) -> None:
     """Reset one GPU (`nvidia-smi -r`) as a verified procedure: stop the containers on it, reset, verify with NVML,
     start them again through the gate. docs/gpu-reset.md."""
+    from pvegpu.cli.gpureset import do_gpu_reset  # its command's own (see above)
+
     raise typer.Exit(do_gpu_reset(wiring.settings(_opts(ctx)), gpu, dry_run=dry_run, yes=yes, json_out=json_out, verbose=verbose))
 
 
@@ -236,6 +238,8 @@ def audit_cmd(
 
 
 def _audit_table(s: Any) -> str:
+    from pvegpu.cli.render import audit_text  # its command's own (see above)
+
     p = wiring.world(s).audit_ports()
     rep = audit_once(p.open_probe, pve=p.pve, host=p.host, files=p.files, threshold_bytes=p.threshold_bytes, clock=p.clock, users=p.users, kernlog=p.kernlog)
     return audit_text(audit_document([rep], clock=p.clock))
@@ -259,6 +263,8 @@ def demo_cmd(
                                 help="SIGTERM grace in the demo (default 1: short, so the demo is quick)"),
 ) -> None:
     """Run the real reset code against a built-in simulated node: no Proxmox, GPU or root needed."""
+    from pvegpu.sim import scenario as sc  # its command's own (see above)
+
     data = sc.named(scenario)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)  # a killed demo still takes its workloads with it
     results: list[str] = []
@@ -292,6 +298,9 @@ def _demo_node(ctx: typer.Context, data: dict[str, Any], grace: float, results: 
                audit_after: bool, health: bool = False) -> int:
     """Build the node of ``data``, audit it, reset ``targets`` (a result each in ``results``), with ``health`` show the
     gate's refusal, a gpu-reset and the start allowed (``_demo_health``), remove it; the worst exit."""
+    from pvegpu.cli.reset import do_reset  # its command's own (see above)
+    from pvegpu.sim.lifecycle import create
+
     sim = None
     code = 0
     try:
@@ -324,6 +333,8 @@ def _demo_health(ctx: typer.Context, s: Any, root: str, data: dict[str, Any], re
     """On a node whose GPU 0 needs a reset: the gate refuses the stopped CT's start (exit 10, expected), `gpu-reset 0
     --yes` stops, resets, verifies and starts the running CTs, then the gate allows the start. The worst exit of the
     reset and the second check."""
+    from pvegpu.cli.gpureset import do_gpu_reset  # its command's own (see above)
+
     vmid = next(int(c["vmid"]) for c in data["containers"] if c.get("status") == "stopped")
     opts = wiring.GlobalOptions(_opts(ctx).config, root)
 
@@ -352,6 +363,8 @@ def sim_create(
                                  help="a built-in scenario (demo (default), idle, leak, app, tp8, health) or a scenario JSON file"),
 ) -> None:
     """Build a simulated node in DIR and start its containers (real processes); no Proxmox, GPU or root needed."""
+    from pvegpu.sim.lifecycle import create, created  # its command's own (see above)
+
     typer.echo(created(create(directory, scenario, (ins.GUARD, ins.guard_text(ins.template())))))
 
 
@@ -359,6 +372,8 @@ def sim_create(
 def sim_remove(directory: str = typer.Argument(..., metavar="DIR", help="a simulated node made by `pvegpu sim create`",
                                                show_default=False)) -> None:
     """Stop a simulated node's containers and remove DIR."""
+    from pvegpu.sim import scenario as sc  # its command's own (see above)
+
     if not (os.path.isfile(os.path.join(directory, "scenario.json")) and os.path.isfile(os.path.join(directory, "etc-pve", ".vmlist"))):
         raise E.UsageError(f"{directory} is not a simulated node (no scenario.json and etc-pve/.vmlist there): not removed",
                            "`pvegpu sim remove` removes only a directory `pvegpu sim create` made")
