@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pvegpu.cli import app as cli
+from pvegpu.cli import reset as cli_reset
 from pvegpu.cli import run
 from pvegpu.core.settings import ResetSettings
 from tests.pvelike import REPO
@@ -35,7 +35,7 @@ def test_reset_options_reach_the_reset(monkeypatch, tmp_path, line, flags, setti
     for k in [k for k in os.environ if k.startswith("PVEGPU_")]:
         monkeypatch.delenv(k)
     seen: list[tuple] = []
-    monkeypatch.setattr(cli, "do_reset", lambda s, vmid, **kw: seen.append((s, vmid, kw)) or 0)
+    monkeypatch.setattr(cli_reset, "do_reset", lambda s, vmid, **kw: seen.append((s, vmid, kw)) or 0)
     assert run(["--config", str(cfg), "reset", *line]) == 0
     (s, vmid, kw), = seen
     assert vmid == 129 and kw == {"dry_run": False, "json_out": False, "verbose": False} | flags
