@@ -401,8 +401,13 @@ def gpu_reset_ports(s: Settings, w: NodeWorld) -> GpuResetPorts:
         return d.allow, paragraph(vmid, d)
 
     return GpuResetPorts(w.pve, w.reset_probe, w.host, w.clock, control, w.files, lambda vmid: ct_lock(s, vmid, s.reset.lock_wait),
-                         gate, w.reset_probe.close, kernlog=kernel_log(s), allow_once=lambda vmid: allow_once(s.gate.override_dir, vmid),
-                         withdraw_once=lambda vmid: withdraw(s.gate.override_dir, vmid))
+                         gate, w.reset_probe.close, kernlog=kernel_log(s), allow_once=lambda vmid: _once(s, vmid))
+
+
+def _once(s: Settings, vmid: int) -> Callable[[], object]:
+    """CT ``vmid``'s one-start token, and the call that withdraws exactly that token (never one written since)."""
+    token = allow_once(s.gate.override_dir, vmid)
+    return lambda: withdraw(s.gate.override_dir, token)
 
 
 def gpu_lock(s: Settings, minor: int, label: str) -> drain.gpu_lock:

@@ -284,7 +284,8 @@ def test_dry_run_plan_fits_80_columns_with_a_full_uuid(sim_node):
 
 
 def test_a_drain_mark_that_cannot_be_read_is_unknown_and_counts_as_a_mark(tmp_path, monkeypatch):
-    """gpu<N>.lock exists but opening it fails (EIO): draining() names it unknown (the gate fails closed); no file is no mark."""
+    """gpu<N>.lock exists but opening it fails (EIO): draining() names it unknown (the gate fails closed); no file, or a
+    drain_dir gpu-reset itself would refuse (a file), is no mark for one GPU or for all."""
     import errno as _errno
 
     from pvegpu.adapters import drain
@@ -303,6 +304,10 @@ def test_a_drain_mark_that_cannot_be_read_is_unknown_and_counts_as_a_mark(tmp_pa
     monkeypatch.setattr(drain.os, "open", failing_open)
     assert drain.draining(d, 0) is not None and drain.draining(d, 1) is None
     assert drain.draining_any(d, frozenset({0, 1})) is not None
+    monkeypatch.undo()
+    afile = tmp_path / "not-a-dir"
+    afile.write_text("")
+    assert drain.draining_any(str(afile), None) is None and drain.draining(str(afile), 0) is None  # as gpu-reset judges it
 
 
 def test_a_start_as_before_that_fails_before_its_hookscript_leaves_no_allow_once_token(sim_node):
@@ -316,3 +321,27 @@ def test_a_start_as_before_that_fails_before_its_hookscript_leaves_no_allow_once
     assert r.returncode == 11 and 129 in doc["left_stopped"] and 130 in doc["restarted"]
     assert any(s["outcome"] == "as-before" for s in doc["steps"])
     assert not os.path.lexists(os.path.join(node.root, "allow-once", "129"))
+
+
+def test_withdrawing_gpu_resets_token_leaves_a_token_an_admin_wrote_since(tmp_path):
+    """withdraw() removes only the token it was given: after an admin's own allow-once of the same CT it stays."""
+    from pvegpu.adapters.override import allow_once, withdraw
+
+    d = str(tmp_path / "once")
+    ours = allow_once(d, 129)
+    admins = allow_once(d, 129)
+    assert not withdraw(d, ours) and os.path.exists(admins.path)
+    assert withdraw(d, admins) and not os.path.lexists(admins.path)
+
+
+def test_a_start_as_before_that_may_still_happen_keeps_its_token_and_says_so(sim_node):
+    """CT 129's start as before gets no answer (an API timeout): the start may still run its hookscript, so the token is
+    kept, and the report names CT 129 as left stopped with a diagnosis."""
+    scen = _scenario({"reset_supported": False, "leak_mib": 0})
+    scen["containers"][0]["start_no_answer"] = True
+    node = sim_node(scen)
+    r = _pvegpu(node, "gpu-reset", "0", "--yes", "--json")
+    doc = _doc(r)
+    assert r.returncode == 11 and 129 in doc["left_stopped"] and 130 in doc["restarted"]
+    assert os.path.exists(os.path.join(node.root, "allow-once", "129"))
+    assert any(d["kind"] == "left-stopped" and "129" in d["problem"] for d in doc["diagnosis"])

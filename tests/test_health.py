@@ -325,3 +325,16 @@ def test_gate_health_of_a_gpu_whose_nvml_reading_fails_is_unknown():
     ports = SimpleNamespace(probe=SimpleNamespace(health=health), kernlog=SimpleNamespace(events=lambda: log()))
     got = gpu_health(gpus, ports)
     assert (got[0].state, got[1].state) == (State.UNKNOWN, State.OK)
+
+
+def test_a_gpu_whose_health_reading_fails_is_unknown_in_check_and_flagged_by_audit(sim_node):
+    """GPU 0's health reading fails (health_error): check of CT 129 shows unknown and is not refused for it; audit flags
+    the GPU unreadable (attention, exit 8) with the verdict unknown; GPU 1 is judged as usual."""
+    node = sim_node(scenario(health_error="NVML_ERROR_UNKNOWN"))
+    r = check(node)
+    assert r.returncode == 0 and json.loads(r.stdout)["gpus"][0]["health"]["state"] == "unknown"
+    a = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "audit", "--json"], capture_output=True,
+                       text=True, cwd=pvelike.REPO, timeout=120)
+    n = json.loads(a.stdout)["nodes"][0]
+    assert a.returncode == 8 and [f["subject"] for f in n["flags"] if f["kind"] == "unreadable-gpu"] == ["GPU 0"]
+    assert [g["health"]["verdict"]["state"] for g in sorted(n["gpus"], key=lambda g: g["index"])] == ["unknown", "ok"]

@@ -116,12 +116,16 @@ def draining(drain_dir: str, minor: int) -> str | None:
 def draining_any(drain_dir: str, minors: frozenset[int] | None) -> str | None:
     """The first mark among ``minors`` (None: every GPU, a container granted them all), else None."""
     if minors is None:
-        try:
-            names = os.listdir(drain_dir)
-        except FileNotFoundError:  # no gpu-reset since boot
+        try:  # the directory as ``draining`` judges it: none, or one gpu-reset would refuse too, is no mark
+            dfd = open_dir(drain_dir, create=False, what="gpu-reset lock directory", setting=SETTING)
+        except (OSError, UsageError):
             return None
+        try:
+            names = os.listdir(dfd)
         except OSError as exc:
             return _unknown(drain_dir, None, exc)
+        finally:
+            os.close(dfd)
         minors = frozenset(int(n[3:-5]) for n in names if n.startswith("gpu") and n.endswith(".lock") and n[3:-5].isdigit())
     return next((m for minor in sorted(minors) if (m := draining(drain_dir, minor))), None)
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 from pvegpu.adapters.locks import open_dir
-from pvegpu.adapters.safefile import open_nofollow, write_atomic
+from pvegpu.adapters.safefile import open_nofollow, read_regular, write_atomic
 from pvegpu.core.errors import UsageError
 
 MAGIC = "pvegpu-allow-once"
@@ -35,30 +36,43 @@ def _boot() -> tuple[str, float]:
     return boot_id, time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))
 
 
-def allow_once(override_dir: str, vmid: int) -> str:
-    """Write CT ``vmid``'s token atomically (a partial token is never seen); returns its path.
+@dataclass(frozen=True)
+class Token:
+    """One token as written: where, for which CT, and its bytes (``withdraw`` removes only these)."""
+
+    path: str
+    vmid: int
+    data: bytes
+
+
+def allow_once(override_dir: str, vmid: int) -> Token:
+    """Write CT ``vmid``'s token atomically (a partial token is never seen).
     Raises UsageError when the directory fails the checks, OSError when it cannot be written."""
     dfd = open_dir(override_dir, create=True, what=WHAT, setting=SETTING)
     name = str(vmid)
     try:
         boot_id, up = _boot()
-        data = f"{MAGIC} {time.time():.0f} uid={os.getuid()} boot={boot_id} up={up:.3f}\n".encode()
+        data = f"{MAGIC} {time.time():.0f} uid={os.getuid()} boot={boot_id} up={up:.6f} by={os.getpid()}\n".encode()
         write_atomic(name, data, mode=0o600, dir_fd=dfd)
     finally:
         os.close(dfd)
-    return os.path.join(override_dir, name)
+    return Token(os.path.join(override_dir, name), vmid, data)
 
 
-def withdraw(override_dir: str, vmid: int) -> None:
-    """Remove CT ``vmid``'s token if no start consumed it (a start that failed before its hookscript ran): a token
-    written for one start must not waive a later start's refusal. No directory or no token: nothing to do."""
-    dfd = _open(override_dir, vmid, None)
+def withdraw(override_dir: str, token: Token) -> bool:
+    """Remove ``token`` if no start consumed it (a start that failed before its hookscript ran): a token written for
+    one start must not waive a later start's refusal. Only that token: one written since (an admin's
+    ``pvegpu hook allow-once``) has other bytes and stays. True when it was removed."""
+    dfd = _open(override_dir, token.vmid, None)
     if dfd is None:
-        return
+        return False
     try:
-        os.unlink(str(vmid), dir_fd=dfd)
+        if read_regular(str(token.vmid), dfd, limit=len(token.data) + 1) != token.data:
+            return False
+        os.unlink(str(token.vmid), dir_fd=dfd)
+        return True
     except FileNotFoundError:
-        pass
+        return False
     finally:
         os.close(dfd)
 

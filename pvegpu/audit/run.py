@@ -128,6 +128,10 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
         if health_of is not None and row.error is None:
             read = ahead.read[gpu.minor] if gpu.minor in ahead.read else _health(health_of, gpu.minor)
             row.health = read if read is not None else GpuHealth()  # None: the reading failed, every fact unknown
+            if read is None:  # its memory was read, its health was not: it may be the GPU that is lost
+                row.flags.append(FlagKind.UNREADABLE)
+                rep.flags.append(Flag(FlagKind.UNREADABLE, f"GPU {gpu.index}", f"{gpu.uuid}: NVML's health reading failed "
+                                      "or did not come in time: whether it is lost or needs a reset is unknown"))
             _health_flags(row, rep.flags, facts[gpu.minor])
             row.verdict = judge(read, log, gpu.bus_id, gpu.uuid, str(gpu.index))
             _verdict_flags(row, rep.flags)

@@ -466,7 +466,7 @@ def hook_allow_once(
     else:
         find_guest(n, pve)  # an unknown CT or one on another node: say so, write nothing
     try:
-        path = allow_once(s.gate.override_dir, n)
+        path = allow_once(s.gate.override_dir, n).path
     except OSError as exc:
         raise E.UsageError(f"cannot write the override in {s.gate.override_dir}: {exc.strerror or exc}", "run as root on the node") from None
     typer.echo(f"the next start of {'VM' if g is not None and g.type == 'qemu' else 'CT'} {n} passes the gate once ({path}, valid {s.gate.override_ttl:g} s)")

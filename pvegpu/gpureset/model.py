@@ -122,7 +122,7 @@ class GpuResetPorts:
     """What gpu-reset acts through. ``ct_lock(vmid)``: the reset lock of a container it stops (a ``LockPort`` while
     held); ``gate(vmid, waive_health)``: the start gate's verdict (allow, its paragraph), with ``gate.health = warn``
     when ``waive_health``; ``allow_once(vmid)``: the token that lets the container's next start past the hookscript's
-    gate, ``withdraw_once(vmid)`` removes it again if the start failed before the hookscript took it; ``release_nvml()``: pvegpu's own NVML handle closed (a resident client blocks the reset; the next reading
+    gate, returning the call that removes that token again (a start that failed before the hookscript took it); ``release_nvml()``: pvegpu's own NVML handle closed (a resident client blocks the reset; the next reading
     opens it again)."""
 
     pve: PveApi
@@ -135,8 +135,7 @@ class GpuResetPorts:
     gate: Callable[[int, bool], tuple[bool, str]] | None = None
     release_nvml: Callable[[], None] = lambda: None
     undrain: Callable[[], None] = lambda: None  # the draining mark lifted: starts onto the GPU are judged as any start again
-    allow_once: Callable[[int], str] | None = None
-    withdraw_once: Callable[[int], None] = lambda vmid: None  # that token removed when its start did not consume it
+    allow_once: Callable[[int], Callable[[], object]] | None = None  # writes the token; the call returned withdraws exactly it
     kernlog: KernelLog | None = None  # where a verified reset is recorded: it ends the GPU's Xids for the gate (pvegpu.health)
     log: EventLog = field(default_factory=NullLog)
     interrupts: Interrupts = field(default_factory=NoInterrupts)

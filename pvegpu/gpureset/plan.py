@@ -42,17 +42,18 @@ def make_plan(ports: GpuResetPorts, report: GpuResetReport) -> None:
     for h in facts.other_holders:
         report.clients.append(_client(ports, report, h, running))
     health = getattr(ports.probe, "health", None)
+    read = True
     try:
         report.health = health(gpu.minor) if health is not None else GpuHealth()
     except E.PvegpuError as exc:
-        report.health = GpuHealth()
+        report.health, read = GpuHealth(), False
         report.notes.append(f"its health cannot be read: {exc.message}")
     report.persistence_before = report.health.persistence_mode
     action = report.health.recovery_action
     if action in REBOOT_ACTIONS:
         refuse(report, Refusal.REBOOT, f"NVML says {report.label} needs a {action.replace('-', ' ')} (recovery action {action}): "
                "a GPU reset does not recover it", "drain the node and reboot it (`pvegpu audit` names its guests)")
-    elif action is None:
+    elif action is None and read:
         report.notes.append("NVML cannot tell the GPU's recovery action (driver older than R565?): the reset is verified by memory only")
     _fabric(ports, report)
 

@@ -10,6 +10,7 @@ a signal never leaves a container stopped without the report (and the journal) s
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pvegpu.core import errors as E
@@ -44,7 +45,7 @@ class _Run:
         self.p, self.policy, self.r = ports, policy, report
         self.cts: list[_Ct] = []
         self.critical = False
-        self.once: set[int] = set()  # CTs given an allow-once token for their start as before
+        self.once: dict[int, Callable[[], object]] = {}  # CTs given an allow-once token for their start as before: its withdraw
 
     def step(self, name: str, outcome: str, msg: str, **detail: object) -> None:
         s = Step(name, outcome, {"msg": msg, **detail})
@@ -294,8 +295,8 @@ def _start_again(run: _Run) -> None:
         try:
             start(ct.run, ha=ct.ha, done="GPU reset and verified while it was stopped" if r.reset_ran else "its GPU was not reset")
         finally:
-            if vmid in run.once:  # a start that failed before its hookscript ran left the token: it must not waive a later one
-                _withdraw(run, vmid)
+            if vmid in run.once:
+                _after_once(run, vmid, ct.run.ct.restarted, ct.run.ct.start_pending)
         r.diagnosis.extend(ct.run.report.diagnosis)
         ct.run.report.diagnosis.clear()
         if ct.run.ct.restarted and not ct.run.ct.left_stopped:
@@ -319,10 +320,9 @@ def _gate(run: _Run, vmid: int, *, waive_health: bool) -> tuple[bool, str]:
         allow, paragraph = p.gate(vmid, False)
         if not allow and waive_health and p.allow_once is not None and p.gate(vmid, True)[0]:
             try:
-                p.allow_once(vmid)
+                run.once[vmid] = p.allow_once(vmid)
             except (OSError, E.PvegpuError) as exc:
                 return False, f"{paragraph} (the allow-once token that would start it as it ran before cannot be written: {exc})"
-            run.once.add(vmid)
             run.step("start", "as-before", f"CT {vmid} runs again on the GPU it ran on (not reset): its health alone refuses, "
                      "so its start passes the gate once")
             return True, paragraph
@@ -334,12 +334,25 @@ def _gate(run: _Run, vmid: int, *, waive_health: bool) -> tuple[bool, str]:
         p.clock.sleep(min(run.policy.poll, max(0.0, deadline.remaining())))
 
 
-def _withdraw(run: _Run, vmid: int) -> None:
+def _after_once(run: _Run, vmid: int, running: bool, pending: bool) -> None:
+    """After a start as before: a start whose request may still run keeps its token (its hookscript is yet to come); any
+    other that left the token (it failed before its hookscript ran) has it withdrawn, so it cannot waive a later start's
+    refusal, and the admin is told how to start it as before."""
+    if pending and not running:
+        run.r.diagnosis.append(Diagnosis(Kind.LEFT_STOPPED, f"CT {vmid}'s start as before may still happen: its allow-once token "
+                                         "is kept for it (until gate.override_ttl)", f"check `pct status {vmid}`"))
+        return
+    withdraw = run.once.pop(vmid)
     try:
-        run.p.withdraw_once(vmid)
+        withdraw()
     except (OSError, E.PvegpuError) as exc:
         run.step("start", "token-left", f"CT {vmid}'s allow-once token could not be removed ({exc}): its next start passes "
                  "the gate once within gate.override_ttl")
+        return
+    if not running:  # its GPU was not reset: the gate refuses it on health until `pvegpu hook allow-once`
+        run.r.diagnosis.append(Diagnosis(Kind.LEFT_STOPPED, f"CT {vmid} did not start as before; its GPU still needs a reset",
+                                         f"`pvegpu hook allow-once {vmid} && pct start {vmid}` starts it as it ran before; "
+                                         "a GPU reset or a reboot clears the refusal (docs/gpu-reset.md)"))
 
 
 def _interrupted(run: _Run, signame: str, *, abandoned: bool) -> None:

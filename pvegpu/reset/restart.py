@@ -100,6 +100,7 @@ def start(run: ResetRun, *, ha: bool, done: str = "GPU verified clean while it w
     except E.PvegpuError as exc:
         failed(run, exc, upid)
         pending = (upid is not None and not isinstance(exc, E.TaskFailed)) or isinstance(exc, E.PveNoAnswer)
+        ct.start_pending = pending
         state = find_state(run, CtState.RUNNING, pending)
         note_state(run, state, "start" if pending else None, ha=ha)
         ct.restarted = state == "running" and not ct.left_stopped

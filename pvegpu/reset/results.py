@@ -25,6 +25,7 @@ class CtTrack:
 
     stop_requested: bool = False  # this reset asked PVE to stop the CT (the critical section began)
     start_requested: bool = False  # ... and to start it again
+    start_pending: bool = False  # that start failed to confirm, but its request may still run (its task, or no answer)
     ct_state: CtState | None = None  # the CT's last state read after a stop was requested (running/stopped/unknown)
     left_stopped: bool = False  # the CT is, or may end up, stopped because pvegpu asked for a stop
     restarted: bool = False

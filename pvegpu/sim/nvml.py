@@ -102,8 +102,12 @@ class SimNvml:
         return self._model().sample(minors)
 
     def health(self, minor: int) -> GpuHealth:
-        """The scenario's health knobs for that GPU; a knob left out is unknown (None)."""
-        g = next((g for g in self.state.gpus() if int(g["minor"]) == minor), {})
+        """The scenario's health knobs for that GPU; a knob left out is unknown (None). A GPU it cannot name, or one
+        with ``health_error``, fails the reading as the real adapter does (GpuQueryError)."""
+        g = next((g for g in self.state.gpus() if int(g["minor"]) == minor), None)
+        if g is None or g.get("health_error"):
+            why = g.get("health_error") if g is not None else "NVML cannot name it"
+            raise GpuQueryError(f"GPU minor {minor}: {why}, its health is unknown", "`nvidia-smi -q` shows what the driver says")
 
         def flag(name: str) -> bool | None:
             return None if g.get(name) is None else bool(g[name])

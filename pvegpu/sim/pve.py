@@ -5,7 +5,8 @@ container's hookscript ``pre-start`` exactly as PVE does (argv ``<script> <vmid>
 ``PATH=/sbin:/bin:/usr/sbin:/usr/bin``, ``LC_ALL=C``, stdin ``/dev/null``) and fails the task with PVE's
 wording when it refuses, then starts a new init. Tasks finish synchronously with real UPIDs.
 Knobs in the container's state: ``lock``, ``ha_managed``, ``ha_state``, ``start_error``, ``stop_error``,
-``init_dies`` (the start task ends OK, then the container's init exits at once: a broken init or service).
+``init_dies`` (the start task ends OK, then the container's init exits at once: a broken init or service),
+``start_no_answer`` (a start request gets no answer, an API timeout: the start may still happen, and here does not).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from pvegpu.adapters.clock import SystemClock
 from pvegpu.adapters.etcpve import EtcPve
 from pvegpu.adapters.tasks import wait_task
-from pvegpu.core.errors import PveApiError
+from pvegpu.core.errors import PveApiError, PveNoAnswer
 from pvegpu.core.lxcconf import parse_config
 from pvegpu.core.model import CtStatus, Guest, TaskResult
 from pvegpu.sim.sessions import kill_session
@@ -90,6 +91,8 @@ class SimPve(EtcPve):
         if ct.get("status") == "running":
             raise PveApiError(f"start CT {guest.vmid}: 500 CT {guest.vmid} already running", None)
         self._check(guest, ct)
+        if ct.get("start_no_answer"):
+            raise PveNoAnswer(f"start CT {guest.vmid}: no answer from the API (read timeout)", None)
         log: list[str] = []
         hook = parse_config(self.ct_config(guest)).hookscript
         if hook:
