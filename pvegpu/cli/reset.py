@@ -159,7 +159,8 @@ def _ct_reset(s: Any, vmid: int, world: Any, signals: _Signals, *, dry_run: bool
     with wiring.ct_lock(s, vmid, s.reset.lock_wait, on_wait) as lock, world.reset_ports(log, exiting=True) as ports:
         ports.lock, ports.interrupts = lock, signals
         if guest is not None and (mark := wiring.ct_draining(s, world.pve, guest)):
-            raise E.BusyError(f"CT {vmid}: {mark}", "let it finish: it starts the containers it stopped itself")
+            raise E.BusyError(f"CT {vmid}: {mark}", "let it finish: it starts the containers it stopped itself (a mark that "
+                              "cannot be read: look at gpureset.drain_dir)")
         report = reset(vmid, ports, wiring.reset_policy(s, dry_run=dry_run), on_step, on_wait)
         signals.done = True  # the report is final: a later signal must not turn it into another message
     if report.interrupted or report.left_stopped:

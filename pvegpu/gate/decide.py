@@ -111,7 +111,8 @@ def decide(vmid: int, facts: dict[int, GpuFacts], situation: Situation, policy: 
     if situation.reset_running:
         d.refuse(f"a pvegpu reset of CT {vmid} is in progress", f"wait for it to finish (`pvegpu check {vmid}` says when)")
     for mark in situation.draining:
-        d.refuse(mark, "wait for the gpu-reset to finish: it starts the guests it stopped itself")
+        d.refuse(mark, "wait for the gpu-reset to finish: it starts the guests it stopped itself (a mark that cannot be read: "
+                 "look at gpureset.drain_dir; `pvegpu hook allow-once` starts it once)")
     if situation.ct_pids:
         pids = ", ".join(map(str, situation.ct_pids[:8]))
         d.refuse(f"{len(situation.ct_pids)} process(es) still sit in CT {vmid}'s cgroup (pids {pids})", f"pvegpu reset {vmid} --no-restart")
