@@ -148,3 +148,20 @@ def test_an_ignored_ha_resource_is_not_flagged_or_logged_as_ha_managed():
     files = HaFiles({"resources.cfg": "ct: 129\n\tstate ignored\n\tmax_relocate 1\n", "groups.cfg": None, "rules.cfg": None})
     assert not judge(129, "n1", files).flagged
     assert managed("ct:129", files) is False
+
+
+def test_the_ha_read_of_a_refused_start_gets_only_what_is_left_of_the_gate_deadline(monkeypatch):
+    """An HA state read that hangs (pmxcfs) is given what remains of the hook's one gate.deadline, not a second one: with
+    nothing left it ends at once, and the refusal is still logged as possibly HA-managed."""
+    import time
+
+    from pvegpu import wiring
+    from pvegpu.cli import hook as hookmod
+    from pvegpu.core.settings import Settings
+
+    lines: list[str] = []
+    monkeypatch.setattr(wiring, "ha_files", lambda s: time.sleep(30))
+    monkeypatch.setattr(wiring, "system_log", lambda s: lines.append)
+    t0 = time.monotonic()
+    hookmod._tell_system_log(129, "CT", Settings(), "leftover memory", 0.0)
+    assert time.monotonic() - t0 < 2.0 and len(lines) == 1 and "possibly HA-managed" in lines[0]

@@ -36,6 +36,10 @@ class Child:
         os.close(w)
         self.pid, self.fd = pid, r
 
+    def left(self, deadline: float) -> float:
+        """Seconds left of ``deadline`` counted from this fork (0 when it is over): what a later wait may still use."""
+        return max(0.0, self.started + deadline - time.monotonic())
+
     def cancel(self) -> None:
         """Not needed after all: killed (never waited for: it may sit in the driver; init reaps it)."""
         if self.fd < 0:

@@ -194,17 +194,18 @@ def _pre_start(vmid: int, s: Settings, child: Child, out: TextIO, err: TextIO) -
         return E.EXIT_OK
     print(text, file=out if allow else err)
     if not allow:
-        _tell_system_log(vmid, kind, s, text.removeprefix(f"pvegpu: refusing to start {kind} {vmid}: "))
+        _tell_system_log(vmid, kind, s, text.removeprefix(f"pvegpu: refusing to start {kind} {vmid}: "), child.left(s.gate.deadline))
     return E.EXIT_OK if allow else E.EXIT_REFUSED
 
 
-def _tell_system_log(vmid: int, kind: str, s: Settings, reason: str) -> None:
+def _tell_system_log(vmid: int, kind: str, s: Settings, reason: str, left: float) -> None:
     """A refused start of an HA-managed guest also goes to the system log, with the guest and the reason: the task the
     admin started (``hastart``) ends OK and shows nothing; this refusal is only in HA's own start task. A guest whose
-    HA state cannot be read is logged too (never guessed unmanaged)."""
+    HA state cannot be read (within ``left``, what remains of the hook's one ``gate.deadline``) is logged too (never
+    guessed unmanaged)."""
     sid = f"{'vm' if kind == 'VM' else 'ct'}:{vmid}"
-    try:  # in a child under gate.deadline: /etc/pve is pmxcfs, whose read can hang, and PVE runs the hook with no timeout
-        done, ans = _fork(lambda: managed(sid, wiring.ha_files(s))).result(s.gate.deadline, reap=False)
+    try:  # in a child: /etc/pve is pmxcfs, whose read can hang, and PVE runs the hook with no timeout of its own
+        done, ans = _fork(lambda: managed(sid, wiring.ha_files(s))).result(left, reap=False)
     except E.PvegpuError:
         done, ans = False, None
     ha = ans.get("ok") if done and ans else None
