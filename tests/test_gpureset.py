@@ -345,3 +345,40 @@ def test_a_start_as_before_that_may_still_happen_keeps_its_token_and_says_so(sim
     assert r.returncode == 11 and 129 in doc["left_stopped"] and 130 in doc["restarted"]
     assert os.path.exists(os.path.join(node.root, "allow-once", "129"))
     assert any(d["kind"] == "left-stopped" and "129" in d["problem"] for d in doc["diagnosis"])
+
+
+def test_an_api_error_after_the_first_stop_starts_the_stopped_ct_again_and_says_so():
+    """CT 130's status read fails once CT 129 is stopped: no exception escapes, CT 129 runs again, the report names the
+    error (restart-failed) and the exit is the API's."""
+    from pvegpu.core import errors as E
+    from pvegpu.core.model import GpuInfo
+    from pvegpu.gpureset import GpuResetPolicy, GpuResetPorts, GpuResetReport, execute, make_plan
+    from pvegpu.testing import FakeClock, FakeHost, FakeProbe, FakePve
+
+    class Control:
+        def persistence(self, gpu, on):
+            pass
+
+        def reset(self, gpu):
+            pass
+
+        def fabric_manager(self):
+            return False
+
+    class FlakyPve(FakePve):
+        def ct_status(self, g):
+            if g.vmid == 130 and 129 in self.stopped_at:
+                raise E.PveApiError("ct_status: 500 proxy error", "try again")
+            return super().ct_status(g)
+
+    clock = FakeClock()
+    host = FakeHost(clock)
+    pve = FlakyPve(host)
+    pve.add_ct(129)
+    pve.add_ct(130)
+    ports = GpuResetPorts(pve, FakeProbe(host), host, clock, Control())
+    rep = GpuResetReport(GpuInfo(0, 0, "GPU-x", "0000:41:00.0"))
+    make_plan(ports, rep)
+    execute(ports, GpuResetPolicy(), rep)
+    assert rep.stopped == [129] and 129 in rep.restarted and pve.status[129]["status"] == "running"
+    assert any(d.kind == "restart-failed" for d in rep.diagnosis) and rep.exit_code == E.PveApiError.exit_code

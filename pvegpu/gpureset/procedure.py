@@ -45,6 +45,7 @@ class _Run:
         self.p, self.policy, self.r = ports, policy, report
         self.cts: list[_Ct] = []
         self.critical = False
+        self.failed_exit: int | None = None  # the exit code of an error that ended the procedure midway
         self.once: dict[int, Callable[[], object]] = {}  # CTs given an allow-once token for their start as before: its withdraw
 
     def step(self, name: str, outcome: str, msg: str, **detail: object) -> None:
@@ -103,7 +104,20 @@ def _procedure(run: _Run, locks: contextlib.ExitStack) -> None:
         guest = Guest(g.vmid, r.node, "lxc", g.name)
         ct_run.located = Located(guest, parse_config(p.pve.ct_config(guest)), (r.gpu,), ())
         run.cts.append(_Ct(ct_run, g.ha_managed))
-    stopped_all = True
+    try:
+        if _stop_all(run) and not r.refusals:
+            _reset(run)
+    except E.PvegpuError as exc:  # the API or NVML failed midway: said, and every CT stopped so far starts again below
+        r.diagnosis.append(Diagnosis(Kind.RESTART_FAILED, f"gpu-reset of {r.label} stopped midway: {exc.message}", exc.hint or ""))
+        run.step("gpu-reset", "failed", f"stopped midway: {exc.message}")
+        run.failed_exit = exc.exit_code
+    p.undrain()
+    _start_again(run)
+
+
+def _stop_all(run: _Run) -> bool:
+    """Stop each running CT on the GPU through the API (HA honoured); False when one could not be stopped."""
+    r, p = run.r, run.p
     for ct in run.cts:
         run.critical = True  # from the first stop request on, a signal finishes (or says) the restart
         status = p.pve.ct_status(ct.run.guest)
@@ -113,16 +127,11 @@ def _procedure(run: _Run, locks: contextlib.ExitStack) -> None:
             continue
         if status.lock:
             refuse(r, Refusal.CT_BUSY, f"CT {ct.run.vmid} is locked ({status.lock})", f"wait for the {status.lock} to finish")
-            stopped_all = False
-            break
+            return False
         r.stopped.append(ct.run.vmid)
         if not stop(ct.run, status, f"gpu-reset of GPU {r.gpu.index}"):
-            stopped_all = False
-            break
-    if stopped_all and not r.refusals:
-        _reset(run)
-    p.undrain()
-    _start_again(run)
+            return False
+    return True
 
 
 def _reset(run: _Run) -> None:
@@ -387,7 +396,7 @@ def _conclude(run: _Run, signal_exit: int | None) -> None:
     elif not r.reset_ran:
         stop_failed = bool(errors) or any(s.name == "restart" and s.outcome == "failed" for s in r.steps)
         r.outcome = Outcome.FAILED
-        r.exit_code = (errors[0] if errors else E.EXIT_PVE) if stop_failed else E.EXIT_FAILURE
+        r.exit_code = (errors[0] if errors else E.EXIT_PVE) if stop_failed else run.failed_exit or E.EXIT_FAILURE
     elif not any(s.name == "reset" and s.outcome == "ok" for s in r.steps):
         r.outcome, r.exit_code = Outcome.FAILED, E.EXIT_GPU_RESET_FAILED
     elif not _back(run):
