@@ -4,6 +4,7 @@ stuck past SIGKILL abandoned and said; Fabric Manager from its process and from 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -108,8 +109,10 @@ def test_no_systemctl_and_no_process_is_not_running(tmp_path, no_fabric_process)
     assert SmiControl("nvidia-smi", 1, systemctl=str(tmp_path / "absent")).fabric_manager() is False
 
 
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: only root's nv-fabricmanager in the host's PID namespace counts")
 def test_a_fabric_manager_process_is_running_whatever_systemd_says(tmp_path):
-    """A process named nv-fabricmanager (started by hand, not by its unit): True, though systemctl says inactive."""
+    """A process named nv-fabricmanager (started by hand by root, not by its unit): True, though systemctl says inactive."""
     exe = tmp_path / "nv-fabricmanager"
     exe.symlink_to(sys.executable)
     p = subprocess.Popen([str(exe), "-c", "print('ok', flush=True); import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True)
@@ -117,6 +120,23 @@ def test_a_fabric_manager_process_is_running_whatever_systemd_says(tmp_path):
         assert p.stdout is not None and p.stdout.readline().strip() == "ok"
         ctl = SmiControl("nvidia-smi", 1, systemctl=_binary(tmp_path / "systemctl", "echo inactive\nexit 3\n"))
         assert ctl.fabric_manager() is True
+    finally:
+        p.kill()
+        p.wait(10)
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_process_named_nv_fabricmanager_in_another_pid_namespace_does_not_count(tmp_path, no_fabric_process):
+    """A tenant's process named nv-fabricmanager (its own PID namespace, as in a container): not Fabric Manager."""
+    exe = tmp_path / "nv-fabricmanager"
+    exe.symlink_to(sys.executable)
+    p = subprocess.Popen(["unshare", "--pid", "--fork", str(exe), "-c", "print('ok', flush=True); import time; time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ok"
+        ctl = SmiControl("nvidia-smi", 1, systemctl=str(tmp_path / "absent"))
+        assert ctl.fabric_manager() is False
     finally:
         p.kill()
         p.wait(10)

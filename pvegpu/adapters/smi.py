@@ -73,16 +73,21 @@ class SmiControl:
         return False
 
     def _fabric_process(self) -> bool | None:
-        """A process named nv-fabricmanager on the node; None when /proc cannot be read."""
+        """A process named nv-fabricmanager run by the host's root in the host's PID namespace; None when /proc cannot
+        be read. A name is anyone's to choose: one of a container (its own PID namespace) or of a host user (not uid 0)
+        would otherwise make every gpu-reset of the node refuse."""
         try:
             pids = [p for p in os.listdir("/proc") if p.isdigit()]
+            host_ns = os.readlink("/proc/self/ns/pid")
         except OSError:
             return None
         for pid in pids:
             try:
                 with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-                    if f.read().strip() in FABRIC_COMMS:
-                        return True
+                    if f.read().strip() not in FABRIC_COMMS:
+                        continue
+                if os.stat(f"/proc/{pid}").st_uid == 0 and os.readlink(f"/proc/{pid}/ns/pid") == host_ns:
+                    return True
             except OSError:
                 continue
         return False
