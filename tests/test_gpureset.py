@@ -382,3 +382,21 @@ def test_an_api_error_after_the_first_stop_starts_the_stopped_ct_again_and_says_
     execute(ports, GpuResetPolicy(), rep)
     assert rep.stopped == [129] and 129 in rep.restarted and pve.status[129]["status"] == "running"
     assert any(d.kind == "restart-failed" for d in rep.diagnosis) and rep.exit_code == E.PveApiError.exit_code
+
+
+def test_sigint_during_the_reset_of_a_gpu_no_ct_uses_lets_the_reset_finish_and_verify(sim_node):
+    """No CT on GPU 0: a SIGINT while `nvidia-smi -r` runs does not kill it; the reset finishes, is verified and the
+    report says it was interrupted (exit 130)."""
+    node = sim_node(_scenario({"reset_hang": 2}, containers=[]))
+    p = subprocess.Popen([sys.executable, "-m", "pvegpu", "--simulate", node.root, "gpu-reset", "0", "--yes"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL)
+    assert p.stdout is not None
+    for line in p.stdout:  # the reset's step is printed before nvidia-smi -r runs
+        if "nvidia-smi -r" in line:
+            break
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "interrupted by SIGINT" in out + err and "was not reset" not in out + err
+    assert "leak_mib" not in _gpu(node, 0) and _gpu(node, 0)["recovery_action"] == "none"  # the reset went through

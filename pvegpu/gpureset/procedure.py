@@ -137,17 +137,19 @@ def _stop_all(run: _Run) -> bool:
 def _reset(run: _Run) -> None:
     """Persistence mode off, clients gone, ``nvidia-smi -r``, verified; persistence mode back as it was."""
     r, p, gpu = run.r, run.p, run.r.gpu
+    p.interrupts.critical()  # from here the GPU changes (no CT may have been stopped): a first signal lets it finish
+    run.critical = True
     pm_off = r.persistence_before is not False
-    if pm_off:
-        try:
-            run.step("persistence", "run", f"nvidia-smi -i {gpu.uuid} -pm 0")  # said before: nvidia-smi may take seconds
-            p.control.persistence(gpu, False)
-            run.step("persistence", "off", f"persistence mode off for {r.label}" + ("" if r.persistence_before else
-                                                                                     " (it was unknown before)"))
-        except E.PvegpuError as exc:
-            refuse(r, Refusal.CLIENT, f"persistence mode cannot be turned off: {exc.message}", exc.hint or "")
-            return
     try:
+        if pm_off:
+            try:
+                run.step("persistence", "run", f"nvidia-smi -i {gpu.uuid} -pm 0")  # said before: nvidia-smi may take seconds
+                p.control.persistence(gpu, False)
+                run.step("persistence", "off", f"persistence mode off for {r.label}" + ("" if r.persistence_before else
+                                                                                         " (it was unknown before)"))
+            except E.PvegpuError as exc:  # it may have taken effect all the same (a timeout): put back below
+                refuse(r, Refusal.CLIENT, f"persistence mode cannot be turned off: {exc.message}", exc.hint or "")
+                return
         p.release_nvml()
         if _clients_gone(run):  # a first signal now still lets the reset finish: the CTs are stopped for it
             _run_reset(run)
