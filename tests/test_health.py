@@ -338,3 +338,15 @@ def test_a_gpu_whose_health_reading_fails_is_unknown_in_check_and_flagged_by_aud
     n = json.loads(a.stdout)["nodes"][0]
     assert a.returncode == 8 and [f["subject"] for f in n["flags"] if f["kind"] == "unreadable-gpu"] == ["GPU 0"]
     assert [g["health"]["verdict"]["state"] for g in sorted(n["gpus"], key=lambda g: g["index"])] == ["unknown", "ok"]
+
+
+def test_a_gpu_that_fell_off_the_bus_refuses_even_with_on_unknown_allow_and_audit_says_so(sim_node):
+    """GPU 0's memory and health readings both fail (GPU is lost) and the kernel log has its Xid 79: with gate.on_unknown
+    = allow the start is still refused (needs a reboot), and the audit flags needs-reboot for it."""
+    node = sim_node(scenario(fail="GPU is lost", health_error="GPU is lost", xids=[{"code": 79, "at": 120}]))
+    r = check(node, PVEGPU_GATE_ON_UNKNOWN="allow")
+    assert r.returncode == 10 and json.loads(r.stdout)["gpus"][0]["health"]["state"] == "needs-reboot"
+    a = subprocess.run([sys.executable, "-m", "pvegpu", "--simulate", node.root, "audit", "--json"], capture_output=True,
+                       text=True, cwd=pvelike.REPO, timeout=120)
+    n = json.loads(a.stdout)["nodes"][0]
+    assert a.returncode == 8 and [f["subject"] for f in n["flags"] if f["kind"] == "needs-reboot"] == ["GPU 0"]

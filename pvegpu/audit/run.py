@@ -125,10 +125,10 @@ def _runtime(rep: NodeAudit, probe: GpuProbe, host: Host, scan: GuestScan, thres
         row = _gpu_row(gpu, facts[gpu.minor], host.self_pid, scan, threshold, rep.flags)
         if users is not None:
             row.holders = [replace(h, user=users(h.uid)) if h.uid is not None else h for h in row.holders]
-        if health_of is not None and row.error is None:
+        if health_of is not None:  # a GPU whose memory read failed is judged too: a lost one fails both, its Xid 79 is logged
             read = ahead.read[gpu.minor] if gpu.minor in ahead.read else _health(health_of, gpu.minor)
             row.health = read if read is not None else GpuHealth()  # None: the reading failed, every fact unknown
-            if read is None:  # its memory was read, its health was not: it may be the GPU that is lost
+            if read is None and row.error is None:  # its memory was read, its health was not: it may be the lost one
                 row.flags.append(FlagKind.UNREADABLE)
                 rep.flags.append(Flag(FlagKind.UNREADABLE, f"GPU {gpu.index}", f"{gpu.uuid}: NVML's health reading failed "
                                       "or did not come in time: whether it is lost or needs a reset is unknown"))

@@ -313,7 +313,7 @@ def evaluate(vmid: int, ports: GatePorts, policy: GatePolicy) -> CheckResult:
 
 def gpu_health(facts: Mapping[int, GpuFacts], ports: GatePorts) -> dict[int, Verdict]:
     """The health verdict of each granted GPU NVML named (NVML's health, bounded, and the kernel log's Xids, read once)."""
-    named = {m: f.gpu for m, f in facts.items() if f.gpu.index >= 0 and f.sample.known}
+    named = {m: f.gpu for m, f in facts.items() if f.gpu.index >= 0}  # a GPU whose memory read failed too: it may be the lost one
     if not named:
         return {}
     many = getattr(ports.probe, "health_many", None)
