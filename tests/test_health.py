@@ -14,7 +14,7 @@ from pvegpu.adapters.kernlog import KmsgLog
 from pvegpu.audit.prom import render
 from pvegpu.core.errors import GpuQueryError
 from pvegpu.core.holders import GpuFacts
-from pvegpu.core.model import GpuHealth, GpuInfo, GpuSample
+from pvegpu.core.model import RECOVERY_ACTIONS, GpuHealth, GpuInfo, GpuSample
 from pvegpu.gate.decide import GatePolicy, Situation, decide, gpu_health
 from pvegpu.health import KernelEvents, Need, State, Verdict, bus_key, classify, judge, parse_lines, reset_record
 from pvegpu.sim.state import SimState
@@ -350,3 +350,11 @@ def test_a_gpu_that_fell_off_the_bus_refuses_even_with_on_unknown_allow_and_audi
                        text=True, cwd=pvelike.REPO, timeout=120)
     n = json.loads(a.stdout)["nodes"][0]
     assert a.returncode == 8 and [f["subject"] for f in n["flags"] if f["kind"] == "needs-reboot"] == ["GPU 0"]
+
+
+@pytest.mark.parametrize("value", sorted(RECOVERY_ACTIONS))
+def test_xid154_and_nvml_judge_each_recovery_action_value_alike(value):
+    """Xid 154's "to 0xN (...)" needs what NVML's recovery action N needs: one table, not two."""
+    from pvegpu.health.catalogue import recovery_need, xid154_need
+
+    assert xid154_need(f"changed from 0x0 (None) to 0x{value:x} (Something)") is recovery_need(RECOVERY_ACTIONS[value])

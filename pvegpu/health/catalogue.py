@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from enum import IntEnum
 
+from pvegpu.core.model import RECOVERY_ACTIONS
+
 
 class Need(IntEnum):
     """What a GPU needs, ordered: the worst of several facts wins."""
@@ -82,20 +84,16 @@ def describe(code: int) -> str:
 
 
 def xid154_need(text: str) -> Need:
-    """Xid 154's new recovery action: 0 None -> NOTHING (the driver cleared it), 1 GPU reset / PF FLR -> RESET,
-    2 node/OS reboot -> REBOOT, 3/4 drain P2P (and reset) -> RESET; a value or text not known -> REBOOT (the one
-    action that covers every other)."""
+    """Xid 154's new recovery action: its value is NVML's recovery action (``core.model.RECOVERY_ACTIONS``), judged as
+    NVML's is (``recovery_need``); 0 (None) needs nothing (the driver cleared it); a value or text not known -> REBOOT
+    (the one action that covers every other)."""
     m = _XID154_TO.search(text)
     if m is None:
         return Need.REBOOT
     value, name = int(m.group(1), 16), m.group(2).lower()
     if value == 0 or name.strip() == "none":
         return Need.NOTHING
-    if "reboot" in name or value in (2, 7):
-        return Need.REBOOT
-    if value in (1, 3, 4, 6) or "reset" in name or "flr" in name or "drain" in name:
-        return Need.RESET
-    return Need.REBOOT
+    return recovery_need(RECOVERY_ACTIONS.get(value, f"unknown-{value}"))
 
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION by pvegpu's name (``core.model.RECOVERY_ACTIONS``) -> what the GPU needs
