@@ -112,8 +112,11 @@ def _stuck(vmid: int, pid: int, comm: str, g: str, verdict: Verdict | None) -> D
     who = f"pid {pid} ({comm}) in CT {vmid} is stuck in the driver (state D) on {g}"
     if verdict is not None and verdict.refuses:
         after = f" after {xid_text(verdict.xids[-1])}" if verdict.xids else ""
+        # gpu-reset stops the container first and nvidia-smi -r refuses while the stuck pid keeps the device open: a
+        # reboot is what ends it; the GPU's own verdict is the step once nothing holds the GPU any more
         return Diagnosis(Kind.STUCK_IN_DRIVER, f"{who}{after}: {verdict.reason}; no signal can end it",
-                         f"{verdict.action} (a container stop will likely hang while it is stuck)")
+                         f"reboot the node: a container stop will likely hang while pid {pid} is stuck, and no GPU reset "
+                         f"can run while it holds the GPU; once nothing holds it: {verdict.action}")
     return Diagnosis(Kind.STUCK_IN_DRIVER, who, "no signal can stop it and a container stop will likely hang; check `dmesg | grep -i xid`; "
                      "a host reboot is the reliable fix")
 
