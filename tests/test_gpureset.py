@@ -400,3 +400,19 @@ def test_sigint_during_the_reset_of_a_gpu_no_ct_uses_lets_the_reset_finish_and_v
     assert p.returncode == 130, err
     assert "interrupted by SIGINT" in out + err and "was not reset" not in out + err
     assert "leak_mib" not in _gpu(node, 0) and _gpu(node, 0)["recovery_action"] == "none"  # the reset went through
+
+
+def test_a_drain_mark_that_cannot_be_written_is_a_usage_error_before_anything_stops(tmp_path, monkeypatch):
+    """drain() whose write fails (ENOSPC): a UsageError, so no gpu-reset goes on with a GPU the gate does not see draining."""
+    import errno as _errno
+
+    from pvegpu.adapters import drain
+    from pvegpu.core.errors import UsageError
+
+    with drain.gpu_lock(str(tmp_path / "drain"), 0, "GPU 0") as lock:
+        def full(*a, **kw):
+            raise OSError(_errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(drain.os, "pwrite", full)
+        with pytest.raises(UsageError):
+            lock.drain()

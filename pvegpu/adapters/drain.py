@@ -56,18 +56,23 @@ class gpu_lock:  # noqa: N801 - used as ``with gpu_lock(dir, 0, "GPU 0"):``
         self._write()
         return self
 
-    def _write(self) -> None:
+    def _write(self) -> OSError | None:
+        """The fields into the lock file; the error when they could not be written."""
         data = "".join(f"{k}={v}\n" for k, v in self.fields.items()).encode()
         try:
             os.ftruncate(self.fd, 0)
             os.pwrite(self.fd, data, 0)
-        except OSError:
-            pass
+        except OSError as exc:
+            return exc
+        return None
 
     def drain(self) -> None:
-        """From now on the gate refuses starts onto the GPU, and ``pvegpu reset`` of its guests."""
+        """From now on the gate refuses starts onto the GPU, and ``pvegpu reset`` of its guests. A mark that cannot be
+        written (ENOSPC, EIO) is a UsageError, before anything is stopped: the gate would not see it."""
         self.fields["draining"] = "1"
-        self._write()
+        if (exc := self._write()) is not None:
+            raise UsageError(f"cannot mark {self.label} draining in {os.path.join(self.drain_dir, _name(self.minor))}: "
+                             f"{exc.strerror or exc}", f"is {SETTING} on a full or failing filesystem? nothing was stopped")
 
     def undrain(self) -> None:
         """The GPU is back: starts are judged as for any start again (the lock stays: one gpu-reset at a time)."""
