@@ -400,7 +400,7 @@ def gpu_reset_ports(s: Settings, w: NodeWorld) -> GpuResetPorts:
             getattr(ports.probe, "close", lambda: None)()
         return d.allow, paragraph(vmid, d)
 
-    return GpuResetPorts(w.pve, w.reset_probe, w.host, w.clock, control, w.files, lambda vmid: ct_lock(s, vmid, s.reset.lock_wait),
+    return GpuResetPorts(w.pve, w.reset_probe, w.host, w.clock, control, w.files, lambda vmid, on_wait: ct_lock(s, vmid, s.reset.lock_wait, on_wait),
                          gate, w.reset_probe.close, kernlog=kernel_log(s), allow_once=lambda vmid: _once(s, vmid))
 
 

@@ -416,3 +416,28 @@ def test_a_drain_mark_that_cannot_be_written_is_a_usage_error_before_anything_st
         monkeypatch.setattr(drain.os, "pwrite", full)
         with pytest.raises(UsageError):
             lock.drain()
+
+
+def test_waiting_for_a_cts_reset_lock_says_so(sim_node):
+    """A pvegpu reset holds CT 129's lock for 1.5 s: gpu-reset waits for it, saying what it waits for, then goes on."""
+    import threading
+
+    from pvegpu.adapters.locks import ct_lock
+
+    node = sim_node(_scenario({"leak_mib": 0}))
+    release = threading.Event()
+    held = threading.Event()
+
+    def hold() -> None:
+        with ct_lock(os.path.join(node.root, "lock"), 129, 0):
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    threading.Timer(1.5, release.set).start()
+    r = _pvegpu(node, "gpu-reset", "0", "--yes")
+    t.join(10)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "waiting for the reset lock of CT 129" in r.stdout

@@ -119,11 +119,14 @@ class GpuResetReport:
 
 @dataclass
 class GpuResetPorts:
-    """What gpu-reset acts through. ``ct_lock(vmid)``: the reset lock of a container it stops (a ``LockPort`` while
-    held); ``gate(vmid, waive_health)``: the start gate's verdict (allow, its paragraph), with ``gate.health = warn``
-    when ``waive_health``; ``allow_once(vmid)``: the token that lets the container's next start past the hookscript's
-    gate, returning the call that removes that token again (a start that failed before the hookscript took it); ``release_nvml()``: pvegpu's own NVML handle closed (a resident client blocks the reset; the next reading
-    opens it again)."""
+    """What gpu-reset acts through.
+
+    ``ct_lock(vmid, on_wait)``: the reset lock of a container it stops (a ``LockPort`` while held; ``on_wait`` is told
+    what it waits for). ``gate(vmid, waive_health)``: the start gate's verdict (allow, its paragraph), with
+    ``gate.health = warn`` when ``waive_health``. ``allow_once(vmid)``: the token that lets the container's next start
+    past the hookscript's gate, returning the call that removes that token again (a start that failed before the
+    hookscript took it). ``release_nvml()``: pvegpu's own NVML handle closed (a resident client blocks the reset; the
+    next reading opens it again)."""
 
     pve: PveApi
     probe: GpuProbe
@@ -131,7 +134,7 @@ class GpuResetPorts:
     clock: Clock
     control: GpuControl
     files: NodeFiles | None = None
-    ct_lock: Callable[[int], AbstractContextManager[LockPort]] | None = None
+    ct_lock: Callable[[int, Callable[[str], None]], AbstractContextManager[LockPort]] | None = None  # (vmid, what to say while it waits)
     gate: Callable[[int, bool], tuple[bool, str]] | None = None
     release_nvml: Callable[[], None] = lambda: None
     undrain: Callable[[], None] = lambda: None  # the draining mark lifted: starts onto the GPU are judged as any start again

@@ -97,7 +97,7 @@ def _procedure(run: _Run, locks: contextlib.ExitStack) -> None:
                           on_step=run.on_step)
         if p.ct_lock is not None:
             try:
-                ct_run.p.lock = locks.enter_context(p.ct_lock(g.vmid))
+                ct_run.p.lock = locks.enter_context(p.ct_lock(g.vmid, lambda text: run.step("wait", "lock", text)))
             except E.BusyError as exc:
                 refuse(r, Refusal.CT_BUSY, exc.message, exc.hint or "")
                 return
