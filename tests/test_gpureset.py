@@ -441,3 +441,21 @@ def test_waiting_for_a_cts_reset_lock_says_so(sim_node):
     t.join(10)
     assert r.returncode == 0, r.stderr + r.stdout
     assert "waiting for the reset lock of CT 129" in r.stdout
+
+
+def test_a_node_whose_name_cannot_be_told_plans_no_other_nodes_guests():
+    """local_node() says nothing: make_plan is a UsageError (nothing stopped), never a plan of every node's CTs."""
+    from pvegpu.core import errors as E
+    from pvegpu.core.model import GpuInfo
+    from pvegpu.gpureset import GpuResetPorts, GpuResetReport, make_plan
+    from pvegpu.testing import FakeClock, FakeHost, FakeProbe, FakePve
+
+    clock = FakeClock()
+    host = FakeHost(clock)
+    pve = FakePve(host)
+    pve.add_ct(129)
+    pve.node = ""
+    rep = GpuResetReport(GpuInfo(0, 0, "GPU-x", "0000:41:00.0"))
+    with pytest.raises(E.UsageError):
+        make_plan(GpuResetPorts(pve, FakeProbe(host), host, clock, None), rep)  # type: ignore[arg-type]
+    assert rep.guests == []

@@ -33,6 +33,9 @@ def make_plan(ports: GpuResetPorts, report: GpuResetReport) -> None:
     gpu = report.gpu
     node = ports.pve.local_node() or ""
     report.node = node
+    if not node:  # every node's guests would be in the plan, and in the stops: only this node's are on its GPU
+        raise E.UsageError("gpu-reset: this node's name cannot be told (/etc/pve/local, the API): nothing was stopped",
+                           "check /etc/pve/local and `pvecm nodes`, or set node in pvegpu's settings")
     _guests(ports, report, node)
     running = {g.vmid for g in report.guests if g.type == "lxc" and g.status == "running"}
     facts = inspect_gpus(None, [gpu], host=ports.host, probe=ports.probe, whole_host=True)[gpu.minor]
@@ -66,7 +69,7 @@ def _guests(ports: GpuResetPorts, report: GpuResetReport, node: str) -> None:
     gpu = report.gpu
     mapping = (ports.files.read_pve("mapping/pci.cfg") if ports.files is not None else None) or ""
     for g in sorted(ports.pve.guests(), key=lambda g: g.vmid):
-        if node and g.node != node:
+        if g.node != node:
             continue
         if g.type == "lxc":
             try:
