@@ -459,3 +459,35 @@ def test_a_node_whose_name_cannot_be_told_plans_no_other_nodes_guests():
     with pytest.raises(E.UsageError):
         make_plan(GpuResetPorts(pve, FakeProbe(host), host, clock, None), rep)  # type: ignore[arg-type]
     assert rep.guests == []
+
+
+def test_each_ct_start_has_its_own_deadline_after_long_stops():
+    """Three CTs whose stop tasks take 110 s each (the stops alone use half of one reset's budget, with the GPU's reset
+    after them): every CT still gets its start's full deadline and runs again."""
+    from pvegpu.gpureset import GpuResetPolicy, GpuResetPorts, GpuResetReport, execute, make_plan
+    from pvegpu.testing import FakeClock, FakeHost, FakeProbe, FakePve
+
+    class SlowControl:
+        def __init__(self, clock):
+            self.clock = clock
+
+        def persistence(self, gpu, on):
+            pass
+
+        def reset(self, gpu):
+            self.clock.sleep(400)  # a slow reset (nvidia-smi -r under its own deadline)
+
+        def fabric_manager(self):
+            return False
+
+    clock = FakeClock()
+    host = FakeHost(clock)
+    pve = FakePve(host)
+    for vmid in (129, 130, 131):
+        pve.add_ct(vmid, stop_secs=110, start_secs=100)
+    probe = FakeProbe(host)
+    ports = GpuResetPorts(pve, probe, host, clock, SlowControl(clock))
+    rep = GpuResetReport(probe.gpus()[0])
+    make_plan(ports, rep)
+    execute(ports, GpuResetPolicy(), rep)
+    assert rep.restarted == [129, 130, 131] and not rep.left_stopped

@@ -303,6 +303,8 @@ def _start_again(run: _Run) -> None:
                                              f"fix what it names, then `pct start {vmid}`"))
                 run.step("start", "refused", f"CT {vmid} not started: the gate refuses")
                 continue
+        # the start's own deadline: the other CTs' stops and the GPU's reset before it were not this CT's time
+        ct.run.deadline = Deadline(p.clock, p.clock.monotonic() + ct.run.policy.budget)
         try:
             start(ct.run, ha=ct.ha, done="GPU reset and verified while it was stopped" if r.reset_ran else "its GPU was not reset")
         finally:
