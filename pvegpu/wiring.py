@@ -153,8 +153,9 @@ def gate_ports(s: Settings) -> GatePorts:
 
 def kernel_log(s: Settings, deadline: float = 1.0) -> KmsgLog:
     """The kernel log's Xids and GPU resets (``/dev/kmsg``; the simulated node's ``kmsg`` file), read within ``deadline``."""
-    return KmsgLog(os.path.join(s.simulate, "kmsg") if s.simulate else KMSG, deadline=min(1.0, deadline))
-
+    if s.simulate:
+        return KmsgLog(os.path.join(s.simulate, "kmsg"), deadline=min(1.0, deadline), nf_log_all_netns=os.path.join(s.simulate, "nf_log_all_netns"))
+    return KmsgLog(KMSG, deadline=min(1.0, deadline))
 
 
 def gpu_draining(s: Settings, minor: int) -> str | None:

@@ -358,3 +358,21 @@ def test_xid154_and_nvml_judge_each_recovery_action_value_alike(value):
     from pvegpu.health.catalogue import recovery_need, xid154_need
 
     assert xid154_need(f"changed from 0x0 (None) to 0x{value:x} (Something)") is recovery_need(RECOVERY_ACTIONS[value])
+
+
+def test_where_containers_firewalls_may_log_nvml_has_the_last_word_on_a_logged_xid(tmp_path):
+    """nf_log_all_netns = 1: a container's LOG rule can write "NVRM: Xid ... 79" as a kernel record, so with NVML saying
+    none the Xid does not refuse (noted); without NVML's action it still counts (fail closed); with 0 it counts."""
+    forged = "NVRM: Xid (PCI:0000:41:00): 79, IN=eth0 OUT= MAC=00 SRC=10.0.0.2 DST=10.0.0.1"
+    kmsg_file = tmp_path / "kmsg"
+    kmsg_file.write_text("".join(line + "\n" for line in kmsg(forged)))
+    sysctl = tmp_path / "nf_log_all_netns"
+    sysctl.write_text("1\n")
+    ev = KmsgLog(str(kmsg_file), nf_log_all_netns=str(sysctl)).events()
+    assert ev.forgeable and [x.code for x in ev.xids] == [79]
+    assert judge(NONE, ev, BUS).state is State.OK and judge(NONE, ev, BUS).notes
+    assert judge(GpuHealth(), ev, BUS).state is State.NEEDS_REBOOT
+    sysctl.write_text("0\n")
+    ev0 = KmsgLog(str(kmsg_file), nf_log_all_netns=str(sysctl)).events()
+    assert not ev0.forgeable and judge(NONE, ev0, BUS).state is State.NEEDS_REBOOT
+    assert not KmsgLog(str(kmsg_file), nf_log_all_netns=str(tmp_path / "absent")).events().forgeable

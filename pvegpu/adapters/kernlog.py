@@ -21,11 +21,16 @@ KMSG = "/dev/kmsg"
 CHUNK = 16384  # more than one record's largest size (the kernel refuses a read smaller than the record: EINVAL)
 
 
+NF_LOG_ALL_NETNS = "/proc/sys/net/netfilter/nf_log_all_netns"
+
+
 class KmsgLog:
     """A ``core.ports.KernelLog`` over ``path``: ``events()`` reads it whole (bounded) and keeps the GPUs' events only."""
 
-    def __init__(self, path: str = KMSG, *, max_bytes: int = 16 * 1024 * 1024, max_records: int = 400_000, deadline: float = 1.0) -> None:
+    def __init__(self, path: str = KMSG, *, max_bytes: int = 16 * 1024 * 1024, max_records: int = 400_000, deadline: float = 1.0,
+                 nf_log_all_netns: str = NF_LOG_ALL_NETNS) -> None:
         self.path, self.max_bytes, self.max_records, self.deadline = path, max_bytes, max_records, deadline
+        self.nf_log_all_netns = nf_log_all_netns
 
     def events(self) -> KernelEvents:
         """The Xids and GPU resets since boot; ``error`` says why not (unreadable, cut short by a bound)."""
@@ -77,7 +82,19 @@ class KmsgLog:
                 return KernelEvents(error=f"{self.path} could not be read within {self.deadline:g} s")
         xids, resets = events(records)
         return KernelEvents(tuple(xids), tuple(resets), None, complete=first is None or (first.seq == 0 and not wrapped),
-                            first_us=None if first is None else first.at_us)
+                            first_us=None if first is None else first.at_us, forgeable=self._forgeable())
+
+    def _forgeable(self) -> bool:
+        """Whether a container's firewall may log into this log: ``net.netfilter.nf_log_all_netns = 1`` lets any network
+        namespace's LOG rule write a kernel record that begins with its own prefix (``NVRM: Xid ...``). Absent (no
+        netfilter logging loaded) is no; unreadable or any other value is yes."""
+        try:
+            with open(self.nf_log_all_netns, encoding="ascii", errors="replace") as f:
+                return f.read(16).strip() != "0"
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
 
     def write(self, text: str) -> None:
         """Add ``text`` to the log as one record (``echo TEXT > /dev/kmsg``; the simulated node's file gets a whole record

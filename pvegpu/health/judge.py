@@ -4,7 +4,9 @@ The rule (``docs/health.md``), in order:
 
 1. NVML says the GPU is lost (``NVML_ERROR_GPU_IS_LOST``): ``lost``; only a reboot brings it back.
 2. NVML's recovery action, where the driver reports it, is not ``none``: the GPU needs that action.
-3. A fatal Xid (the catalogue says reset or reboot) logged since the GPU's last reset counts: the GPU needs what the
+3. A fatal Xid (the catalogue says reset or reboot) logged since the GPU's last reset counts (where containers'
+   firewalls may write kernel records too, ``net.netfilter.nf_log_all_netns = 1``, only while NVML does not report a
+   recovery action, which then has the last word): the GPU needs what the
    catalogue says. The last reset is the newest reset record of that GPU in the log (``health.kernlog``); a boot
    starts a new log, so an Xid of an earlier boot never counts. A refusal is a state, not a latch: once NVML says
    ``none`` (or does not report the action) and a reset is newer than every fatal Xid, the GPU is healthy again.
@@ -101,6 +103,10 @@ def judge(health: GpuHealth | None, log: KernelEvents | None, bus_id: str, uuid:
         fatal = [x for x in since if x.need >= Need.RESET]
         apps = [x for x in since if x.need is Need.APPLICATION]
         notes += tuple(f"Xid {x.code} logged, not in pvegpu's catalogue: {shown(x.text[:120])}" for x in since if x.need is Need.UNLISTED)
+        if fatal and log.forgeable and action is not None:  # NVML, which no tenant writes, has the last word then
+            notes += (f"{len(fatal)} fatal Xid record(s) logged, not counted: containers' firewalls may write kernel "
+                      f"records here (net.netfilter.nf_log_all_netns = 1) and NVML's recovery action is {action}",)
+            fatal = []
     xid_need = max((x.need for x in fatal), default=Need.NOTHING)
     nvml_need = recovery_need(action) if action is not None else Need.NOTHING
     need = max(xid_need, nvml_need)

@@ -99,6 +99,7 @@ class KernelEvents:
     error: str | None = None
     complete: bool = False
     first_us: int | None = None  # the oldest record read (when not complete: what came before is gone)
+    forgeable: bool = False  # containers' firewalls may write kernel records too (nf_log_all_netns): an Xid alone is not proof
 
     @property
     def read(self) -> bool:
